@@ -1,0 +1,83 @@
+"""The `trtedge` command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from trtedge.cli import app
+
+runner = CliRunner()
+
+
+def test_version_names_torch_and_device():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert "trtedge 0." in result.output and "torch " in result.output and "device " in result.output
+
+
+@pytest.mark.parametrize("command", ["build", "serve", "chat", "cache", "bench"])
+def test_every_subcommand_has_help(command):
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0
+    assert "Usage" in result.output
+
+
+@pytest.mark.parametrize("command", ["build", "serve", "cache", "bench"])
+def test_unfinished_subcommands_say_so_and_exit_2(command):
+    result = runner.invoke(app, [command, "some-model"])
+    assert result.exit_code == 2
+    assert "not available yet" in result.output
+
+
+def test_interactive_chat_not_available_yet():
+    result = runner.invoke(app, ["chat"])
+    assert result.exit_code == 2
+    assert "--prompt" in result.output
+
+
+def test_bad_flag_value_names_the_flag():
+    result = runner.invoke(app, ["chat", "--prompt", "hi", "--max-tokens", "0"])
+    assert result.exit_code == 2
+    assert "--max-tokens" in result.output
+    result = runner.invoke(app, ["chat", "--prompt", "hi", "--dtype", "float8"])
+    assert result.exit_code == 2
+    assert "--dtype" in result.output
+
+
+def test_missing_model_path_exit_2(tmp_path):
+    result = runner.invoke(app, ["chat", str(tmp_path / "missing"), "--prompt", "hi"])
+    assert result.exit_code == 2
+    assert "no such file or directory" in result.output
+
+
+def test_one_shot_chat_streams_answer_to_stdout():
+    from trtedge.runtime.embedded import embedded_model_path
+
+    try:
+        embedded_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trtedge.cli",
+            "chat",
+            "--prompt",
+            "What is the capital of France?",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "24",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    assert "embedded default model" in proc.stderr

@@ -1,0 +1,95 @@
+"""Tiny random checkpoints built with transformers (the reference) for tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 512
+
+FAMILIES = {
+    "llama": dict(model_type="llama"),
+    "llama3": dict(
+        model_type="llama",
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+    ),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3", head_dim=32),
+}
+
+
+def make_tiny_checkpoint(directory: Path, family: str, seed: int = 0) -> Path:
+    """Save a random 2-layer model of ``family`` with a word-level tokenizer into ``directory``."""
+    import transformers
+
+    spec = dict(FAMILIES[family])
+    model_type = spec.pop("model_type")
+    config_cls = transformers.AutoConfig.for_model(model_type).__class__
+    config = config_cls(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.1,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=2,
+        **spec,
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    write_word_tokenizer(directory)
+    return directory
+
+
+def write_word_tokenizer(directory: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.save(str(directory / "tokenizer.json"))
+    template = (
+        "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}<assistant> {% endif %}"
+    )
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "w1", "eos_token": "w2", "chat_template": template})
+    )
+
+
+def export_gguf_as_hf(gguf_path: Path, directory: Path) -> Path:
+    """Write a GGUF checkpoint as a float32 HF directory (the reference side of comparisons)."""
+    from safetensors.torch import save_file
+
+    from trtedge.runtime.gguf_loader import iter_gguf_tensors, read_gguf
+
+    contents = read_gguf(gguf_path)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = dict(contents.config, torch_dtype="float32")
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "tokenizer.json").write_text(contents.tokenizer_json)
+    (directory / "tokenizer_config.json").write_text(json.dumps(contents.tokenizer_config))
+    (directory / "generation_config.json").write_text(json.dumps(contents.generation_config))
+    tensors = {name: t.contiguous() for name, t in iter_gguf_tensors(gguf_path)}
+    if config.get("tie_word_embeddings"):
+        tensors.pop("lm_head.weight", None)
+    save_file(tensors, directory / "model.safetensors")
+    return directory

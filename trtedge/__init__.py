@@ -1,0 +1,29 @@
+"""trtedge: build, cache, serve and measure LLMs on your own machine."""
+
+from __future__ import annotations
+
+import importlib
+
+from trtedge._version import __version__
+
+# Public names resolve lazily so that `trtedge --help` does not pay for importing torch.
+_EXPORTS = {
+    "LLM": "trtedge.llm",
+    "PromptTooLongError": "trtedge.llm",
+    "ConfigError": "trtedge.config",
+    "ContextCacheConfig": "trtedge.config",
+    "CheckpointError": "trtedge.runtime.checkpoint",
+    "SamplingParams": "trtedge.runtime.sampling_params",
+    "CancellableIterator": "trtedge.runtime.stream",
+    "GenerationMetrics": "trtedge.runtime.stream",
+    "RequestOutput": "trtedge.runtime.stream",
+    "StreamDelta": "trtedge.runtime.stream",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'trtedge' has no attribute {name!r}")

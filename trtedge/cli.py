@@ -1,0 +1,51 @@
+"""The `trtedge` command line: wires the subcommands, nothing else."""
+
+from __future__ import annotations
+
+import typer
+
+from trtedge.commands import chat, unavailable
+
+app = typer.Typer(
+    name="trtedge",
+    help="Build, cache, serve and measure LLMs on your own machine.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from trtedge.commands.version import version_text
+
+        typer.echo(version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_version,
+        is_eager=True,
+        help="Print versions (trtedge, torch, device) and exit.",
+    ),
+) -> None:
+    pass
+
+
+app.command("chat", help=chat.HELP)(chat.chat)
+for name, help_text in unavailable.COMMANDS.items():
+    app.command(
+        name, help=help_text, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+    )(unavailable.make(name))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

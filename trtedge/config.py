@@ -1,0 +1,93 @@
+"""Launch configuration shared by the CLI, the server and ``LLM``, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+WEIGHTS = ("auto", "float", "int8")
+
+
+class ConfigError(ValueError):
+    """A launch setting is invalid; the message names the flag (and the Python argument)."""
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+@dataclass(frozen=True)
+class ContextCacheConfig:
+    """Context (prefix) reuse: full KV blocks are content-hashed and shared by later requests."""
+
+    enabled: bool = False
+    max_records: int = 1024
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"context_cache_config.enabled must be true or false, got {self.enabled!r}")
+        if (
+            isinstance(self.max_records, bool)
+            or not isinstance(self.max_records, int)
+            or self.max_records < 0
+        ):
+            raise ConfigError(
+                f"context_cache_config.max_records (--context-cache-max-records) must be a non-negative "
+                f"integer, got {self.max_records!r}"
+            )
+
+    @classmethod
+    def coerce(cls, value) -> ContextCacheConfig:
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ConfigError(
+                    f"context_cache_config: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+                )
+            return cls(**value)
+        raise ConfigError(f"context_cache_config must be a ContextCacheConfig or a mapping, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    model: str | None = None
+    cache_dir: str | None = None
+    max_input_len: int = 4096
+    max_kv_cache_capacity: int = 8192
+    max_batch_size: int = 1
+    max_num_batched_tokens: int = 2048
+    enable_in_flight_batching: bool = False
+    dtype: str = "auto"
+    device: str = "auto"
+    weights: str = "auto"
+    min_request_priority: int | None = None
+    context_cache: ContextCacheConfig = ContextCacheConfig()
+
+    def __post_init__(self) -> None:
+        for name in ("max_input_len", "max_kv_cache_capacity", "max_batch_size", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} ({_flag(name)}) must be a positive integer, got {value!r}")
+        if self.max_input_len > self.max_kv_cache_capacity:
+            raise ConfigError(
+                f"max_input_len (--max-input-len) {self.max_input_len} exceeds max_kv_cache_capacity "
+                f"(--max-kv-cache-capacity) {self.max_kv_cache_capacity}"
+            )
+        for name, allowed in (("dtype", DTYPES), ("device", DEVICES), ("weights", WEIGHTS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigError(
+                    f"{name} ({_flag(name)}) must be one of {', '.join(allowed)}, got {value!r}"
+                )
+        if self.min_request_priority is not None and (
+            isinstance(self.min_request_priority, bool) or not isinstance(self.min_request_priority, int)
+        ):
+            raise ConfigError(
+                f"min_request_priority (--min-request-priority) must be an integer, got {self.min_request_priority!r}"
+            )

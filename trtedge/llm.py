@@ -1,0 +1,253 @@
+"""LLM: the public Python API over the engine."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
+from trtedge.runtime.checkpoint import resolve_checkpoint
+from trtedge.runtime.engine import Engine, EngineConfig
+from trtedge.runtime.models import load_model
+from trtedge.runtime.sampling_params import SamplingParams
+from trtedge.runtime.stream import CancellableIterator, GenerationMetrics, RequestOutput
+
+log = logging.getLogger("trtedge")
+
+Messages = list[dict]
+
+
+class PromptTooLongError(ValueError):
+    """The prompt (or prompt + max_tokens) does not fit the configured limits."""
+
+
+class LLM:
+    """A model loaded and ready to generate.
+
+    ``LLM()`` with no model uses the embedded SmolLM2-135M-Instruct. Calls are thread-safe; with
+    ``enable_in_flight_batching=True`` concurrent calls share the running batch.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        cache_dir: str | None = None,
+        max_input_len: int = 4096,
+        max_kv_cache_capacity: int = 8192,
+        max_batch_size: int = 1,
+        max_num_batched_tokens: int = 2048,
+        enable_in_flight_batching: bool = False,
+        dtype: str = "auto",
+        device: str = "auto",
+        weights: str = "auto",
+        min_request_priority: int | None = None,
+        context_cache_config: ContextCacheConfig | dict | None = None,
+    ):
+        self.config = LaunchConfig(
+            model=model,
+            cache_dir=cache_dir,
+            max_input_len=max_input_len,
+            max_kv_cache_capacity=max_kv_cache_capacity,
+            max_batch_size=max_batch_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_in_flight_batching=enable_in_flight_batching,
+            dtype=dtype,
+            device=device,
+            weights=weights,
+            min_request_priority=min_request_priority,
+            context_cache=ContextCacheConfig.coerce(context_cache_config),
+        )
+        self.checkpoint = resolve_checkpoint(model, cache_dir)
+        self.tokenizer = self.checkpoint.load_tokenizer()
+        cfg = self.config
+        self.model = load_model(
+            self.checkpoint,
+            dtype=dtype,
+            device=device,
+            weights=weights,
+            max_positions=cfg.max_kv_cache_capacity,
+        )
+        self.engine = Engine(
+            self.model,
+            self.tokenizer,
+            EngineConfig(
+                max_batch_size=cfg.max_batch_size,
+                max_kv_cache_capacity=cfg.max_kv_cache_capacity,
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                enable_in_flight_batching=cfg.enable_in_flight_batching,
+                enable_context_reuse=cfg.context_cache.enabled,
+                context_cache_max_records=cfg.context_cache.max_records,
+            ),
+        )
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    @property
+    def model_name(self) -> str:
+        return self.checkpoint.name
+
+    # ---- prompts ------------------------------------------------------------------------------
+    def encode_prompt(
+        self,
+        prompt: str | list[int] | Messages,
+        *,
+        apply_chat_template: bool | None = None,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
+        enable_thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+    ) -> list[int]:
+        """Token ids for a chat (messages), a text prompt or token ids (passed through)."""
+        if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
+            return list(prompt)
+        if isinstance(prompt, str):
+            if apply_chat_template:
+                prompt = [{"role": "user", "content": prompt}]
+            else:
+                return self.tokenizer.encode(prompt, add_special_tokens=True)
+        if apply_chat_template is False:
+            raise ValueError(
+                "messages need the chat template; pass a string prompt with apply_chat_template=False"
+            )
+        return self.tokenizer.encode_chat(
+            prompt,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            enable_thinking=enable_thinking,
+            reasoning_effort=reasoning_effort,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+
+    def check_lengths(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        cfg = self.config
+        if num_prompt_tokens == 0:
+            raise PromptTooLongError("the prompt is empty")
+        if num_prompt_tokens > cfg.max_input_len:
+            raise PromptTooLongError(
+                f"prompt has {num_prompt_tokens} tokens, more than max_input_len {cfg.max_input_len}"
+            )
+        if num_prompt_tokens + max_tokens > cfg.max_kv_cache_capacity:
+            raise PromptTooLongError(
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
+                f"{num_prompt_tokens + max_tokens} exceeds max_kv_cache_capacity {cfg.max_kv_cache_capacity}"
+            )
+
+    # ---- generation ---------------------------------------------------------------------------
+    def generate_stream(
+        self,
+        prompt: str | list[int] | Messages,
+        params: SamplingParams | None = None,
+        *,
+        on_metrics: Callable[[GenerationMetrics], None] | None = None,
+        priority: int = 0,
+        request_id: str | None = None,
+        **prompt_options,
+    ) -> CancellableIterator:
+        """Stream ``StreamDelta``s. Messages (a list of dicts) go through the chat template; a string is
+        used as is; a list of ints is taken as token ids."""
+        self._check_open()
+        params = params or SamplingParams()
+        min_priority = self.config.min_request_priority
+        if min_priority is not None and priority < min_priority:
+            raise ValueError(f"priority {priority} is below min_request_priority {min_priority}")
+        ids = self.encode_prompt(prompt, **prompt_options)
+        self.check_lengths(len(ids), params.max_tokens)
+        return self.engine.submit(ids, params, priority, on_metrics, request_id)
+
+    def generate(
+        self,
+        prompt: str | list[int] | Sequence[str] | Sequence[list[int]],
+        params: SamplingParams | None = None,
+        **options,
+    ) -> RequestOutput | list[RequestOutput]:
+        """Generate for a prompt (text or token ids), or a list of them (submitted together)."""
+        if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
+            streams = [self._collect_start(p, params, options) for p in prompt]
+            return [self._collect(*s) for s in streams]
+        return self._collect(*self._collect_start(prompt, params, options))
+
+    def chat(self, messages: Messages, params: SamplingParams | None = None, **options) -> RequestOutput:
+        """Answer a conversation ([{"role": ..., "content": ...}, ...]) through the chat template."""
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        return self._collect(*self._collect_start(messages, params, options))
+
+    def _collect_start(self, prompt, params, options):
+        box: dict = {}
+        options = dict(options)
+        user_cb = options.pop("on_metrics", None)
+
+        def on_metrics(m: GenerationMetrics) -> None:
+            box["metrics"] = m
+            if user_cb is not None:
+                user_cb(m)
+
+        ids = self.encode_prompt(prompt, **_prompt_options(options))
+        stream = self.generate_stream(ids, params, on_metrics=on_metrics, **_engine_options(options))
+        return stream, ids, box
+
+    @staticmethod
+    def _collect(stream: CancellableIterator, ids: list[int], box: dict) -> RequestOutput:
+        text, tokens, logprobs = [], [], []
+        last = None
+        with stream:
+            for delta in stream:
+                text.append(delta.text)
+                tokens.extend(delta.token_ids)
+                if delta.logprobs:
+                    logprobs.extend(delta.logprobs)
+                last = delta
+        return RequestOutput(
+            text="".join(text),
+            token_ids=tokens,
+            finish_reason=last.finish_reason if last else None,
+            prompt_tokens=len(ids),
+            completion_tokens=len(tokens),
+            logprobs=logprobs or None,
+            metrics=box.get("metrics"),
+            prompt_token_ids=ids,
+        )
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this LLM is closed")
+
+    def close(self) -> None:
+        with self._close_lock:
+            if not self._closed:
+                self._closed = True
+                self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_PROMPT_KEYS = {
+    "apply_chat_template",
+    "add_generation_prompt",
+    "tools",
+    "chat_template_kwargs",
+    "enable_thinking",
+    "reasoning_effort",
+}
+
+
+def _prompt_options(options: dict) -> dict:
+    return {k: v for k, v in options.items() if k in _PROMPT_KEYS}
+
+
+def _engine_options(options: dict) -> dict:
+    extra = set(options) - _PROMPT_KEYS - {"priority", "request_id"}
+    if extra:
+        raise TypeError(f"unexpected argument(s): {', '.join(sorted(extra))}")
+    return {k: v for k, v in options.items() if k in ("priority", "request_id")}
+
+
+__all__ = ["LLM", "ConfigError", "PromptTooLongError"]

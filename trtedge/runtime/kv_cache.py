@@ -1,0 +1,139 @@
+"""Paged KV-cache bookkeeping: fixed-size blocks, reference counts, a free list, and
+content-hashed full blocks for context reuse. No tensors here: the runner owns the pool."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from trtedge.runtime.sequence import Sequence
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: bytes | None = None
+
+
+@dataclass
+class ContextCacheStats:
+    lookups: int = 0
+    hits: int = 0
+    reused_tokens: int = 0
+    evictions: int = 0
+
+
+def chain_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    if parent is not None:
+        h.update(parent)
+    h.update(b"".join(t.to_bytes(4, "little") for t in token_ids))
+    return h.digest()
+
+
+@dataclass
+class BlockManager:
+    num_blocks: int
+    block_size: int
+    enable_reuse: bool = False
+    max_records: int = 1024
+    blocks: list[Block] = field(init=False)
+    stats: ContextCacheStats = field(default_factory=ContextCacheStats)
+
+    def __post_init__(self) -> None:
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        # Free blocks in LRU order; a free block may still hold a published record.
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(self.num_blocks))
+        self.records: OrderedDict[bytes, int] = OrderedDict()  # hash -> block id, LRU order
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def lookup_prefix(self, seq: Sequence) -> None:
+        """On first scheduling: take the longest cached run of full prompt blocks (leaving at least
+        one prompt token to compute, so its logits exist)."""
+        if not (self.enable_reuse and seq.params.reuse_context) or seq.block_table:
+            return
+        self.stats.lookups += 1
+        parent = None
+        usable = (seq.num_prompt_tokens - 1) // self.block_size
+        for i in range(usable):
+            tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
+            parent = chain_hash(parent, tokens)
+            block_id = self.records.get(parent)
+            if block_id is None:
+                break
+            self.records.move_to_end(parent)
+            self._take(block_id)
+            seq.block_table.append(block_id)
+        if seq.block_table:
+            seq.num_computed_tokens = seq.num_cached_tokens = len(seq.block_table) * self.block_size
+            self.stats.hits += 1
+            self.stats.reused_tokens += seq.num_cached_tokens
+
+    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.blocks_needed(num_tokens) - len(seq.block_table) <= len(self.free)
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Make the block table cover ``num_tokens`` tokens (caller checked ``can_grow``)."""
+        while len(seq.block_table) < self.blocks_needed(num_tokens):
+            block_id, _ = self.free.popitem(last=False)
+            self._forget(block_id)
+            self.blocks[block_id].ref_count = 1
+            seq.block_table.append(block_id)
+
+    def publish(self, seq: Sequence) -> None:
+        """Record the sequence's computed full blocks so later requests can reuse them."""
+        if not (self.enable_reuse and seq.params.reuse_context) or self.max_records == 0:
+            return
+        limit = seq.num_computed_tokens
+        if not seq.params.cache_generated_tokens:
+            limit = min(limit, seq.num_prompt_tokens)
+        parent = None
+        for i in range(limit // self.block_size):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None:
+                tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
+                block.hash = chain_hash(parent, tokens)
+                if block.hash in self.records:
+                    block.hash = None  # another block holds this content already
+                    parent = chain_hash(parent, tokens)
+                    continue
+                self.records[block.hash] = block.block_id
+                self._trim_records()
+            parent = block.hash
+
+    def release(self, seq: Sequence) -> None:
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free[block_id]
+        block.ref_count += 1
+
+    def _forget(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.hash is not None:
+            if self.records.get(block.hash) == block_id:
+                del self.records[block.hash]
+                self.stats.evictions += 1
+            block.hash = None
+
+    def _trim_records(self) -> None:
+        while len(self.records) > self.max_records:
+            digest, block_id = self.records.popitem(last=False)
+            self.blocks[block_id].hash = None
+            self.stats.evictions += 1

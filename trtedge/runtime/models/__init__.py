@@ -1,0 +1,72 @@
+"""Model families, by HF ``model_type``; a plain dict, one file per family."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from trtedge.runtime.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, UnsupportedModelError
+from trtedge.runtime.models.llama import LlamaModel
+
+log = logging.getLogger("trtedge")
+
+ARCHITECTURES = {"llama": LlamaModel, "mistral": LlamaModel, "qwen2": LlamaModel, "qwen3": LlamaModel}
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device (--device) is cuda but no CUDA device is available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    if dtype != "auto":
+        return _DTYPES[dtype]
+    if device.type == "cpu":
+        return torch.float32  # bf16/fp16 matmuls are slower than fp32 on most CPUs
+    return torch.float16 if cfg.torch_dtype == "float16" else torch.bfloat16
+
+
+def resolve_weight_format(weights: str, checkpoint, device: torch.device, dtype: torch.dtype) -> str:
+    """auto: a quantized GGUF keeps 8-bit-or-less weights on the CPU (int8); else float weights."""
+    from trtedge.runtime.ops.linear import int8_available
+
+    if weights == "int8":
+        if device.type != "cpu" or not int8_available():
+            raise ValueError("weights (--weights) int8 needs the CPU fbgemm backend")
+        return "int8"
+    if weights == "float":
+        return "float"
+    dominant = (checkpoint.quantization or {}).get("dominant", "")
+    quantized = dominant.startswith(("Q", "IQ")) and dominant not in ("", "F32", "F16", "BF16")
+    if quantized and device.type == "cpu" and dtype == torch.float32 and int8_available():
+        return "int8"
+    return "float"
+
+
+def load_model(checkpoint, *, dtype: str, device: str, weights: str, max_positions: int):
+    cfg = checkpoint.model_config
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, cfg, dev)
+    weight_format = resolve_weight_format(weights, checkpoint, dev, torch_dtype)
+    cls = ARCHITECTURES[cfg.model_type]
+    model = cls(cfg, checkpoint.iter_tensors(), torch_dtype, dev, weight_format, max_positions)
+    log.info(
+        "loaded %s (%s, %d layers) on %s as %s, %s weights (%.0f MiB)",
+        checkpoint.name,
+        cfg.model_type,
+        cfg.num_layers,
+        dev,
+        str(torch_dtype).removeprefix("torch."),
+        weight_format,
+        model.weight_bytes / 2**20,
+    )
+    return model
+
+
+__all__ = ["ARCHITECTURES", "SUPPORTED_MODEL_TYPES", "ModelConfig", "UnsupportedModelError", "load_model"]

@@ -1,0 +1,74 @@
+"""Paged attention: the batch layout every backend reads, and the torch reference backend.
+
+Tokens of all sequences in a step are flattened into one dimension. Sequence i owns query rows
+``cu_query_lens[i]:cu_query_lens[i+1]``; its keys are the first ``context_lens[i]`` slots named by
+its block table, the last ``query_lens[i]`` of which are written by this step (``slot_mapping``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionBatch:
+    slot_mapping: torch.Tensor  # [num_tokens] int64: flat cache slot for each new token
+    query_lens: list[int]
+    context_lens: list[int]  # keys visible to each sequence after this step
+    block_tables: list[torch.Tensor]  # per sequence: int64 block ids covering context_lens[i]
+    block_size: int
+
+    @property
+    def fresh_prefill(self) -> bool:
+        return all(q == c for q, c in zip(self.query_lens, self.context_lens))
+
+
+class TorchAttention:
+    """Reference backend: works on any device; the oracle the other backends are tested against."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def __call__(
+        self,
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        v_cache: torch.Tensor,
+        batch: AttentionBatch,
+    ) -> torch.Tensor:
+        flat_k = k_cache.view(-1, *k_cache.shape[2:])
+        flat_v = v_cache.view(-1, *v_cache.shape[2:])
+        flat_k.index_copy_(0, batch.slot_mapping, k)
+        flat_v.index_copy_(0, batch.slot_mapping, v)
+        out = torch.empty_like(q)
+        start = 0
+        for qlen, ctx, table in zip(batch.query_lens, batch.context_lens, batch.block_tables):
+            end = start + qlen
+            if qlen == ctx:
+                keys, values = k[start:end], v[start:end]
+            else:
+                keys = k_cache[table].flatten(0, 1)[:ctx]
+                values = v_cache[table].flatten(0, 1)[:ctx]
+            out[start:end] = self._attend(q[start:end], keys, values, ctx - qlen)
+            start = end
+        return out
+
+    def _attend(self, q, k, v, offset: int) -> torch.Tensor:
+        qlen, klen = q.shape[0], k.shape[0]
+        qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        if qlen == 1:
+            mask, causal = None, False
+        elif offset == 0:
+            mask, causal = None, True
+        else:
+            rows = torch.arange(qlen, device=q.device).unsqueeze(1) + offset
+            mask, causal = torch.arange(klen, device=q.device).unsqueeze(0) <= rows, False
+        o = F.scaled_dot_product_attention(
+            qt, kt, vt, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
+        )
+        return o.transpose(0, 1)

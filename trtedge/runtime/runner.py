@@ -1,0 +1,78 @@
+"""The model runner: owns the model and the KV pool on the device, flattens a scheduled batch
+into tensors, runs the forward and samples."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from trtedge.runtime.ops.attention import AttentionBatch
+from trtedge.runtime.sampling import Sampler, TokenLogprobs
+from trtedge.runtime.scheduler import ScheduledBatch
+from trtedge.runtime.sequence import Sequence
+
+log = logging.getLogger("trtedge")
+
+
+class ModelRunner:
+    def __init__(self, model, num_blocks: int, block_size: int, sampler: Sampler):
+        cfg = model.cfg
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.sampler = sampler
+        shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv = torch.zeros(shape, dtype=model.dtype, device=model.device)
+        self.kv_bytes = self.kv.numel() * self.kv.element_size()
+        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(cfg.num_layers)]
+        log.info(
+            "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB",
+            num_blocks,
+            block_size,
+            num_blocks * block_size,
+            self.kv_bytes / 2**20,
+        )
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int], list[TokenLogprobs | None]]:
+        """Compute the scheduled tokens; return the sequences that caught up and their next tokens."""
+        device = self.model.device
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens, context_lens, tables = [], [], []
+        last_rows: list[int] = []
+        sampled: list[Sequence] = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            start = seq.num_computed_tokens
+            end = start + n
+            ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            bs = self.block_size
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            query_lens.append(n)
+            context_lens.append(end)
+            tables.append(torch.tensor(table[: -(-end // bs)], dtype=torch.long, device=device))
+            if end == seq.num_tokens:
+                last_rows.append(len(ids) - 1)
+                sampled.append(seq)
+        attn = AttentionBatch(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            query_lens=query_lens,
+            context_lens=context_lens,
+            block_tables=tables,
+            block_size=self.block_size,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=device)
+        pos = torch.tensor(positions, dtype=torch.long, device=device)
+        hidden = self.model.forward(input_ids, pos, self.kv_caches, attn)
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_computed_tokens += n
+        if not sampled:
+            return [], [], []
+        rows = torch.tensor(last_rows, dtype=torch.long, device=device)
+        logits = self.model.logits(hidden.index_select(0, rows))
+        tokens, infos = self.sampler(logits, sampled)
+        return sampled, tokens, infos

@@ -1,0 +1,113 @@
+"""Token-budget scheduling with in-flight batching, priorities and preemption (no tensors here).
+
+Each step every scheduled sequence's computed tokens catch up with its total: a new prompt
+computes in chunks up to the token budget, a running sequence computes its one new token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trtedge.runtime.kv_cache import BlockManager
+from trtedge.runtime.sequence import Sequence, Status
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 1
+    max_num_batched_tokens: int = 2048
+    enable_in_flight_batching: bool = False
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    seqs: list[Sequence]
+    num_tokens: list[int]  # tokens to compute this step, per sequence
+    preempted: list[Sequence] = field(default_factory=list)
+    joined: int = 0  # sequences that joined while others were mid-generation
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager):
+        self.config = config
+        self.blocks = blocks
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _capacity(self) -> int:
+        return self.config.max_batch_size if self.config.enable_in_flight_batching else 1
+
+    def schedule(self) -> ScheduledBatch:
+        budget = self.config.max_num_batched_tokens
+        seqs: list[Sequence] = []
+        counts: list[int] = []
+        preempted: list[Sequence] = []
+        # Highest priority first; FCFS within a priority.
+        self.running.sort(key=lambda s: (-s.priority, s.arrival, s.seq_id))
+        for seq in list(self.running):
+            if seq not in self.running or budget == 0:
+                continue
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                continue
+            self.blocks.grow(seq, seq.num_computed_tokens + n)
+            seqs.append(seq)
+            counts.append(n)
+            budget -= n
+        mid_flight = any(s.num_output_tokens > 0 for s in seqs)
+        joined = 0
+        self.waiting.sort(key=lambda s: (-s.priority, s.arrival, s.seq_id))
+        while self.waiting and budget > 0 and len(self.running) < self._capacity() and not preempted:
+            seq = self.waiting[0]
+            self.blocks.lookup_prefix(seq)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
+                self.blocks.release(seq)  # drop prefix references taken by the lookup
+                seq.num_cached_tokens = 0
+                break
+            self.waiting.pop(0)
+            self.blocks.grow(seq, seq.num_computed_tokens + n)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            seqs.append(seq)
+            counts.append(n)
+            budget -= n
+            joined += int(mid_flight)
+        return ScheduledBatch(seqs, counts, preempted, joined)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.release(seq)
+        seq.status = Status.WAITING
+        seq.num_cached_tokens = 0
+        seq.num_preemptions += 1
+        self.waiting.append(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Remove a sequence (finished, cancelled or failed) and free its blocks."""
+        seq.finish_reason = reason
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.status is not Status.FINISHED:
+            seq.status = Status.FINISHED
+            self.blocks.release(seq)

@@ -1,0 +1,56 @@
+"""A request inside the engine: its tokens, progress, blocks and status (no tensors here)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from enum import Enum, auto
+
+from trtedge.runtime.sampling_params import SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    def __init__(
+        self, prompt_ids: list[int], params: SamplingParams, priority: int = 0, request_id: str | None = None
+    ):
+        self.seq_id = next(_ids)
+        self.request_id = request_id or f"seq-{self.seq_id}"
+        self.token_ids = list(prompt_ids)
+        self.num_prompt_tokens = len(prompt_ids)
+        self.params = params
+        self.priority = priority
+        self.arrival = time.monotonic()
+        self.status = Status.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens taken from the context cache
+        self.block_table: list[int] = []
+        self.finish_reason: str | None = None
+        self.num_preemptions = 0
+        self.seed = params.seed if params.seed is not None else 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def __repr__(self) -> str:
+        return f"Sequence({self.request_id}, tokens={self.num_tokens}, computed={self.num_computed_tokens})"
