@@ -211,6 +211,31 @@ class LLM:
             prompt_token_ids=ids,
         )
 
+    # ---- introspection -------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """A snapshot for health endpoints and dashboards (safe to call from any thread)."""
+        engine = self.engine
+        stats = engine.stats
+        blocks = engine.blocks
+        return {
+            "model": self.model_name,
+            "active_requests": engine.num_active,
+            "running": len(engine.scheduler.running),
+            "waiting": len(engine.scheduler.waiting),
+            "kv_blocks_total": blocks.num_blocks,
+            "kv_blocks_free": blocks.num_free_blocks,
+            "kv_block_size": blocks.block_size,
+            "kv_cache_bytes": engine.runner.kv_bytes,
+            "submitted": stats.submitted,
+            "completed": stats.completed,
+            "cancelled": stats.cancelled,
+            "failed": stats.failed,
+            "joined_mid_flight": stats.joined_mid_flight,
+            "preemptions": stats.preemptions,
+            "steps": stats.steps,
+            "engine_error": None if engine.error is None else str(engine.error),
+        }
+
     # ---- lifecycle ----------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
