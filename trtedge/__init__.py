@@ -13,6 +13,8 @@ _EXPORTS = {
     "ConfigError": "trtedge.config",
     "ContextCacheConfig": "trtedge.config",
     "CheckpointError": "trtedge.runtime.checkpoint",
+    "clear_engine_cache": "trtedge.runtime.bundle",
+    "prune_engine_cache": "trtedge.runtime.bundle",
     "SamplingParams": "trtedge.runtime.sampling_params",
     "CancellableIterator": "trtedge.runtime.stream",
     "GenerationMetrics": "trtedge.runtime.stream",

@@ -68,8 +68,16 @@ class LaunchConfig:
     weights: str = "auto"
     min_request_priority: int | None = None
     context_cache: ContextCacheConfig = ContextCacheConfig()
+    engine_cache_max_size_gb: float = 50.0
+    clear_engine_cache: bool = False
 
     def __post_init__(self) -> None:
+        from trtedge.runtime.bundle import BundleError, check_max_size_gb
+
+        try:
+            check_max_size_gb(self.engine_cache_max_size_gb)
+        except BundleError as e:
+            raise ConfigError(f"engine_cache_max_size_gb ({e})") from None
         for name in ("max_input_len", "max_kv_cache_capacity", "max_batch_size", "max_num_batched_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
-from trtedge.runtime.checkpoint import resolve_checkpoint
+from trtedge.runtime.bundle import BuildProfile, prepare_bundle
 from trtedge.runtime.engine import Engine, EngineConfig
 from trtedge.runtime.models import load_model
 from trtedge.runtime.sampling_params import SamplingParams
@@ -44,6 +44,8 @@ class LLM:
         weights: str = "auto",
         min_request_priority: int | None = None,
         context_cache_config: ContextCacheConfig | dict | None = None,
+        engine_cache_max_size_gb: float = 50.0,
+        clear_engine_cache: bool = False,
     ):
         self.config = LaunchConfig(
             model=model,
@@ -58,8 +60,17 @@ class LLM:
             weights=weights,
             min_request_priority=min_request_priority,
             context_cache=ContextCacheConfig.coerce(context_cache_config),
+            engine_cache_max_size_gb=engine_cache_max_size_gb,
+            clear_engine_cache=clear_engine_cache,
         )
-        self.checkpoint = resolve_checkpoint(model, cache_dir)
+        # the runtime bundle (key, path, manifest) stands in for the checkpoint: a hit converts nothing
+        self.bundle = self.checkpoint = prepare_bundle(
+            model,
+            BuildProfile.from_launch(self.config),
+            cache_dir=cache_dir,
+            max_size_gb=engine_cache_max_size_gb,
+            clear=clear_engine_cache,
+        )
         self.tokenizer = self.checkpoint.load_tokenizer()
         cfg = self.config
         self.model = load_model(
@@ -246,6 +257,7 @@ class LLM:
             if not self._closed:
                 self._closed = True
                 self.engine.shutdown()
+                self.bundle.release()
 
     def __enter__(self) -> LLM:
         return self

@@ -37,6 +37,12 @@ def chat(
     weights: str = typer.Option(
         "auto", "--weights", help="auto|float|int8 (auto keeps a quantized GGUF in int8 on the CPU)."
     ),
+    engine_cache_max_size_gb: float = typer.Option(
+        50.0, "--engine-cache-max-size-gb", help="Evict least-recently-used bundles past this many GiB."
+    ),
+    clear_engine_cache: bool = typer.Option(
+        False, "--clear-engine-cache", help="Remove compiled bundles first (downloads are kept)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log loading details to stderr."),
 ) -> None:
     logging.basicConfig(
@@ -69,6 +75,8 @@ def chat(
             dtype=dtype,
             device=device,
             weights=weights,
+            engine_cache_max_size_gb=engine_cache_max_size_gb,
+            clear_engine_cache=clear_engine_cache,
         )
     except (CheckpointError, ConfigError, ValueError) as e:
         _fail(str(e))

@@ -5,9 +5,7 @@ from __future__ import annotations
 import typer
 
 COMMANDS = {
-    "build": "Compile a checkpoint into a cached runtime bundle. (Not available yet in this version.)",
     "serve": "Serve a model over OpenAI and Anthropic compatible HTTP APIs. (Not available yet in this version.)",
-    "cache": "List, prune or clear the bundle cache. (Not available yet in this version.)",
     "bench": "Benchmark a model offline or a running server. (Not available yet in this version.)",
 }
 

@@ -1,0 +1,304 @@
+"""Runtime bundles: cache keys, reuse without rebuilding, atomic publish, locks, LRU prune, clear."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.tiny import make_tiny_checkpoint
+from trtedge import LLM, ConfigError, SamplingParams, clear_engine_cache, prune_engine_cache
+from trtedge.runtime import builder
+from trtedge.runtime.bundle import (
+    BuildProfile,
+    Bundle,
+    BundleError,
+    Cache,
+    FileLock,
+    cache_key,
+    fingerprint,
+    prepare_bundle,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "llama", "llama")
+
+
+@pytest.fixture
+def cache_dir(tmp_path) -> Path:
+    return tmp_path / "cache"
+
+
+def _key(path: Path, profile: BuildProfile | None = None) -> str:
+    return cache_key(fingerprint(path)[0], None, profile or BuildProfile())
+
+
+def _no_build(*args, **kwargs):
+    raise AssertionError("the builder ran on a cache hit")
+
+
+# ---- keys -------------------------------------------------------------------------------------------
+def test_copy_keeps_key_config_and_sampled_weight_byte_change_it(tiny, tmp_path):
+    copy = shutil.copytree(tiny, tmp_path / "elsewhere" / "renamed")
+    assert _key(copy) == _key(tiny)
+
+    edited = shutil.copytree(tiny, tmp_path / "edited")
+    config = json.loads((edited / "config.json").read_text())
+    config["rms_norm_eps"] = 1e-5
+    (edited / "config.json").write_text(json.dumps(config))
+    assert _key(edited) != _key(tiny)
+
+    flipped = shutil.copytree(tiny, tmp_path / "flipped")
+    weights = flipped / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8 + int.from_bytes(data[:8], "little") + 100] ^= 0xFF  # first payload bytes are always sampled
+    weights.write_bytes(bytes(data))
+    assert _key(flipped) != _key(tiny)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(max_input_len=1024),
+        dict(max_kv_cache_capacity=4096),
+        dict(max_batch_size=4),
+        dict(dtype="bfloat16"),
+        dict(weights="int8"),
+        dict(speculative_method="ngram"),
+        dict(num_draft_tokens=3),
+        dict(layout_version=99),
+    ],
+)
+def test_every_profile_field_changes_key(tiny, change):
+    assert _key(tiny, BuildProfile(**change)) != _key(tiny)
+
+
+def test_profile_and_speculative_config_are_validated():
+    with pytest.raises(BundleError, match="--speculative-config"):
+        BuildProfile.create(speculative="{not json")
+    with pytest.raises(BundleError, match="needs draft_model"):
+        BuildProfile.create(speculative={"method": "draft"})
+    with pytest.raises(BundleError, match="--components"):
+        BuildProfile.create(components="llm,vision")
+    with pytest.raises(BundleError, match="draft model"):
+        BuildProfile.create(components="draft")
+    assert BuildProfile.create(components="all").components == ("llm",)
+    profile = BuildProfile.create(components="all", speculative={"method": "draft", "draft_model": "x"})
+    assert profile.components == ("llm", "draft")
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, True])
+def test_engine_cache_max_size_gb_refuses_non_positive_and_non_finite(bad):
+    from trtedge.config import LaunchConfig
+
+    with pytest.raises(ConfigError, match="--engine-cache-max-size-gb"):
+        LaunchConfig(engine_cache_max_size_gb=bad)
+
+
+# ---- reuse ------------------------------------------------------------------------------------------
+def test_second_launch_reuses_bundle_moved_copy_too_and_edit_rebuilds(tiny, cache_dir, tmp_path, monkeypatch):
+    params = SamplingParams(max_tokens=8, temperature=0)
+    kwargs = dict(cache_dir=str(cache_dir), max_kv_cache_capacity=256, max_input_len=128)
+    original = shutil.copytree(tiny, tmp_path / "original")
+    with LLM(str(original), **kwargs) as first:
+        assert first.bundle.built
+        expected = first.generate("w5 w6 w7", params).token_ids
+        key = first.bundle.key
+    manifest = json.loads((cache_dir / "bundles" / key / "manifest.json").read_text())
+    weights = manifest["components"]["llm"]["weights"]
+    assert weights["externalized"] and list(weights["files"]) == ["model.safetensors"]
+    assert not list((cache_dir / "bundles" / key).glob("*.safetensors"))  # weights are not copied
+
+    with monkeypatch.context() as m:
+        m.setattr(builder, "build_bundle", _no_build)
+        with LLM(str(original), **kwargs) as again:
+            assert (again.bundle.key, again.bundle.built) == (key, False)
+            assert again.generate("w5 w6 w7", params).token_ids == expected
+        moved = shutil.move(original, tmp_path / "elsewhere" / "moved")
+        with LLM(str(moved), **kwargs) as llm:
+            assert (llm.bundle.key, llm.bundle.built) == (key, False)
+            assert llm.generate("w5 w6 w7", params).token_ids == expected
+
+    config = json.loads((moved / "config.json").read_text())
+    config["rms_norm_eps"] = 1e-5
+    (moved / "config.json").write_text(json.dumps(config))
+    with LLM(str(moved), **kwargs) as edited:
+        assert edited.bundle.built and edited.bundle.key != key
+
+
+def test_externalized_weights_are_verified_on_load(tiny, cache_dir, tmp_path):
+    copy = shutil.copytree(tiny, tmp_path / "copy")
+    bundle = prepare_bundle(str(copy), cache_dir=cache_dir)
+    bundle.release()
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # the last bytes are always sampled too
+    weights.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match="changed since the bundle"):
+        next(Bundle(bundle.path, checkpoint_path=copy).iter_tensors())
+
+
+def test_clear_engine_cache_flag_rebuilds(tiny, cache_dir):
+    kwargs = dict(cache_dir=str(cache_dir), max_kv_cache_capacity=256, max_input_len=128)
+    LLM(str(tiny), **kwargs).close()
+    with LLM(str(tiny), clear_engine_cache=True, **kwargs) as llm:
+        assert llm.bundle.built
+
+
+def test_smollm2_second_launch_does_no_conversion(cache_dir, monkeypatch):
+    from trtedge.runtime.embedded import embedded_model_path
+    from trtedge.runtime.models import resolve_weight_format
+
+    try:
+        embedded_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    kwargs = dict(cache_dir=str(cache_dir), max_kv_cache_capacity=1024, max_input_len=512)
+    start = time.perf_counter()
+    with LLM(**kwargs) as llm:
+        first = time.perf_counter() - start
+        assert llm.bundle.built and llm.model_name == "SmolLM2-135M-Instruct"
+        assert (llm.bundle.path / "weights.safetensors").is_file()
+        assert llm.bundle.quantization["dominant"] == "Q4_1"
+        answer = llm.chat(
+            [{"role": "user", "content": "What is the capital of France?"}],
+            SamplingParams(max_tokens=12, temperature=0),
+        )
+    monkeypatch.setattr(builder, "build_bundle", _no_build)
+    start = time.perf_counter()
+    with LLM(**kwargs) as llm:
+        second = time.perf_counter() - start
+        assert not llm.bundle.built
+        import torch
+
+        assert resolve_weight_format("auto", llm.bundle, torch.device("cpu"), torch.float32) in (
+            "int8",
+            "float",
+        )
+        again = llm.chat(
+            [{"role": "user", "content": "What is the capital of France?"}],
+            SamplingParams(max_tokens=12, temperature=0),
+        )
+    assert again.text == answer.text and "Paris" in answer.text
+    print(f"\nSmolLM2 launch: first (build) {first:.2f} s, second (cache hit) {second:.2f} s")
+
+
+# ---- processes: concurrency and kill -9 ----------------------------------------------------------------
+_BUILD_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from trtedge.runtime.bundle import prepare_bundle
+    bundle = prepare_bundle(sys.argv[1], cache_dir=sys.argv[2])
+    print("built" if bundle.built else "reused", bundle.key, flush=True)
+    """
+)
+
+
+def _spawn(tiny: Path, cache_dir: Path, delay: float) -> subprocess.Popen:
+    env = dict(os.environ, TRTEDGE_TEST_BUILD_DELAY=str(delay), PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-c", _BUILD_SCRIPT, str(tiny), str(cache_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_two_processes_build_once_and_both_succeed(tiny, cache_dir):
+    procs = [_spawn(tiny, cache_dir, delay=3) for _ in range(2)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outputs]
+    words = sorted(out.split()[0] for out, _ in outputs)
+    assert words == ["built", "reused"]
+    assert len({out.split()[1] for out, _ in outputs}) == 1
+    assert len(list((cache_dir / "bundles").iterdir())) == 1
+
+
+def test_kill_9_during_build_leaves_nothing_used_and_next_launch_completes(tiny, cache_dir, monkeypatch):
+    proc = _spawn(tiny, cache_dir, delay=60)
+    bundles = cache_dir / "bundles"
+    deadline = time.monotonic() + 60
+    while not list(bundles.glob(".tmp-*/config.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    key = _key(tiny)
+    assert not (bundles / key).exists() and list(bundles.glob(".tmp-*"))
+
+    monkeypatch.delenv("TRTEDGE_TEST_BUILD_DELAY", raising=False)
+    bundle = prepare_bundle(str(tiny), cache_dir=cache_dir)
+    bundle.release()
+    assert bundle.built and bundle.key == key
+    assert sorted(p.name for p in bundles.iterdir()) == [key]  # the killed build's temp dir is gone
+
+
+# ---- eviction -----------------------------------------------------------------------------------------
+def _bundles(tiny: Path, cache_dir: Path, n: int) -> list[str]:
+    keys = []
+    for i in range(n):
+        bundle = prepare_bundle(str(tiny), BuildProfile(max_batch_size=i + 1), cache_dir=cache_dir)
+        bundle.release()
+        os.utime(bundle.path / "manifest.json", (1000.0 + i, 1000.0 + i))  # oldest first
+        keys.append(bundle.key)
+    return keys
+
+
+def test_prune_evicts_oldest_first_keeps_active_and_checkpoints(tiny, cache_dir):
+    keys = _bundles(tiny, cache_dir, 4)
+    (cache_dir / "checkpoints" / "org--model").mkdir(parents=True)
+    (cache_dir / "checkpoints" / "org--model" / "model.safetensors").write_bytes(b"x" * 10_000_000)
+    (cache_dir / "kernels").mkdir(exist_ok=True)
+    (cache_dir / "kernels" / "k.so").write_bytes(b"x" * 1000)
+    sizes = {e.key: e.size_bytes for e in Cache(cache_dir).entries()}
+
+    active = Bundle(cache_dir / "bundles" / keys[0])  # the oldest, but loaded by "another process"
+    lock = FileLock(cache_dir / "locks" / f"{keys[0]}.use")
+    assert lock.acquire(shared=True)
+    try:
+        cap_gb = (sizes[keys[0]] + sizes[keys[3]] + 1) / 2**30
+        removed = prune_engine_cache(cap_gb, cache_dir=cache_dir)
+    finally:
+        lock.release()
+    assert [e.key for e in removed] == keys[1:3]
+    assert sorted(p.name for p in (cache_dir / "bundles").iterdir()) == sorted([keys[0], keys[3]])
+    assert active.path.is_dir()
+    assert (cache_dir / "checkpoints" / "org--model" / "model.safetensors").is_file()
+    assert (cache_dir / "kernels" / "k.so").is_file()
+
+
+def test_prepare_evicts_past_cap_but_never_the_bundle_it_returns(tiny, cache_dir):
+    keys = _bundles(tiny, cache_dir, 2)
+    bundle = prepare_bundle(str(tiny), BuildProfile(max_batch_size=9), cache_dir=cache_dir, max_size_gb=1e-9)
+    bundle.release()
+    assert [p.name for p in (cache_dir / "bundles").iterdir()] == [bundle.key]
+    assert bundle.key not in keys
+
+
+def test_clear_keeps_checkpoints_and_bundles_in_use(tiny, cache_dir):
+    keys = _bundles(tiny, cache_dir, 2)
+    (cache_dir / "checkpoints").mkdir()
+    (cache_dir / "checkpoints" / "keep").write_text("x")
+    held = prepare_bundle(str(tiny), BuildProfile(max_batch_size=1), cache_dir=cache_dir)
+    try:
+        removed = clear_engine_cache(cache_dir)
+    finally:
+        held.release()
+    assert [e.key for e in removed] == [keys[1]]
+    assert (cache_dir / "checkpoints" / "keep").is_file()
+    assert [e.key for e in clear_engine_cache(cache_dir)] == [keys[0]]
+    assert not list((cache_dir / "bundles").iterdir())
