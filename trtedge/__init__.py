@@ -17,6 +17,7 @@ _EXPORTS = {
     "prune_engine_cache": "trtedge.runtime.bundle",
     "SamplingParams": "trtedge.runtime.sampling_params",
     "CancellableIterator": "trtedge.runtime.stream",
+    "CompletionOutput": "trtedge.runtime.stream",
     "GenerationMetrics": "trtedge.runtime.stream",
     "RequestOutput": "trtedge.runtime.stream",
     "StreamDelta": "trtedge.runtime.stream",

@@ -11,7 +11,7 @@ from trtedge.runtime.bundle import BuildProfile, prepare_bundle
 from trtedge.runtime.engine import Engine, EngineConfig
 from trtedge.runtime.models import load_model
 from trtedge.runtime.sampling_params import SamplingParams
-from trtedge.runtime.stream import CancellableIterator, GenerationMetrics, RequestOutput
+from trtedge.runtime.stream import CancellableIterator, CompletionOutput, GenerationMetrics, RequestOutput
 
 log = logging.getLogger("trtedge")
 
@@ -202,24 +202,29 @@ class LLM:
 
     @staticmethod
     def _collect(stream: CancellableIterator, ids: list[int], box: dict) -> RequestOutput:
-        text, tokens, logprobs = [], [], []
-        last = None
+        choices: dict[int, CompletionOutput] = {}
         with stream:
             for delta in stream:
-                text.append(delta.text)
-                tokens.extend(delta.token_ids)
+                choice = choices.get(delta.index)
+                if choice is None:
+                    choice = choices[delta.index] = CompletionOutput(delta.index, "", [], None)
+                choice.text += delta.text
+                choice.token_ids.extend(delta.token_ids)
                 if delta.logprobs:
-                    logprobs.extend(delta.logprobs)
-                last = delta
+                    choice.logprobs = (choice.logprobs or []) + delta.logprobs
+                choice.finish_reason = delta.finish_reason
+        outputs = [choices[i] for i in sorted(choices)]
+        first = outputs[0] if outputs else CompletionOutput(0, "", [], None)
         return RequestOutput(
-            text="".join(text),
-            token_ids=tokens,
-            finish_reason=last.finish_reason if last else None,
+            text=first.text,
+            token_ids=first.token_ids,
+            finish_reason=first.finish_reason,
             prompt_tokens=len(ids),
-            completion_tokens=len(tokens),
-            logprobs=logprobs or None,
+            completion_tokens=sum(len(o.token_ids) for o in outputs),
+            logprobs=first.logprobs,
             metrics=box.get("metrics"),
             prompt_token_ids=ids,
+            outputs=outputs,
         )
 
     # ---- introspection -------------------------------------------------------------------------
@@ -245,6 +250,18 @@ class LLM:
             "preemptions": stats.preemptions,
             "steps": stats.steps,
             "engine_error": None if engine.error is None else str(engine.error),
+        }
+
+    def get_context_cache_metrics(self) -> dict:
+        """Context reuse counters: lookups, hits, reused_tokens, records (held now), evictions."""
+        blocks = self.engine.blocks
+        stats = blocks.stats
+        return {
+            "lookups": stats.lookups,
+            "hits": stats.hits,
+            "reused_tokens": stats.reused_tokens,
+            "records": blocks.num_records,
+            "evictions": stats.evictions,
         }
 
     # ---- lifecycle ----------------------------------------------------------------------------

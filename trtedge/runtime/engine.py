@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from trtedge.runtime.kv_cache import BlockManager
 from trtedge.runtime.runner import ModelRunner
-from trtedge.runtime.sampling import Sampler, TokenLogprobs
+from trtedge.runtime.sampling import Sampler, TokenLogprobs, mix_seed
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.scheduler import Scheduler, SchedulerConfig
 from trtedge.runtime.sequence import Sequence
@@ -47,15 +47,30 @@ class EngineStats:
     steps: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Request:
-    seq: Sequence
+    """One submitted request: an output channel shared by its ``n`` choices, and its metrics."""
+
     channel: queue.Queue
-    detok: IncrementalDetokenizer
     on_metrics: Callable[[GenerationMetrics], None] | None
-    pending: str = ""  # text held back: could be the start of a stop string
+    choices: list[_Choice] = field(default_factory=list)
     submitted: float = field(default_factory=time.monotonic)
     first_scheduled: float | None = None
+    first_token: float | None = None
+    num_open: int = 0
+    finish_reason: str | None = None  # choice 0's, or "cancelled" / "error" for the whole request
+
+
+@dataclass
+class _Choice:
+    """One generated sequence of a request (``index`` in 0..n-1); choice 0 prefills the prompt and the
+    others fork from it after its first token."""
+
+    seq: Sequence
+    request: _Request
+    index: int
+    detok: IncrementalDetokenizer
+    pending: str = ""  # text held back: could be the start of a stop string
     first_token: float | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
 
@@ -64,26 +79,38 @@ class Engine:
     def __init__(self, model, tokenizer: Tokenizer, config: EngineConfig):
         self.config = config
         self.tokenizer = tokenizer
-        num_blocks = config.num_blocks or config.max_batch_size * -(
-            -config.max_kv_cache_capacity // config.block_size
-        )
+        bs = config.block_size
+        num_blocks = config.num_blocks or config.max_batch_size * -(-config.max_kv_cache_capacity // bs)
+        if num_blocks * bs < config.max_kv_cache_capacity:
+            raise ValueError(
+                f"a KV pool of {num_blocks} blocks x {bs} tokens cannot hold one request of "
+                f"max_kv_cache_capacity {config.max_kv_cache_capacity} tokens"
+            )
         self.blocks = BlockManager(
             num_blocks,
-            config.block_size,
+            bs,
             enable_reuse=config.enable_context_reuse,
             max_records=config.context_cache_max_records,
         )
         sched = SchedulerConfig(
             max_batch_size=config.max_batch_size,
-            max_num_batched_tokens=max(config.max_num_batched_tokens, config.block_size),
+            max_num_batched_tokens=max(config.max_num_batched_tokens, bs),
             enable_in_flight_batching=config.enable_in_flight_batching,
         )
         self.scheduler = Scheduler(sched, self.blocks)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, Sampler(tokenizer.eos_token_ids))
+        self.runner = ModelRunner(model, num_blocks, bs, Sampler(tokenizer.eos_token_ids))
+        log.info(
+            "engine: %s, max_batch_size %d, %d tokens per step, context reuse %s",
+            "in-flight batching" if config.enable_in_flight_batching else "one request at a time",
+            config.max_batch_size if config.enable_in_flight_batching else 1,
+            sched.max_num_batched_tokens,
+            f"on (max {config.context_cache_max_records} records)" if config.enable_context_reuse else "off",
+        )
         self.stats = EngineStats()
         self.error: BaseException | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._requests: dict[int, _Request] = {}
+        self._requests: set[_Request] = set()  # guarded by the engine thread
+        self._choices: dict[int, _Choice] = {}  # seq_id -> choice, for sequences in the scheduler
         self._wake = threading.Event()
         self._stopped = False
         self._rng = random.Random(0)  # unseeded requests repeat across runs when served alone
@@ -100,21 +127,27 @@ class Engine:
         on_metrics: Callable[[GenerationMetrics], None] | None = None,
         request_id: str | None = None,
     ) -> CancellableIterator:
+        """Queue a request; its ``params.n`` choices stream into one iterator (``StreamDelta.index``)."""
         if self.error is not None:
             raise RuntimeError(f"engine failed: {self.error}")
-        seq = Sequence(prompt_ids, params, priority, request_id)
-        if params.seed is None:
+        seed = params.seed
+        if seed is None:
             with self._rng_lock:
-                seq.seed = self._rng.getrandbits(64)
-        channel: queue.Queue = queue.Queue()
-        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
-        request = _Request(seq, channel, detok, on_metrics)
+                seed = self._rng.getrandbits(64)
+        request = _Request(queue.Queue(), on_metrics)
+        for index in range(params.n):
+            rid = request_id if index == 0 or request_id is None else f"{request_id}-{index}"
+            seq = Sequence(prompt_ids, params, priority, rid)
+            seq.seed = seed if index == 0 else mix_seed(seed, -1 - index)
+            detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
+            request.choices.append(_Choice(seq, request, index, detok))
+        request.num_open = params.n
         self._inbox.put(("add", request))
         self._wake.set()
-        return CancellableIterator(channel, lambda: self.cancel(seq.seq_id))
+        return CancellableIterator(request.channel, lambda: self._cancel(request), params.n)
 
-    def cancel(self, seq_id: int) -> None:
-        self._inbox.put(("cancel", seq_id))
+    def _cancel(self, request: _Request) -> None:
+        self._inbox.put(("cancel", request))
         self._wake.set()
 
     def shutdown(self) -> None:
@@ -138,62 +171,71 @@ class Engine:
                 self.step()
             except Exception as e:  # fail the requests in flight, keep serving new ones
                 log.exception("engine step failed")
-                for request in list(self._requests.values()):
+                for request in list(self._requests):
                     self._fail(request, e)
-        for request in list(self._requests.values()):
+        for request in list(self._requests):
             self._fail(request, RuntimeError("engine shut down"))
 
     def _drain_inbox(self) -> None:
         while True:
             try:
-                kind, item = self._inbox.get_nowait()
+                kind, request = self._inbox.get_nowait()
             except queue.Empty:
                 return
             if kind == "add":
-                self._requests[item.seq.seq_id] = item
-                self.scheduler.add(item.seq)
+                self._requests.add(request)
+                leader = request.choices[0]
+                self._choices[leader.seq.seq_id] = leader
+                self.scheduler.add(leader.seq)
                 self.stats.submitted += 1
-            elif kind == "cancel" and item in self._requests:
-                request = self._requests[item]
-                self.stats.cancelled += 1
-                self._finish(request, "cancelled")
+            elif kind == "cancel" and request in self._requests:
+                request.finish_reason = "cancelled"
+                for choice in request.choices:
+                    if not choice.seq.is_finished:
+                        self._finish(choice, "cancelled")
 
     def step(self) -> None:
         batch = self.scheduler.schedule()
         self.stats.steps += 1
-        self.stats.joined_mid_flight += batch.joined
         self.stats.preemptions += len(batch.preempted)
+        if batch.joined:
+            self.stats.joined_mid_flight += batch.joined
+            log.debug("step %d: %d request(s) joined the running batch", self.stats.steps, batch.joined)
         if batch.is_empty:
             return
         now = time.monotonic()
         for seq in batch.seqs:
-            request = self._requests[seq.seq_id]
+            request = self._choices[seq.seq_id].request
             if request.first_scheduled is None:
                 request.first_scheduled = now
         seqs, tokens, infos = self.runner.run(batch)
         for seq, token, info in zip(seqs, tokens, infos):
-            self._append(self._requests[seq.seq_id], token, info)
+            self._append(self._choices[seq.seq_id], token, info)
 
-    def _append(self, request: _Request, token: int, info: TokenLogprobs | None) -> None:
-        seq = request.seq
+    def _append(self, choice: _Choice, token: int, info: TokenLogprobs | None) -> None:
+        seq, request = choice.seq, choice.request
         params = seq.params
-        if request.first_token is None:
-            request.first_token = time.monotonic()
+        if choice.first_token is None:
+            choice.first_token = time.monotonic()
+            if request.first_token is None:
+                request.first_token = choice.first_token
             self.blocks.publish(seq)
+            if choice.index == 0:
+                self._fork(request)
         seq.token_ids.append(token)
         if info is not None:
-            request.logprobs.append(info)
+            choice.logprobs.append(info)
         reason = None
         if not params.ignore_eos and token in self.tokenizer.eos_token_ids or token in params.stop_token_ids:
             reason = "stop"
             text = ""
         else:
-            text = request.detok.add(token)
+            text = choice.detok.add(token)
         if reason is None and (
             seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_kv_cache_capacity
         ):
             reason = "length"
-        text, stop_hit = self._apply_stop_strings(request, text, final=reason is not None)
+        text, stop_hit = self._apply_stop_strings(choice, text, final=reason is not None)
         if stop_hit:
             reason = "stop"
         delta = StreamDelta(
@@ -203,25 +245,34 @@ class Engine:
             [info] if info is not None else None,
             seq.num_prompt_tokens,
             seq.num_output_tokens,
+            choice.index,
         )
         if reason is None:
             request.channel.put(delta)
         else:
-            self._finish(request, reason, delta)
+            self._finish(choice, reason, delta)
 
-    def _apply_stop_strings(self, request: _Request, text: str, final: bool) -> tuple[str, bool]:
-        stops = request.seq.params.stop
+    def _fork(self, request: _Request) -> None:
+        """Start choices 1..n-1 on the prompt blocks that choice 0 has just computed."""
+        leader = request.choices[0].seq
+        for choice in request.choices[1:]:
+            self.blocks.share_prompt(leader, choice.seq)
+            self._choices[choice.seq.seq_id] = choice
+            self.scheduler.add(choice.seq)
+
+    def _apply_stop_strings(self, choice: _Choice, text: str, final: bool) -> tuple[str, bool]:
+        stops = choice.seq.params.stop
         if final:
-            text += request.detok.flush()
+            text += choice.detok.flush()
         if not stops:
             return text, False
-        buf = request.pending + text
+        buf = choice.pending + text
         hits = [i for i in (buf.find(s) for s in stops) if i >= 0]
         if hits:
-            request.pending = ""
+            choice.pending = ""
             return buf[: min(hits)], True
         if final:
-            request.pending = ""
+            choice.pending = ""
             return buf, False
         hold = 0
         for s in stops:
@@ -229,50 +280,60 @@ class Engine:
                 if buf.endswith(s[:k]):
                     hold = k
                     break
-        request.pending = buf[len(buf) - hold :] if hold else ""
+        choice.pending = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold], False
 
-    def _finish(self, request: _Request, reason: str, delta: StreamDelta | None = None) -> None:
-        seq = request.seq
+    def _finish(self, choice: _Choice, reason: str, delta: StreamDelta | None = None) -> None:
+        seq, request = choice.seq, choice.request
         self.blocks.publish(seq)
         self.scheduler.finish(seq, reason)
-        self._requests.pop(seq.seq_id, None)
+        self._choices.pop(seq.seq_id, None)
         if delta is None:
             delta = StreamDelta(
-                request.pending, [], reason, None, seq.num_prompt_tokens, seq.num_output_tokens
+                choice.pending, [], reason, None, seq.num_prompt_tokens, seq.num_output_tokens, choice.index
             )
-        if reason != "cancelled":
-            self.stats.completed += 1
+        if choice.index == 0 and request.finish_reason is None:
+            request.finish_reason = reason
         request.channel.put(delta)
-        self._report_metrics(request, reason)
+        request.num_open -= 1
+        if request.num_open == 0:
+            self._requests.discard(request)
+            if request.finish_reason == "cancelled":
+                self.stats.cancelled += 1
+            else:
+                self.stats.completed += 1
+            self._report_metrics(request)
 
     def _fail(self, request: _Request, error: BaseException) -> None:
-        seq = request.seq
-        self.scheduler.finish(seq, "error")
-        self._requests.pop(seq.seq_id, None)
+        for choice in request.choices:
+            if not choice.seq.is_finished:
+                self.scheduler.finish(choice.seq, "error")
+            self._choices.pop(choice.seq.seq_id, None)
+        self._requests.discard(request)
+        request.finish_reason = "error"
         self.stats.failed += 1
         request.channel.put(error)
-        self._report_metrics(request, "error")
+        self._report_metrics(request)
 
-    def _report_metrics(self, request: _Request, reason: str) -> None:
+    def _report_metrics(self, request: _Request) -> None:
         if request.on_metrics is None:
             return
-        seq = request.seq
         end = time.monotonic()
         first = request.first_token
-        generated = seq.num_output_tokens
-        decoded = max(generated - 1, 0)
+        generated = sum(c.seq.num_output_tokens for c in request.choices)
+        decoded = sum(max(c.seq.num_output_tokens - 1, 0) for c in request.choices)
         generation_time = end - first if first is not None else 0.0
+        leader = request.choices[0].seq
         metrics = GenerationMetrics(
-            prompt_tokens=seq.num_prompt_tokens,
+            prompt_tokens=leader.num_prompt_tokens,
             generated_tokens=generated,
             decoded_tokens=decoded,
             time_to_first_token=(first - request.submitted) if first else 0.0,
             prefill_time=(first - request.first_scheduled) if first and request.first_scheduled else 0.0,
             generation_time=generation_time,
             decode_tokens_per_second=decoded / generation_time if decoded and generation_time > 0 else 0.0,
-            reused_tokens=seq.num_cached_tokens,
-            finish_reason=reason,
+            reused_tokens=leader.num_cached_tokens,
+            finish_reason=request.finish_reason,
         )
         try:
             request.on_metrics(metrics)

@@ -52,6 +52,10 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free)
 
+    @property
+    def num_records(self) -> int:
+        return len(self.records)
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -76,6 +80,16 @@ class BlockManager:
             seq.num_computed_tokens = seq.num_cached_tokens = len(seq.block_table) * self.block_size
             self.stats.hits += 1
             self.stats.reused_tokens += seq.num_cached_tokens
+
+    def share_prompt(self, src: Sequence, dst: Sequence) -> None:
+        """Let ``dst`` (same prompt, no blocks yet) reference ``src``'s computed full prompt blocks; the
+        partial last block is recomputed by ``dst`` so that no block is ever written by two sequences."""
+        num_full = min(len(src.block_table), (src.num_prompt_tokens - 1) // self.block_size)
+        num_full = min(num_full, src.num_computed_tokens // self.block_size)
+        for block_id in src.block_table[:num_full]:
+            self._take(block_id)
+            dst.block_table.append(block_id)
+        dst.num_computed_tokens = num_full * self.block_size
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         return self.blocks_needed(num_tokens) - len(seq.block_table) <= len(self.free)
@@ -115,6 +129,8 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free[block_id] = None
+                if block.hash is None:  # nothing to reuse in it: hand it out first
+                    self.free.move_to_end(block_id, last=False)
         seq.block_table = []
         seq.num_computed_tokens = 0
 

@@ -19,11 +19,15 @@ class StreamDelta:
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | None while running
     logprobs: list[TokenLogprobs] | None = None
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # of this choice so far
+    index: int = 0  # which of the request's n choices this delta belongs to
 
 
 @dataclass
 class GenerationMetrics:
+    """Timings and counts of one request, handed to ``on_metrics`` once when it ends. With ``n > 1`` the
+    token counts add up all choices and ``finish_reason`` is choice 0's (or "cancelled" / "error")."""
+
     prompt_tokens: int = 0
     generated_tokens: int = 0  # all output tokens, including the one sampled at prefill
     decoded_tokens: int = 0  # output tokens after the first
@@ -36,7 +40,21 @@ class GenerationMetrics:
 
 
 @dataclass
+class CompletionOutput:
+    """One of a request's ``n`` independent choices."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[TokenLogprobs] | None = None
+
+
+@dataclass
 class RequestOutput:
+    """The result of one request. ``text``, ``token_ids``, ``finish_reason`` and ``logprobs`` are those of
+    choice 0; ``outputs`` holds all ``n`` choices; ``completion_tokens`` counts the tokens of all of them."""
+
     text: str
     token_ids: list[int]
     finish_reason: str | None
@@ -45,19 +63,23 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] | None = None
     metrics: GenerationMetrics | None = None
     prompt_token_ids: list[int] = field(default_factory=list)
+    outputs: list[CompletionOutput] = field(default_factory=list)
 
 
 class CancellableIterator(Iterator[StreamDelta]):
     """Iterates the deltas of one request.
 
     ``cancel()`` may be called from any thread, including while another thread is iterating: the
-    engine stops the request and the iteration ends after its final delta. ``close()`` cancels,
-    drains and releases.
+    engine stops the request, frees its seat and KV blocks, and the iteration ends after the final
+    delta (``finish_reason="cancelled"``). ``close()`` cancels, drains and releases. With ``n > 1``
+    the choices' deltas interleave (``StreamDelta.index``) and the iteration ends after all
+    ``n`` final deltas.
     """
 
-    def __init__(self, channel: queue.Queue, cancel: Callable[[], None]):
+    def __init__(self, channel: queue.Queue, cancel: Callable[[], None], num_choices: int = 1):
         self._channel = channel
         self._cancel = cancel
+        self._num_open = num_choices
         self._done = False
         self._lock = threading.Lock()
         self.cancelled = False
@@ -69,12 +91,24 @@ class CancellableIterator(Iterator[StreamDelta]):
         if self._done:
             raise StopIteration
         item = self._channel.get()
+        if item is _END:  # another thread consumed the end
+            self._end()
+            raise StopIteration
         if isinstance(item, BaseException):
-            self._done = True
+            self._end()
             raise item
         if item.finish_reason is not None:
-            self._done = True
+            with self._lock:
+                self._num_open -= 1
+                last = self._num_open == 0
+            if last:
+                self._end()
         return item
+
+    def _end(self) -> None:
+        # Leave a marker so that a thread blocked in __next__ (or close() draining beside it) wakes up.
+        self._done = True
+        self._channel.put(_END)
 
     def cancel(self) -> None:
         with self._lock:
@@ -83,7 +117,8 @@ class CancellableIterator(Iterator[StreamDelta]):
                 self._cancel()
 
     def close(self) -> None:
-        self.cancel()
+        if not self._done:
+            self.cancel()
         try:
             for _ in self:
                 pass
@@ -95,3 +130,10 @@ class CancellableIterator(Iterator[StreamDelta]):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        if not self._done and not self.cancelled:  # dropped mid-stream: stop generating for nobody
+            self._cancel()
+
+
+_END = object()
