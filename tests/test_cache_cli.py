@@ -45,6 +45,8 @@ def test_build_json_prints_manifest_and_second_build_reuses(tiny, cache_dir):
 def test_build_bad_flags_exit_non_zero_naming_the_flag(tiny, cache_dir):
     result = _build(tiny, cache_dir, "--components", "vision")
     assert result.exit_code == 2 and "--components" in result.output
+    result = _build(tiny, cache_dir, "--engine-cache-max-size-gb", "nan")
+    assert result.exit_code == 2 and "--engine-cache-max-size-gb" in result.output
     result = _build(tiny, cache_dir, "--speculative-config", '{"method": "draft"}')
     assert result.exit_code == 2 and "draft_model" in result.output
     result = runner.invoke(app, ["build", str(cache_dir / "missing"), "--cache-dir", str(cache_dir)])

@@ -72,7 +72,7 @@ class LaunchConfig:
     clear_engine_cache: bool = False
 
     def __post_init__(self) -> None:
-        from trtedge.runtime.bundle import BundleError, check_max_size_gb
+        from trtedge.runtime.bundle_cache import BundleError, check_max_size_gb
 
         try:
             check_max_size_gb(self.engine_cache_max_size_gb)

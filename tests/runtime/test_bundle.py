@@ -18,16 +18,8 @@ import pytest
 from tests.tiny import make_tiny_checkpoint
 from trtedge import LLM, ConfigError, SamplingParams, clear_engine_cache, prune_engine_cache
 from trtedge.runtime import builder
-from trtedge.runtime.bundle import (
-    BuildProfile,
-    Bundle,
-    BundleError,
-    Cache,
-    FileLock,
-    cache_key,
-    fingerprint,
-    prepare_bundle,
-)
+from trtedge.runtime.bundle import BuildProfile, Bundle, BundleError, cache_key, fingerprint, prepare_bundle
+from trtedge.runtime.bundle_cache import Cache, FileLock
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -45,10 +45,11 @@ def build(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
     )
-    from trtedge.runtime.bundle import BuildProfile, BundleError, prepare_bundle
+    from trtedge.runtime.bundle import BuildProfile, BundleError, check_max_size_gb, prepare_bundle
     from trtedge.runtime.checkpoint import CheckpointError
 
     try:
+        check_max_size_gb(max_size_gb)
         profile = BuildProfile.create(
             components=components,
             speculative=speculative_config,

@@ -47,7 +47,7 @@ def prune(
     cache_dir: str = _CACHE_DIR,
     verbose: bool = _VERBOSE,
 ) -> None:
-    from trtedge.runtime.bundle import BundleError, check_max_size_gb
+    from trtedge.runtime.bundle_cache import BundleError, check_max_size_gb
 
     _logging(verbose)
     try:
@@ -89,7 +89,7 @@ def path(cache_dir: str = _CACHE_DIR) -> None:
 
 
 def _cache(cache_dir):
-    from trtedge.runtime.bundle import Cache
+    from trtedge.runtime.bundle_cache import Cache
 
     return Cache(cache_dir)
 

@@ -1,36 +1,36 @@
-"""Runtime bundles: build profile, content fingerprint, cache key, atomic publish, locks, LRU prune.
+"""Runtime bundles: build profile, content fingerprint, cache key, find-or-build with atomic publish.
 
-Layout of a cache directory::
-
-    <cache_dir>/bundles/<key>/          published bundles (manifest.json is written last)
-    <cache_dir>/bundles/.tmp-<key>-*    builds in progress (stale ones are removed on the next run)
-    <cache_dir>/bundles/.trash-*        bundles being deleted
-    <cache_dir>/locks/<key>.build       held exclusively while <key> is built
-    <cache_dir>/locks/<key>.use         held shared by every process that has <key> loaded
-    <cache_dir>/checkpoints/            downloads (never pruned or cleared unless asked)
-    <cache_dir>/kernels/                compiled CPU kernels (never touched)
-
-The last-used time of a bundle is the mtime of its manifest.json.
+A bundle is what a launch loads instead of the checkpoint: converted weights (or the checkpoint's
+own safetensors, verified by fingerprint), tokenizer, template and manifest.json. See
+``bundle_cache`` for the directory layout, locks and eviction.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from trtedge.runtime.bundle_cache import (  # noqa: F401 - clear/prune are public here too
+    DEFAULT_MAX_SIZE_GB,
+    BundleError,
+    Cache,
+    CachedBundle,
+    FileLock,
+    check_max_size_gb,
+    clear_engine_cache,
+    prune_engine_cache,
+)
 
 log = logging.getLogger("trtedge")
 
 LAYOUT_VERSION = 1
-DEFAULT_MAX_SIZE_GB = 50.0
 COMPONENTS = ("llm", "draft")
 SPECULATIVE_METHODS = ("draft", "eagle", "mtp", "ngram")
 _DRAFT_METHODS = ("draft", "eagle")
@@ -51,22 +51,6 @@ TEXT_FILES = (
     "chat_template.json",
     "model.safetensors.index.json",
 )
-
-
-class BundleError(ValueError):
-    """A bundle or cache operation failed; the message is one line."""
-
-
-def check_max_size_gb(value, flag: str = "--engine-cache-max-size-gb") -> float:
-    """A cache cap must be a positive, finite number of GiB."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise BundleError(f"{flag} must be a positive number of GiB, got {value!r}")
-    return float(value)
 
 
 # ---- build profile --------------------------------------------------------------------------------
@@ -229,200 +213,6 @@ def cache_key(checkpoint_fp: str, draft_fp: str | None, profile: BuildProfile) -
 
 def digest_json(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
-
-
-# ---- locks ---------------------------------------------------------------------------------------
-class FileLock:
-    """An fcntl.flock on a lock file; released when the process dies, so a kill -9 leaves no lock."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._fd: int | None = None
-
-    def acquire(self, *, shared: bool = False, blocking: bool = True) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-
-# ---- the cache directory ---------------------------------------------------------------------------
-@dataclass
-class CachedBundle:
-    key: str
-    path: Path
-    model: str
-    profile: dict
-    size_bytes: int
-    last_used: float
-    created: str
-    inodes: dict = field(default_factory=dict, repr=False)  # (dev, ino) -> size, to count hard links once
-
-    def to_dict(self) -> dict:
-        return {
-            "key": self.key,
-            "path": str(self.path),
-            "model": self.model,
-            "profile": self.profile,
-            "size_bytes": self.size_bytes,
-            "last_used": self.last_used,
-            "created": self.created,
-        }
-
-
-def default_cache_dir() -> Path:
-    from trtedge.runtime.checkpoint import default_cache_dir as default
-
-    return default()
-
-
-class Cache:
-    def __init__(self, cache_dir: str | os.PathLike | None = None):
-        self.root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-        self.bundles = self.root / "bundles"
-        self.locks = self.root / "locks"
-
-    def bundle_dir(self, key: str) -> Path:
-        return self.bundles / key
-
-    def lock(self, key: str, kind: str) -> FileLock:
-        return FileLock(self.locks / f"{key}.{kind}")
-
-    def temp_dir(self, key: str) -> Path:
-        return self.bundles / f".tmp-{key}-{os.getpid()}-{os.urandom(4).hex()}"
-
-    def entries(self) -> list[CachedBundle]:
-        if not self.bundles.is_dir():
-            return []
-        found = []
-        for path in sorted(self.bundles.iterdir()):
-            if path.name.startswith("."):
-                continue
-            manifest_file = path / "manifest.json"
-            try:
-                manifest = json.loads(manifest_file.read_text())
-                last_used = manifest_file.stat().st_mtime
-            except (OSError, ValueError):
-                continue  # removed meanwhile, or not a bundle
-            inodes = _inodes(path)
-            found.append(
-                CachedBundle(
-                    key=path.name,
-                    path=path,
-                    model=manifest.get("model", "?"),
-                    profile=manifest.get("profile", {}),
-                    size_bytes=sum(inodes.values()),
-                    last_used=last_used,
-                    created=manifest.get("created", ""),
-                    inodes=inodes,
-                )
-            )
-        return found
-
-    def remove(self, entry: CachedBundle) -> bool:
-        """Delete a bundle unless a process has it loaded (or is building it); False when skipped."""
-        lock = self.lock(entry.key, "use")
-        if not lock.acquire(blocking=False):
-            return False
-        trash = self.bundles / f".trash-{entry.key}-{os.getpid()}-{os.urandom(4).hex()}"
-        try:
-            os.rename(entry.path, trash)
-        except FileNotFoundError:
-            return True
-        finally:
-            lock.release()
-        shutil.rmtree(trash, ignore_errors=True)
-        return True
-
-    def clean_stale(self) -> None:
-        """Remove leftovers of killed builds and interrupted deletes."""
-        if not self.bundles.is_dir():
-            return
-        for path in self.bundles.iterdir():
-            if path.name.startswith(".trash-"):
-                shutil.rmtree(path, ignore_errors=True)
-            elif path.name.startswith(".tmp-"):
-                lock = self.lock(path.name.split("-")[1], "build")
-                if lock.acquire(blocking=False):
-                    try:
-                        shutil.rmtree(path, ignore_errors=True)
-                    finally:
-                        lock.release()
-
-    def prune(self, max_bytes: float, keep: Iterable[str] = (), dry_run: bool = False) -> list[CachedBundle]:
-        """Evict least-recently-used bundles until the bundles take at most max_bytes."""
-        keep = set(keep)
-        if not dry_run:
-            self.clean_stale()
-        entries = sorted(self.entries(), key=lambda e: e.last_used)
-        owners: dict = {}
-        sizes: dict = {}
-        for e in entries:
-            for inode, size in e.inodes.items():
-                owners.setdefault(inode, set()).add(e.key)
-                sizes[inode] = size
-        total = sum(sizes.values())
-        removed = []
-        for e in entries:
-            if total <= max_bytes:
-                break
-            if e.key in keep:
-                continue
-            if dry_run:
-                probe = self.lock(e.key, "use")
-                free = probe.acquire(blocking=False)
-                probe.release()
-            else:
-                free = self.remove(e)
-            if not free:
-                log.warning("bundle %s (%s) is in use by another process; not evicted", e.key, e.model)
-                continue
-            for inode in e.inodes:
-                owners[inode].discard(e.key)
-                if not owners[inode]:
-                    total -= sizes[inode]
-            removed.append(e)
-        return removed
-
-    def clear(self, checkpoints: bool = False) -> list[CachedBundle]:
-        """Remove every bundle not in use (and, with checkpoints=True, the downloads)."""
-        self.clean_stale()
-        removed = []
-        for e in self.entries():
-            if self.remove(e):
-                removed.append(e)
-            else:
-                log.warning("bundle %s (%s) is in use by another process; not removed", e.key, e.model)
-        if checkpoints:
-            shutil.rmtree(self.root / "checkpoints", ignore_errors=True)
-        return removed
-
-
-def _inodes(path: Path) -> dict:
-    found = {}
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            found[(st.st_dev, st.st_ino)] = st.st_size
-    return found
 
 
 # ---- loaded bundles --------------------------------------------------------------------------------
@@ -631,20 +421,6 @@ def _publish(tmp: Path, target: Path) -> None:
             raise
     finally:
         os.close(fd)
-
-
-# ---- public helpers ---------------------------------------------------------------------------------
-def clear_engine_cache(cache_dir: str | os.PathLike | None = None) -> list[CachedBundle]:
-    """Remove all compiled bundles (not downloaded checkpoints, not bundles other processes use)."""
-    return Cache(cache_dir).clear()
-
-
-def prune_engine_cache(
-    max_size_gb: float | None = None, cache_dir: str | os.PathLike | None = None
-) -> list[CachedBundle]:
-    """Evict least-recently-used bundles until they take at most max_size_gb GiB (default 50)."""
-    cap = check_max_size_gb(DEFAULT_MAX_SIZE_GB if max_size_gb is None else max_size_gb, "max_size_gb")
-    return Cache(cache_dir).prune(cap * 2**30)
 
 
 def now_iso() -> str:
