@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from trtedge.commands import build, cache, chat, unavailable
+from trtedge.commands import build, cache, chat, serve, unavailable
 
 app = typer.Typer(
     name="trtedge",
@@ -37,6 +37,7 @@ def _root(
 
 
 app.command("chat", help=chat.HELP)(chat.chat)
+app.command("serve", help=serve.HELP)(serve.serve)
 app.command("build", help=build.HELP)(build.build)
 app.add_typer(cache.app, name="cache", help=cache.HELP)
 for name, help_text in unavailable.COMMANDS.items():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import typer
 
 COMMANDS = {
-    "serve": "Serve a model over OpenAI and Anthropic compatible HTTP APIs. (Not available yet in this version.)",
     "bench": "Benchmark a model offline or a running server. (Not available yet in this version.)",
 }
 

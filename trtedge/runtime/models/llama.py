@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from trtedge.runtime.models.config import ModelConfig, RopeConfig
+from trtedge.runtime.ops import cpu_kernels as kernels
 from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
 from trtedge.runtime.ops.linear import make_linear
 
@@ -123,14 +124,59 @@ class LlamaModel:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
+        # Batched decode on the CPU in float32 runs through native kernels: a few calls per layer
+        # instead of dozens of small torch ops, whose dispatch cost dominates at batch 1.
+        self.native = kernels.load() if device.type == "cpu" and dtype == torch.float32 else None
 
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
+        if self.native is not None and batch.is_decode:
+            return self._decode_native(input_ids, positions, kv_caches, batch)
         x = F.embedding(input_ids, self.embed)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = layer(x, cos, sin, k_cache, v_cache, batch)
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+
+    def _decode_native(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
+        cfg, lib = self.cfg, self.native
+        n, eps = input_ids.shape[0], cfg.rms_norm_eps
+        x = F.embedding(input_ids, self.embed).contiguous()  # the residual stream, updated in place
+        h = torch.empty_like(x)
+        q = torch.empty(n, cfg.num_heads, cfg.head_dim)
+        o = torch.empty_like(q)
+        act = torch.empty(n, cfg.intermediate_size)
+        tables = batch.padded_block_tables()
+        context_lens = torch.tensor(batch.context_lens, dtype=torch.long)
+        scale = cfg.head_dim**-0.5
+        kernels.add_rms_norm(lib, x, None, self.layers[0].input_norm, h, eps)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            qkv = layer.qkv(h)
+            kernels.qkv_rope_store(
+                lib,
+                qkv,
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                cfg.head_dim,
+                positions,
+                self.cos,
+                self.sin,
+                layer.q_norm,
+                layer.k_norm,
+                eps,
+                batch.slot_mapping,
+                k_cache,
+                v_cache,
+                q,
+            )
+            kernels.paged_decode_attention(
+                lib, q, k_cache, v_cache, tables, context_lens, batch.block_size, scale, o
+            )
+            kernels.add_rms_norm(lib, x, layer.o(o.view(n, -1)), layer.post_norm, h, eps)
+            kernels.silu_mul(lib, layer.gate_up(h), act)
+            following = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            kernels.add_rms_norm(lib, x, layer.down(act), following, h, eps)
+        return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -22,8 +22,12 @@ class AttentionBatch:
     block_size: int
 
     @property
-    def fresh_prefill(self) -> bool:
-        return all(q == c for q, c in zip(self.query_lens, self.context_lens))
+    def is_decode(self) -> bool:
+        return all(q == 1 for q in self.query_lens)
+
+    def padded_block_tables(self) -> torch.Tensor:
+        """[num_seqs, max_blocks] int64 (rows padded with 0)."""
+        return torch.nn.utils.rnn.pad_sequence(self.block_tables, batch_first=True)
 
 
 class TorchAttention:

@@ -25,8 +25,10 @@ import torch
 log = logging.getLogger("trtedge")
 
 SOURCE = r"""
+#include <math.h>
 #include <stdint.h>
-#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -42,25 +44,45 @@ static inline __m512 widen(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-/* Four weight rows against one activation row: each x load feeds four FMAs. */
-static void dot4(const float *x, const int8_t *w, int64_t K, float *out) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        __m512 xv = _mm512_loadu_ps(x + k);
-        a0 = _mm512_fmadd_ps(xv, widen(w + k), a0);
-        a1 = _mm512_fmadd_ps(xv, widen(w + K + k), a1);
-        a2 = _mm512_fmadd_ps(xv, widen(w + 2 * K + k), a2);
-        a3 = _mm512_fmadd_ps(xv, widen(w + 3 * K + k), a3);
+/* Four weight rows against R (1..4) activation rows: out[r * 4 + i]. Each widened weight vector
+   feeds R FMAs and each activation load feeds four. */
+#define DOT4_BODY(R)                                                                    \
+    __m512 acc[R][4];                                                                   \
+    for (int r = 0; r < R; r++)                                                         \
+        for (int i = 0; i < 4; i++) acc[r][i] = _mm512_setzero_ps();                    \
+    int64_t k = 0;                                                                      \
+    for (; k + 16 <= K; k += 16) {                                                      \
+        __m512 w0 = widen(w + k), w1 = widen(w + K + k);                                \
+        __m512 w2 = widen(w + 2 * K + k), w3 = widen(w + 3 * K + k);                    \
+        for (int r = 0; r < R; r++) {                                                   \
+            __m512 xv = _mm512_loadu_ps(x + r * ldx + k);                               \
+            acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);                             \
+            acc[r][1] = _mm512_fmadd_ps(xv, w1, acc[r][1]);                             \
+            acc[r][2] = _mm512_fmadd_ps(xv, w2, acc[r][2]);                             \
+            acc[r][3] = _mm512_fmadd_ps(xv, w3, acc[r][3]);                             \
+        }                                                                               \
+    }                                                                                   \
+    for (int r = 0; r < R; r++)                                                         \
+        for (int i = 0; i < 4; i++)                                                     \
+            out[r * 4 + i] = _mm512_reduce_add_ps(acc[r][i]) + dot_scalar(x + r * ldx, w + i * K, k, K);
+
+static void dot4x1(const float *x, int64_t ldx, const int8_t *w, int64_t K, float *out) { DOT4_BODY(1) }
+static void dot4x2(const float *x, int64_t ldx, const int8_t *w, int64_t K, float *out) { DOT4_BODY(2) }
+static void dot4x3(const float *x, int64_t ldx, const int8_t *w, int64_t K, float *out) { DOT4_BODY(3) }
+static void dot4x4(const float *x, int64_t ldx, const int8_t *w, int64_t K, float *out) { DOT4_BODY(4) }
+
+static void dot4(const float *x, int64_t ldx, int R, const int8_t *w, int64_t K, float *out) {
+    switch (R) {
+        case 1: dot4x1(x, ldx, w, K, out); break;
+        case 2: dot4x2(x, ldx, w, K, out); break;
+        case 3: dot4x3(x, ldx, w, K, out); break;
+        default: dot4x4(x, ldx, w, K, out); break;
     }
-    out[0] = _mm512_reduce_add_ps(a0) + dot_scalar(x, w, k, K);
-    out[1] = _mm512_reduce_add_ps(a1) + dot_scalar(x, w + K, k, K);
-    out[2] = _mm512_reduce_add_ps(a2) + dot_scalar(x, w + 2 * K, k, K);
-    out[3] = _mm512_reduce_add_ps(a3) + dot_scalar(x, w + 3 * K, k, K);
 }
 #else
-static void dot4(const float *x, const int8_t *w, int64_t K, float *out) {
-    for (int r = 0; r < 4; r++) out[r] = dot_scalar(x, w + r * K, 0, K);
+static void dot4(const float *x, int64_t ldx, int R, const int8_t *w, int64_t K, float *out) {
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < 4; i++) out[r * 4 + i] = dot_scalar(x + r * ldx, w + i * K, 0, K);
 }
 #endif
 
@@ -71,22 +93,138 @@ void int8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const fl
     #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; g++) {
         int64_t n0 = g * 4;
-        for (int64_t m = 0; m < M; m++) {
-            const float *xm = x + m * K;
-            float acc[4];
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            int R = (int)(M - m0 < 4 ? M - m0 : 4);
+            float acc[16];
             if (n0 + 4 <= N) {
-                dot4(xm, w + n0 * K, K, acc);
+                dot4(x + m0 * K, K, R, w + n0 * K, K, acc);
             } else {
-                for (int64_t n = n0; n < N; n++) acc[n - n0] = dot_scalar(xm, w + n * K, 0, K);
+                for (int r = 0; r < R; r++)
+                    for (int64_t n = n0; n < N; n++)
+                        acc[r * 4 + n - n0] = dot_scalar(x + (m0 + r) * K, w + n * K, 0, K);
             }
-            for (int64_t n = n0; n < n0 + 4 && n < N; n++)
-                y[m * N + n] = acc[n - n0] * scale[n] + (bias ? bias[n] : 0.0f);
+            for (int r = 0; r < R; r++)
+                for (int64_t n = n0; n < n0 + 4 && n < N; n++)
+                    y[(m0 + r) * N + n] = acc[r * 4 + n - n0] * scale[n] + (bias ? bias[n] : 0.0f);
         }
+    }
+}
+
+/* If delta: x += delta (the residual stream, in place). Then out = rmsnorm(x) * w. */
+void add_rms_norm(float *x, const float *delta, const float *w, float *out, int64_t rows, int64_t dim,
+                  float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *xr = x + r * dim;
+        if (delta) {
+            const float *dr = delta + r * dim;
+            for (int64_t i = 0; i < dim; i++) xr[i] += dr[i];
+        }
+        float ss = 0.0f;
+        #pragma omp simd reduction(+:ss)
+        for (int64_t i = 0; i < dim; i++) ss += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        float *o = out + r * dim;
+        for (int64_t i = 0; i < dim; i++) o[i] = xr[i] * inv * w[i];
+    }
+}
+
+static void head_norm_rope(float *v, const float *norm_w, const float *cos, const float *sin, int64_t D,
+                           float eps) {
+    if (norm_w) {
+        float ss = 0.0f;
+        #pragma omp simd reduction(+:ss)
+        for (int64_t i = 0; i < D; i++) ss += v[i] * v[i];
+        float inv = 1.0f / sqrtf(ss / (float)D + eps);
+        for (int64_t i = 0; i < D; i++) v[i] = v[i] * inv * norm_w[i];
+    }
+    int64_t half = D / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+/* One decode token per row. qkv: [B, (H + 2 Hkv) * D]. Writes rotated q to q_out [B, H, D] and the
+   rotated k and v to the cache slots (flat cache [slots, Hkv, D]). */
+void qkv_rope_store(const float *qkv, int64_t B, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
+                    const float *cos_table, const float *sin_table, const float *q_norm, const float *k_norm,
+                    float eps, const int64_t *slots, float *k_cache, float *v_cache, float *q_out) {
+    int64_t width = (H + 2 * Hkv) * D;
+    for (int64_t b = 0; b < B; b++) {
+        const float *row = qkv + b * width;
+        const float *cos = cos_table + positions[b] * D, *sin = sin_table + positions[b] * D;
+        float *q = q_out + b * H * D;
+        memcpy(q, row, sizeof(float) * H * D);
+        for (int64_t h = 0; h < H; h++) head_norm_rope(q + h * D, q_norm, cos, sin, D, eps);
+        float *k = k_cache + slots[b] * Hkv * D, *v = v_cache + slots[b] * Hkv * D;
+        memcpy(k, row + H * D, sizeof(float) * Hkv * D);
+        memcpy(v, row + (H + Hkv) * D, sizeof(float) * Hkv * D);
+        for (int64_t h = 0; h < Hkv; h++) head_norm_rope(k + h * D, k_norm, cos, sin, D, eps);
+    }
+}
+
+/* Decode attention over a paged cache. q: [B, H, D]; tables: [B, max_blocks]; out: [B, H, D]. */
+void paged_decode_attention(const float *q, const float *k_cache, const float *v_cache, const int64_t *tables,
+                            int64_t max_blocks, const int64_t *context_lens, int64_t B, int64_t H, int64_t Hkv,
+                            int64_t D, int64_t block_size, float scale, float *out) {
+    int64_t group = H / Hkv;
+    #pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t h = 0; h < H; h++) {
+            int64_t ctx = context_lens[b], kvh = h / group;
+            const float *qh = q + (b * H + h) * D;
+            const int64_t *table = tables + b * max_blocks;
+            float *scores = (float *)malloc(sizeof(float) * ctx);
+            float best = -INFINITY;
+            for (int64_t t = 0; t < ctx; t++) {
+                int64_t slot = table[t / block_size] * block_size + t % block_size;
+                const float *kt = k_cache + (slot * Hkv + kvh) * D;
+                float s = 0.0f;
+                #pragma omp simd reduction(+:s)
+                for (int64_t i = 0; i < D; i++) s += qh[i] * kt[i];
+                s *= scale;
+                scores[t] = s;
+                if (s > best) best = s;
+            }
+            float total = 0.0f;
+            for (int64_t t = 0; t < ctx; t++) {
+                scores[t] = expf(scores[t] - best);
+                total += scores[t];
+            }
+            float *o = out + (b * H + h) * D;
+            for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
+            for (int64_t t = 0; t < ctx; t++) {
+                int64_t slot = table[t / block_size] * block_size + t % block_size;
+                const float *vt = v_cache + (slot * Hkv + kvh) * D;
+                float p = scores[t] / total;
+                for (int64_t i = 0; i < D; i++) o[i] += p * vt[i];
+            }
+            free(scores);
+        }
+    }
+}
+
+/* out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i] */
+void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t inter) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gate_up + r * 2 * inter, *u = g + inter;
+        float *o = out + r * inter;
+        for (int64_t i = 0; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
 """
 
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_SIGNATURES = {
+    "int8_linear": [_P, _I, _I, _P, _P, _P, _P, _I],
+    "add_rms_norm": [_P, _P, _P, _P, _I, _I, _F],
+    "qkv_rope_store": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _P, _P],
+    "paged_decode_attention": [_P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _P],
+    "silu_mul": [_P, _P, _I, _I],
+}
+
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-shared", "-fPIC", "-lm"]
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _failed = False
@@ -132,18 +270,84 @@ def _build_and_load() -> ctypes.CDLL:
                 raise RuntimeError(f"compiling failed: {result.stderr.strip()[:300]}")
             os.replace(out, target)  # atomic: concurrent builders all end with a whole file
     lib = ctypes.CDLL(str(target))
-    lib.int8_linear.restype = None
-    lib.int8_linear.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-    ]
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype = None
+        fn.argtypes = argtypes
     return lib
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def add_rms_norm(
+    lib, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor, eps: float
+) -> None:
+    """In place: x += delta (if given); out = rmsnorm(x) * weight. All float32 contiguous [rows, dim]."""
+    lib.add_rms_norm(
+        x.data_ptr(), _ptr(delta), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps
+    )
+
+
+def qkv_rope_store(
+    lib,
+    qkv,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    positions,
+    cos,
+    sin,
+    q_norm,
+    k_norm,
+    eps,
+    slots,
+    k_cache,
+    v_cache,
+    q_out,
+) -> None:
+    """Decode rows: rotate (and q/k-norm) q into q_out, write rotated k and v into their cache slots."""
+    lib.qkv_rope_store(
+        qkv.data_ptr(),
+        qkv.shape[0],
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        positions.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        _ptr(q_norm),
+        _ptr(k_norm),
+        eps,
+        slots.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        q_out.data_ptr(),
+    )
+
+
+def paged_decode_attention(lib, q, k_cache, v_cache, tables, context_lens, block_size, scale, out) -> None:
+    b, h, d = q.shape
+    lib.paged_decode_attention(
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        tables.shape[1],
+        context_lens.data_ptr(),
+        b,
+        h,
+        k_cache.shape[-2],
+        d,
+        block_size,
+        scale,
+        out.data_ptr(),
+    )
+
+
+def silu_mul(lib, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+    lib.silu_mul(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1])
 
 
 def int8_linear(

@@ -1,0 +1,104 @@
+"""ServeConfig and `trtedge serve` flag validation: a bad value is one line naming the flag, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from trtedge.cli import app
+from trtedge.server.config import ServeConfig, ServerConfigError, SpeculativeConfig
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    "kwargs,flag",
+    [
+        ({"port": 70000}, "--port"),
+        ({"host": ""}, "--host"),
+        ({"max_queued_requests": -1}, "--max-queued-requests"),
+        ({"queue_timeout": 0}, "--queue-timeout"),
+        ({"log_level": "loud"}, "--log-level"),
+        ({"reasoning_parser": "nope"}, "--reasoning-parser"),
+        ({"tool_call_parser": "nope"}, "--tool-call-parser"),
+        ({"enable_auto_tool_choice": True}, "--enable-auto-tool-choice"),
+        ({"allowed_local_media_path": "/does/not/exist"}, "--allowed-local-media-path"),
+        ({"engine_cache_max_size_gb": -1.0}, "--engine-cache-max-size-gb"),
+        ({"api_key": ""}, "--api-key"),
+        ({"speculative_config": "{bad json"}, "--speculative-config"),
+        ({"speculative_config": '{"method": "eagle"}'}, "draft_model"),
+        ({"speculative_config": '{"method": "ngram", "num_draft_tokens": 0}'}, "num_draft_tokens"),
+        ({"speculative_config": '{"method": "ngram", "k": 1}'}, "unknown key"),
+    ],
+)
+def test_bad_values_name_the_flag(kwargs, flag):
+    with pytest.raises(ServerConfigError, match=flag):
+        ServeConfig(**kwargs)
+
+
+def test_good_values_are_kept_and_frozen(tmp_path):
+    config = ServeConfig(
+        tool_call_parser="hermes",
+        enable_auto_tool_choice=True,
+        allowed_local_media_path=str(tmp_path),
+        speculative_config='{"method": "draft", "draft_model": "x/y", "num_draft_tokens": 4}',
+    )
+    assert config.speculative_config == SpeculativeConfig("draft", "x/y", 4)
+    with pytest.raises(AttributeError):
+        config.port = 1  # type: ignore[misc]
+
+
+def test_api_key_from_environment(monkeypatch):
+    monkeypatch.setenv("TRTEDGE_API_KEY", "sekret")
+    assert ServeConfig.from_env().api_key == "sekret"
+    assert ServeConfig.from_env(api_key="given").api_key == "given"
+
+
+@pytest.mark.parametrize(
+    "args,flag",
+    [
+        (["--port", "99999"], "--port"),
+        (["--queue-timeout", "-5"], "--queue-timeout"),
+        (["--max-input-len", "9000"], "--max-input-len"),
+        (["--max-batch-size", "0"], "--max-batch-size"),
+        (["--log-level", "shout"], "--log-level"),
+        (["--context-cache-max-records", "-1"], "--context-cache-max-records"),
+        (["--speculative-config", '{"method": "mtp"}'], "--speculative-config"),
+        (["--reasoning-parser", "qwen3"], "--reasoning-parser"),
+    ],
+)
+def test_cli_bad_flag_is_one_line_exit_2(args, flag):
+    result = runner.invoke(app, ["serve", *args])
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_help_lists_every_flag():
+    result = runner.invoke(app, ["serve", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for flag in (
+        "--host",
+        "--port",
+        "--served-model-name",
+        "--api-key",
+        "--reasoning-parser",
+        "--tool-call-parser",
+        "--enable-auto-tool-choice",
+        "--max-queued-requests",
+        "--queue-timeout",
+        "--allowed-local-media-path",
+        "--log-level",
+        "--cache-dir",
+        "--engine-cache-max-size-gb",
+        "--clear-engine-cache",
+        "--max-input-len",
+        "--max-batch-size",
+        "--max-kv-cache-capacity",
+        "--enable-in-flight-batching",
+        "--min-request-priority",
+        "--enable-context-reuse",
+        "--context-cache-max-records",
+        "--speculative-config",
+    ):
+        assert flag in result.output, flag

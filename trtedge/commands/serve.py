@@ -1,0 +1,224 @@
+"""`trtedge serve [MODEL]`: the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import signal
+import sys
+
+import typer
+
+HELP = (
+    "Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
+    "/v1/models, /health, /metrics). Ctrl-C or SIGTERM drains the requests in flight, then stops."
+)
+
+
+def serve(
+    model: str = typer.Argument(
+        None, help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for all)."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    served_model_name: str = typer.Option(
+        None, "--served-model-name", help="Model id clients use (default: the model's name)."
+    ),
+    api_key: str = typer.Option(
+        None, "--api-key", envvar="TRTEDGE_API_KEY", help="Require this key on /v1/* (also $TRTEDGE_API_KEY)."
+    ),
+    reasoning_parser: str = typer.Option(
+        None, "--reasoning-parser", help="Split reasoning into reasoning_content (not available yet)."
+    ),
+    tool_call_parser: str = typer.Option(
+        None,
+        "--tool-call-parser",
+        help="Parse tool calls from the output (tool calling is not available yet).",
+    ),
+    enable_auto_tool_choice: bool = typer.Option(
+        False, "--enable-auto-tool-choice", help='Let the model choose tools (tool_choice="auto").'
+    ),
+    max_queued_requests: int = typer.Option(
+        16, "--max-queued-requests", help="Requests that may wait beyond those generating; more get 429."
+    ),
+    queue_timeout: float = typer.Option(
+        600.0, "--queue-timeout", help="Seconds a request may wait in the queue before a 429."
+    ),
+    allowed_local_media_path: str = typer.Option(
+        None, "--allowed-local-media-path", help="Directory file:// media may be read from (media: not yet)."
+    ),
+    log_level: str = typer.Option("info", "--log-level", help="critical|error|warning|info|debug|trace."),
+    cache_dir: str = typer.Option(
+        None, "--cache-dir", help="Cache directory (default $TRTEDGE_CACHE_DIR or ~/.cache/trtedge)."
+    ),
+    engine_cache_max_size_gb: float = typer.Option(
+        None, "--engine-cache-max-size-gb", help="Evict least-recently-used bundles past this many GiB (50)."
+    ),
+    clear_engine_cache: bool = typer.Option(
+        False, "--clear-engine-cache", help="Clear compiled bundles before loading."
+    ),
+    max_input_len: int = typer.Option(4096, "--max-input-len", help="Longest prompt in tokens."),
+    max_batch_size: int = typer.Option(1, "--max-batch-size", help="Most requests generating together."),
+    max_kv_cache_capacity: int = typer.Option(
+        8192, "--max-kv-cache-capacity", help="Prompt + output tokens per request."
+    ),
+    enable_in_flight_batching: bool = typer.Option(
+        False, "--enable-in-flight-batching", help="New requests join the running batch at the next step."
+    ),
+    min_request_priority: int = typer.Option(
+        None, "--min-request-priority", help="Refuse requests whose priority is below this."
+    ),
+    enable_context_reuse: bool = typer.Option(
+        False, "--enable-context-reuse", help="Reuse the KV cache of shared prompt prefixes."
+    ),
+    context_cache_max_records: int = typer.Option(
+        1024, "--context-cache-max-records", help="Most cached prefix blocks kept for reuse."
+    ),
+    speculative_config: str = typer.Option(
+        None,
+        "--speculative-config",
+        help='JSON {"method": "draft|eagle|mtp|ngram", "draft_model": ..., "num_draft_tokens": k} (not yet).',
+    ),
+    dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
+    device: str = typer.Option("auto", "--device", help="auto|cpu|cuda."),
+    weights: str = typer.Option("auto", "--weights", help="auto|float|int8."),
+) -> None:
+    from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
+    from trtedge.server.config import ServeConfig, ServerConfigError
+
+    launch_kwargs = dict(
+        model=model,
+        cache_dir=cache_dir,
+        max_input_len=max_input_len,
+        max_kv_cache_capacity=max_kv_cache_capacity,
+        max_batch_size=max_batch_size,
+        enable_in_flight_batching=enable_in_flight_batching,
+        dtype=dtype,
+        device=device,
+        weights=weights,
+        min_request_priority=min_request_priority,
+    )
+    try:
+        config = ServeConfig.from_env(
+            host=host,
+            port=port,
+            served_model_name=served_model_name,
+            api_key=api_key,
+            reasoning_parser=reasoning_parser,
+            tool_call_parser=tool_call_parser,
+            enable_auto_tool_choice=enable_auto_tool_choice,
+            max_queued_requests=max_queued_requests,
+            queue_timeout=queue_timeout,
+            allowed_local_media_path=allowed_local_media_path,
+            log_level=log_level.lower(),
+            engine_cache_max_size_gb=engine_cache_max_size_gb,
+            clear_engine_cache=clear_engine_cache,
+            speculative_config=speculative_config,
+        )
+        context = ContextCacheConfig(enable_context_reuse, context_cache_max_records)
+        LaunchConfig(**launch_kwargs, context_cache=context)
+    except (ServerConfigError, ConfigError) as e:
+        _fail(str(e))
+    # Flags validated now whose features land later: refuse rather than run without them.
+    if config.speculative_config is not None:
+        _fail("--speculative-config: speculative decoding is not available yet in this version")
+    if config.reasoning_parser is not None:
+        _fail("--reasoning-parser: reasoning output parsing is not available yet in this version")
+
+    logging.basicConfig(
+        level=logging.DEBUG if config.log_level == "trace" else config.log_level.upper(),
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from trtedge import LLM, CheckpointError
+
+    if model is None:
+        typer.echo("Using the embedded default model SmolLM2-135M-Instruct (pass MODEL to choose another).")
+    del launch_kwargs["model"]
+    llm_kwargs = {**launch_kwargs, "context_cache_config": context}
+    accepted = inspect.signature(LLM).parameters
+    for name in ("engine_cache_max_size_gb", "clear_engine_cache"):
+        value = getattr(config, name)
+        if name in accepted and value not in (None, False):
+            llm_kwargs[name] = value
+        elif value not in (None, False):
+            typer.echo(f"note: --{name.replace('_', '-')} is not used by this version's runtime", err=True)
+    try:
+        llm = LLM(model, **llm_kwargs)
+    except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    # uvicorn drains on SIGINT/SIGTERM, then re-raises the signal: by then the requests are done, so
+    # take it as "stopped" and release the engine instead of dying mid-cleanup.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    try:
+        asyncio.run(_run(llm, config))
+    finally:
+        llm.close()
+    typer.echo("trtedge serve: stopped; engine released")
+
+
+async def _run(llm, config) -> None:
+    import uvicorn
+
+    from trtedge.server.app import build_app
+
+    app = build_app(llm, config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            access_log=config.log_level in ("debug", "trace"),
+            lifespan="off",
+            timeout_graceful_shutdown=None,
+        )
+    )
+    watcher = asyncio.ensure_future(_announce_and_watch(server, app, llm, config))
+    try:
+        await server.serve()
+    finally:
+        watcher.cancel()
+
+
+async def _announce_and_watch(server, app, llm, config) -> None:
+    while not server.started:
+        await asyncio.sleep(0.05)
+    port = config.port
+    for s in server.servers:
+        for sock in s.sockets:
+            port = sock.getsockname()[1]
+    stats = llm.stats()
+    tokens = stats["kv_blocks_total"] * stats["kv_block_size"]
+    bundle = getattr(llm, "bundle", None)
+    where = (
+        f"bundle {bundle.key} ({bundle.path})"
+        if hasattr(bundle, "key")
+        else f"checkpoint {llm.checkpoint.path}"
+    )
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    lines = [
+        f"model   {app.state.serving.model_name}",
+        f"from    {where}",
+        f"kv pool {stats['kv_blocks_total']} blocks x {stats['kv_block_size']} tokens = {tokens} tokens "
+        f"({stats['kv_cache_bytes'] / 2**20:.1f} MiB)",
+        f"serving http://{host}:{port}/v1 (health: http://{host}:{port}/health)",
+    ]
+    typer.echo("\n".join(lines))
+    sys.stdout.flush()
+    admission = app.state.admission
+    while not server.should_exit:
+        await asyncio.sleep(0.1)
+    admission.draining = True
+    typer.echo(
+        f"trtedge serve: shutting down; draining {admission.num_active} active and "
+        f"{admission.num_waiting} queued request(s)"
+    )
+    sys.stdout.flush()
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"trtedge serve: {message}", err=True)
+    raise typer.Exit(2)

@@ -1,0 +1,192 @@
+"""The starlette app: routes kept thin; the work is in openai/serving.py."""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from trtedge.llm import LLM
+from trtedge.server.admission import Admission
+from trtedge.server.auth import APIKeyMiddleware
+from trtedge.server.config import ServeConfig
+from trtedge.server.errors import APIError, internal_error
+from trtedge.server.metrics import ServerMetrics
+from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from trtedge.server.openai.serving import OpenAIServing
+
+log = logging.getLogger("trtedge.server")
+
+ENDPOINTS = (
+    "/health",
+    "/health/ready",
+    "/metrics",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+)
+
+
+def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
+    """An ASGI app serving ``llm``. The caller owns the LLM (and closes it after the server stops)."""
+    config = config or ServeConfig()
+    launch = llm.config
+    admission = Admission.for_engine(
+        launch.enable_in_flight_batching,
+        launch.max_batch_size,
+        config.max_queued_requests,
+        config.queue_timeout,
+    )
+    metrics = ServerMetrics(llm.stats, lambda: admission.num_waiting)
+    serving = OpenAIServing(llm, config, admission, metrics)
+
+    async def health(request: Request) -> Response:
+        body = health_body(llm, config, admission, serving.model_name)
+        return JSONResponse(body, status_code=503 if body["status"] != "ok" else 200)
+
+    async def ready(request: Request) -> Response:
+        error = llm.stats()["engine_error"]
+        if error is not None or admission.draining:
+            reason = f"engine failed: {error}" if error else "shutting down"
+            return JSONResponse({"status": "not_ready", "reason": reason}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    async def metrics_route(request: Request) -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [serving.model_card()]})
+
+    async def model(request: Request) -> Response:
+        serving.check_model(request.path_params["model_id"])
+        return JSONResponse(serving.model_card())
+
+    async def chat(request: Request) -> Response:
+        body = parse_request(await read_body(request, config.max_body_bytes), ChatCompletionRequest)
+        return await serving.chat(body, request)
+
+    async def completions(request: Request) -> Response:
+        body = parse_request(await read_body(request, config.max_body_bytes), CompletionRequest)
+        return await serving.completion(body, request)
+
+    routes = [
+        Route("/health", _guard(health)),
+        Route("/health/ready", _guard(ready)),
+        Route("/metrics", _guard(metrics_route)),
+        Route("/v1/models", _guard(models)),
+        Route("/v1/models/{model_id:path}", _guard(model)),
+        Route("/v1/chat/completions", _guard(chat), methods=["POST"]),
+        Route("/v1/completions", _guard(completions), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.admission = admission
+    app.state.serving = serving
+    app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(_CountRequests, metrics=metrics)
+    return app
+
+
+def health_body(llm: LLM, config: ServeConfig, admission: Admission, model_name: str) -> dict:
+    stats = llm.stats()
+    launch = llm.config
+    ifb = launch.enable_in_flight_batching
+    body: dict = {
+        "status": "ok" if stats["engine_error"] is None else "error",
+        "model": model_name,
+        "active_requests": max(0, admission.num_active - (stats["waiting"] if ifb else 0)),
+        "queued_requests": admission.num_waiting + (stats["waiting"] if ifb else 0),
+        "capabilities": {
+            "max_model_len": launch.max_kv_cache_capacity,
+            "max_input_len": launch.max_input_len,
+            "max_batch_size": launch.max_batch_size if ifb else 1,
+            "in_flight_batching": ifb,
+            "context_reuse": launch.context_cache.enabled,
+            "speculative": config.speculative_config.method if config.speculative_config else None,
+            "structured_output": False,
+        },
+    }
+    if stats["engine_error"] is not None:
+        body["reason"] = f"engine failed: {stats['engine_error']}"
+    if ifb:
+        a = admission.stats
+        batch_full = stats["running"] >= launch.max_batch_size
+        body["scheduling"] = {
+            "submitted": stats["submitted"],
+            "completed": stats["completed"],
+            "cancelled": stats["cancelled"],
+            "failed": stats["failed"],
+            "joined_mid_flight": stats["joined_mid_flight"],
+            "preemptions": stats["preemptions"],
+            "refused": a.refused_queue_full + a.refused_queue_timeout,
+            "wait_reasons": {
+                "batch_full": stats["waiting"] if batch_full else 0,
+                "kv_cache_full": 0 if batch_full else stats["waiting"],
+            },
+        }
+    body["engine"] = {
+        "running": stats["running"],
+        "waiting": stats["waiting"],
+        "kv_blocks_total": stats["kv_blocks_total"],
+        "kv_blocks_free": stats["kv_blocks_free"],
+        "kv_block_size": stats["kv_block_size"],
+        "kv_cache_bytes": stats["kv_cache_bytes"],
+        "steps": stats["steps"],
+    }
+    return body
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or 413 once it passes ``limit`` bytes."""
+    too_big = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise too_big
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_big
+    return bytes(body)
+
+
+def _guard(handler):
+    """APIError -> its OpenAI-shaped response; anything else -> 500 without internals (logged here)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except APIError as e:
+            return e.response()
+        except Exception:
+            log.exception("internal error on %s %s", request.method, request.url.path)
+            return internal_error().response()
+
+    return endpoint
+
+
+class _CountRequests:
+    """Counts responses by endpoint and status code (unknown paths count as "other")."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        endpoint = (
+            path if path in ENDPOINTS else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+        )
+
+        async def counting_send(message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

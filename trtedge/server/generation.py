@@ -1,0 +1,109 @@
+"""One HTTP request's generation: engine streams pumped into the event loop, its admission seat, and
+its metrics. ``close()`` cancels whatever still runs in the engine and releases the seat, once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from trtedge.llm import LLM
+from trtedge.runtime.sampling_params import SamplingParams
+from trtedge.runtime.stream import CancellableIterator, StreamDelta
+from trtedge.server.admission import Seat
+from trtedge.server.metrics import ServerMetrics
+
+log = logging.getLogger("trtedge.server")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One engine request behind a response choice."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+class Generation:
+    def __init__(
+        self,
+        llm: LLM,
+        choices: list[Choice],
+        *,
+        seat: Seat,
+        metrics: ServerMetrics,
+        request_id: str,
+        priority: int,
+        arrival: float,
+    ):
+        self._seat = seat
+        self._metrics = metrics
+        self._arrival = arrival
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._closed = False
+        self.cancelled = False  # set once cancel() ran: the client is gone, nothing more is sent
+        self.streams: list[CancellableIterator] = []
+        try:
+            for i, choice in enumerate(choices):
+                stream = llm.generate_stream(
+                    choice.prompt_ids, choice.params, priority=priority, request_id=f"{request_id}-{i}"
+                )
+                self.streams.append(stream)
+        except BaseException:
+            self.close()
+            raise
+        for i, stream in enumerate(self.streams):
+            threading.Thread(
+                target=self._pump, args=(i, stream), name=f"{request_id}-{i}", daemon=True
+            ).start()
+
+    def _pump(self, index: int, stream: CancellableIterator) -> None:
+        try:
+            for delta in stream:
+                self._post(index, stream, delta)
+        except Exception as e:  # an engine failure reaches the client as an error
+            self._post(index, stream, e)
+
+    def _post(self, index: int, stream: CancellableIterator, item) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, item))
+        except RuntimeError:  # the event loop is gone (server stopped): nobody will read this
+            stream.cancel()
+
+    async def deltas(self) -> AsyncIterator[tuple[int, StreamDelta]]:
+        """(choice index, delta) in arrival order until every choice has finished; an engine error is raised."""
+        remaining = len(self.streams)
+        first_seen: set[int] = set()
+        last: dict[int, float] = {}
+        while remaining:
+            index, item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            now = time.monotonic()
+            if index not in first_seen:
+                first_seen.add(index)
+                self._metrics.ttft.observe(now - self._arrival)
+            elif item.token_ids:
+                self._metrics.itl.observe(now - last[index])
+            last[index] = now
+            if item.finish_reason is not None:
+                remaining -= 1
+                self._metrics.prompt_tokens.inc(item.prompt_tokens)
+                self._metrics.generated_tokens.inc(item.completion_tokens)
+            yield index, item
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        for stream in self.streams:
+            stream.cancel()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.cancel()
+        self._seat.release()

@@ -1,0 +1,59 @@
+"""Prometheus metrics for the server, in a registry of its own (one per app)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class ServerMetrics:
+    def __init__(self, stats: Callable[[], dict], num_queued: Callable[[], int]):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "trtedge_requests",
+            "HTTP requests by endpoint and status code",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "trtedge_request_queue_seconds",
+            "Time from arrival to admission",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "trtedge_time_to_first_token_seconds",
+            "Time from arrival to the first output token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "trtedge_inter_token_latency_seconds",
+            "Time between successive output deltas of one request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter("trtedge_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generated_tokens = Counter("trtedge_generation_tokens", "Output tokens generated", registry=r)
+        Gauge("trtedge_requests_running", "Requests generating in the engine", registry=r).set_function(
+            lambda: stats()["running"]
+        )
+        Gauge(
+            "trtedge_requests_waiting", "Requests waiting in the server queue or the engine", registry=r
+        ).set_function(lambda: stats()["waiting"] + num_queued())
+        Gauge("trtedge_kv_cache_blocks_in_use", "KV cache blocks in use", registry=r).set_function(
+            lambda: _blocks_in_use(stats())
+        )
+        Gauge("trtedge_kv_cache_blocks_total", "KV cache blocks in the pool", registry=r).set_function(
+            lambda: stats()["kv_blocks_total"]
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _blocks_in_use(stats: dict) -> int:
+    return stats["kv_blocks_total"] - stats["kv_blocks_free"]

@@ -1,0 +1,140 @@
+"""OpenAI request models (pydantic v2, strict types). A validation error becomes a 400 naming the
+field (see ``parse_request``). Unknown fields are accepted and logged, as in vLLM; fields whose
+features are not served yet are declared so that a request using them is refused, not ignored."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trtedge.runtime.sampling_params import MAX_TOP_LOGPROBS
+from trtedge.server.errors import APIError, bad_request
+
+log = logging.getLogger("trtedge.server")
+
+U64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class StreamOptions(_Model):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class ContentPart(_Model):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Model):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class _Sampling(_Model):
+    model: str | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    seed: U64 | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    n: Annotated[int, Field(ge=1, le=16)] = 1
+    ignore_eos: bool = False
+    user: str | None = None
+    priority: int = 0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    reuse_context: bool = True
+    cache_generated_tokens: bool = True
+    skip_special_tokens: bool = True
+    # Structured output: served by its own issue; refused until then.
+    response_format: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding: Any = None
+    structured_outputs: Any = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    apply_chat_template: bool = True
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | Annotated[list[TokenId], Field(min_length=1)] | list[str] | list[list[TokenId]]
+    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    suffix: str | None = None
+    best_of: Annotated[int, Field(ge=1)] | None = None
+
+
+Request = TypeVar("Request", bound=_Model)
+
+
+def parse_request(body: bytes, model: type[Request]) -> Request:
+    """Decode and validate a JSON body; any problem is a 400 whose ``param`` names the field."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_json")
+    try:
+        request = model.model_validate(data)
+    except ValidationError as e:
+        raise _field_error(e) from None
+    if request.model_extra:
+        log.info("ignoring unknown request field(s): %s", ", ".join(sorted(request.model_extra)))
+    return request
+
+
+def _field_error(error: ValidationError) -> APIError:
+    errors = error.errors(include_url=False)
+    first = max(errors, key=lambda e: len(e["loc"]))  # the most specific branch of a union
+    # Drop union-branch names pydantic adds to the location (e.g. "str", "list[...]").
+    loc = [str(p) for p in first["loc"] if isinstance(p, int) or not _is_type_name(str(p))]
+    param = ".".join(loc) if loc else None
+    message = first["msg"]
+    if first["type"] == "missing":
+        message = "field required"
+    return bad_request(f"{param or 'body'}: {message}", param=param, code="invalid_value")
+
+
+def _is_type_name(part: str) -> bool:
+    return (
+        part in ("str", "int", "float", "bool", "dict", "list", "none")
+        or part.startswith(("list[", "dict[", "function-", "constrained-", "literal["))
+        or "[" in part
+    )

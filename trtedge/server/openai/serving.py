@@ -1,0 +1,481 @@
+"""Translate OpenAI requests into ``LLM`` calls and engine deltas into OpenAI responses and chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from trtedge.llm import LLM, PromptTooLongError
+from trtedge.runtime.sampling import TokenLogprobs
+from trtedge.runtime.sampling_params import SamplingParams
+from trtedge.server import sse
+from trtedge.server.admission import Admission
+from trtedge.server.config import ServeConfig
+from trtedge.server.errors import APIError, bad_request, internal_error, not_supported
+from trtedge.server.generation import Choice, Generation
+from trtedge.server.metrics import ServerMetrics
+from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+
+log = logging.getLogger("trtedge.server")
+
+_STRUCTURED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding")
+_TEXT_PARTS = ("text", "input_text")
+
+
+@dataclass
+class _Output:
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class OpenAIServing:
+    def __init__(self, llm: LLM, config: ServeConfig, admission: Admission, metrics: ServerMetrics):
+        self.llm = llm
+        self.config = config
+        self.admission = admission
+        self.metrics = metrics
+        self.model_name = config.served_model_name or llm.model_name
+        self.created = int(time.time())
+        self.vocab_size = llm.checkpoint.model_config.vocab_size
+
+    # ---- models --------------------------------------------------------------------------------
+    def model_card(self) -> dict:
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "trtedge",
+            "root": str(self.llm.checkpoint.path),
+            "max_model_len": self.llm.config.max_kv_cache_capacity,
+        }
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(
+                404,
+                f"model {model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    # ---- chat ----------------------------------------------------------------------------------
+    async def chat(self, req: ChatCompletionRequest, request: Request) -> Response:
+        arrival = time.monotonic()
+        self._refuse_unserved(req)
+        if req.tools or req.functions:
+            raise not_supported("tool calling (tools)", "tools" if req.tools else "functions")
+        if req.top_logprobs and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
+        ids = self._chat_prompt_ids(req)
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        choices = [Choice(ids, p) for p in self._params(req, len(ids), max_tokens, top, "messages")]
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        gen, watcher = await self._start(req, choices, rid, request, arrival)
+        if gen is None:
+            return Response(status_code=499)
+        created = int(time.time())
+        if req.stream:
+            return sse.SSEResponse(self._chat_chunks(gen, req, rid, created), on_close=_closer(gen, watcher))
+        outputs = await self._collect(gen, watcher, len(choices))
+        body = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": "".join(o.text)},
+                    "logprobs": {"content": self._chat_logprobs(o.logprobs)} if req.logprobs else None,
+                    "finish_reason": o.finish_reason,
+                }
+                for i, o in enumerate(outputs)
+            ],
+            "usage": _usage(outputs[0].prompt_tokens, sum(o.completion_tokens for o in outputs)),
+        }
+        return JSONResponse(body)
+
+    def _chat_prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
+        messages = []
+        for i, m in enumerate(req.messages):
+            if m.tool_calls or m.role == "tool":
+                raise not_supported("tool calling (tool messages)", f"messages.{i}")
+            content = m.content
+            if isinstance(content, list):
+                texts = []
+                for j, part in enumerate(content):
+                    if part.type not in _TEXT_PARTS:
+                        raise not_supported(f"{part.type!r} content", f"messages.{i}.content.{j}")
+                    if part.text is None:
+                        raise bad_request("a text part needs 'text'", param=f"messages.{i}.content.{j}.text")
+                    texts.append(part.text)
+                content = "\n".join(texts)
+            role = "system" if m.role == "developer" else m.role
+            message = {"role": role, "content": content or ""}
+            if m.name is not None:
+                message["name"] = m.name
+            if m.reasoning_content is not None:
+                message["reasoning_content"] = m.reasoning_content
+            messages.append(message)
+        try:
+            if not req.apply_chat_template:
+                raw = "\n".join(m["content"] for m in messages)
+                return self.llm.encode_prompt(raw, apply_chat_template=False)
+            return self.llm.encode_prompt(
+                messages,
+                add_generation_prompt=req.add_generation_prompt,
+                chat_template_kwargs=req.chat_template_kwargs,
+                enable_thinking=req.enable_thinking,
+                reasoning_effort=req.reasoning_effort,
+            )
+        except ValueError as e:
+            raise bad_request(f"cannot apply the chat template: {e}", param="messages") from None
+
+    async def _chat_chunks(self, gen: Generation, req, rid: str, created: int) -> AsyncIterator[bytes]:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
+        if include_usage:
+            head["usage"] = None
+
+        def chunk(index: int, delta: dict, logprobs=None, finish=None) -> bytes:
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            return sse.event({**head, "choices": [choice]})
+
+        try:
+            for i in range(len(gen.streams)):
+                yield chunk(i, {"role": "assistant", "content": ""})
+            prompt_tokens, completion = 0, [0] * len(gen.streams)
+            async for i, d in gen.deltas():
+                if gen.cancelled:
+                    return  # the client hung up
+                infos = self._visible_logprobs(d) if req.logprobs else []
+                if not d.text and not d.finish_reason and not infos:
+                    continue
+                lp = {"content": self._chat_logprobs(infos)} if req.logprobs else None
+                yield chunk(i, {"content": d.text} if d.text else {}, lp, d.finish_reason)
+                prompt_tokens, completion[i] = d.prompt_tokens, d.completion_tokens
+            if include_usage:
+                yield sse.event({**head, "choices": [], "usage": _usage(prompt_tokens, sum(completion))})
+        except Exception as e:
+            if gen.cancelled:
+                return
+            yield sse.event(_stream_error(e), name="error")
+        yield sse.DONE
+
+    def _chat_logprobs(self, infos: list[TokenLogprobs]) -> list[dict]:
+        return [
+            {
+                **self._token_entry(info.token_id, info.logprob),
+                "top_logprobs": [self._token_entry(t, lp) for t, lp in info.top],
+            }
+            for info in infos
+        ]
+
+    def _token_entry(self, token_id: int, logprob: float) -> dict:
+        text, raw = self._token(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+    # ---- completions ---------------------------------------------------------------------------
+    async def completion(self, req: CompletionRequest, request: Request) -> Response:
+        arrival = time.monotonic()
+        self._refuse_unserved(req)
+        if req.suffix is not None:
+            raise not_supported("suffix (fill-in-the-middle)", "suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise not_supported("best_of other than n", "best_of")
+        if req.echo and req.logprobs is not None:
+            raise not_supported("echo with logprobs (prompt logprobs)", "echo")
+        prompts = req.prompt if isinstance(req.prompt, list) and req.prompt else [req.prompt]
+        if isinstance(prompts[0], int):
+            prompts = [req.prompt]
+        choices, echoes = [], []
+        for p, prompt in enumerate(prompts):
+            param = "prompt" if len(prompts) == 1 else f"prompt.{p}"
+            if isinstance(prompt, str):
+                ids = self.llm.encode_prompt(prompt, apply_chat_template=False)
+            else:
+                ids = list(prompt)
+                if any(t >= self.vocab_size for t in ids):
+                    raise bad_request(
+                        f"token ids must be < the vocabulary size {self.vocab_size}", param=param
+                    )
+            echo = ""
+            if req.echo:
+                echo = prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(ids, False)
+            for params in self._params(req, len(ids), req.max_tokens, req.logprobs, param):
+                choices.append(Choice(ids, params))
+                echoes.append(echo)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        gen, watcher = await self._start(req, choices, rid, request, arrival)
+        if gen is None:
+            return Response(status_code=499)
+        created = int(time.time())
+        if req.stream:
+            return sse.SSEResponse(
+                self._completion_chunks(gen, req, rid, created, echoes), on_close=_closer(gen, watcher)
+            )
+        outputs = await self._collect(gen, watcher, len(choices))
+        body = {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": i,
+                    "text": echoes[i] + "".join(o.text),
+                    "logprobs": self._completion_logprobs(o.logprobs, 0)
+                    if req.logprobs is not None
+                    else None,
+                    "finish_reason": o.finish_reason,
+                }
+                for i, o in enumerate(outputs)
+            ],
+            "usage": _usage(
+                sum(o.prompt_tokens for o in outputs[:: req.n]), sum(o.completion_tokens for o in outputs)
+            ),
+        }
+        return JSONResponse(body)
+
+    async def _completion_chunks(self, gen, req, rid, created, echoes) -> AsyncIterator[bytes]:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        head = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
+        if include_usage:
+            head["usage"] = None
+        offsets = [len(e) for e in echoes]
+
+        def chunk(index: int, text: str, logprobs=None, finish=None) -> bytes:
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            return sse.event({**head, "choices": [choice]})
+
+        try:
+            for i, echo in enumerate(echoes):
+                if echo:
+                    yield chunk(i, echo)
+            prompt_tokens, completion = [0] * len(echoes), [0] * len(echoes)
+            async for i, d in gen.deltas():
+                if gen.cancelled:
+                    return  # the client hung up
+                infos = self._visible_logprobs(d) if req.logprobs is not None else []
+                if not d.text and not d.finish_reason and not infos:
+                    continue
+                lp = None
+                if req.logprobs is not None:
+                    lp = self._completion_logprobs(infos, offsets[i])
+                    offsets[i] += sum(len(t) for t in lp["tokens"])
+                yield chunk(i, d.text, lp, d.finish_reason)
+                prompt_tokens[i], completion[i] = d.prompt_tokens, d.completion_tokens
+            if include_usage:
+                usage = _usage(sum(prompt_tokens[:: req.n]), sum(completion))
+                yield sse.event({**head, "choices": [], "usage": usage})
+        except Exception as e:
+            if gen.cancelled:
+                return
+            yield sse.event(_stream_error(e), name="error")
+        yield sse.DONE
+
+    def _completion_logprobs(self, infos: list[TokenLogprobs], offset: int) -> dict:
+        tokens, offsets = [], []
+        for info in infos:
+            text = self._token(info.token_id)[0]
+            tokens.append(text)
+            offsets.append(offset)
+            offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [info.logprob for info in infos],
+            "top_logprobs": [{self._token(t)[0]: lp for t, lp in info.top} for info in infos],
+            "text_offset": offsets,
+        }
+
+    # ---- shared --------------------------------------------------------------------------------
+    def _refuse_unserved(self, req: _Sampling) -> None:
+        self.check_model(req.model)
+        if req.response_format is not None and req.response_format.get("type") != "text":
+            raise not_supported("structured output (response_format)", "response_format")
+        for name in (*_STRUCTURED, "structured_outputs"):
+            if getattr(req, name) is not None:
+                raise not_supported("structured output (guided decoding)", name)
+        minimum = self.llm.config.min_request_priority
+        if minimum is not None and req.priority < minimum:
+            raise bad_request(
+                f"priority {req.priority} is below the server's --min-request-priority {minimum}",
+                param="priority",
+            )
+
+    def _params(
+        self, req: _Sampling, num_prompt_tokens: int, max_tokens: int | None, logprobs: int | None, param: str
+    ) -> list[SamplingParams]:
+        capacity = self.llm.config.max_kv_cache_capacity
+        explicit = max_tokens is not None
+        if not explicit:
+            max_tokens = max(capacity - num_prompt_tokens, 1)  # what is left of the context, like vLLM
+        try:
+            self.llm.check_lengths(num_prompt_tokens, max_tokens)
+        except PromptTooLongError as e:
+            too_long = num_prompt_tokens > self.llm.config.max_input_len or not explicit
+            raise bad_request(
+                str(e), param=param if too_long else "max_tokens", code="context_length_exceeded"
+            ) from None
+        options = {
+            name: getattr(req, name)
+            for name in (
+                "temperature",
+                "top_p",
+                "top_k",
+                "min_p",
+                "frequency_penalty",
+                "presence_penalty",
+                "repetition_penalty",
+            )
+            if getattr(req, name) is not None
+        }
+        stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+        params = []
+        for i in range(req.n):
+            seed = None if req.seed is None else (req.seed + i) % 2**64  # n choices differ, reproducibly
+            try:
+                params.append(
+                    SamplingParams(
+                        max_tokens=max_tokens,
+                        stop=tuple(stop),
+                        stop_token_ids=tuple(req.stop_token_ids or ()),
+                        seed=seed,
+                        logit_bias=req.logit_bias,
+                        ignore_eos=req.ignore_eos,
+                        logprobs=logprobs,
+                        reuse_context=req.reuse_context,
+                        cache_generated_tokens=req.cache_generated_tokens,
+                        skip_special_tokens=req.skip_special_tokens,
+                        **options,
+                    )
+                )
+            except ValueError as e:
+                name = str(e).split(" ", 1)[0]
+                raise bad_request(str(e), param=name if name.isidentifier() else None) from None
+        return params
+
+    async def _start(self, req: _Sampling, choices, rid: str, request: Request, arrival: float):
+        """Take a seat (maybe waiting in the queue), then submit. Returns (None, None) when the client
+        left while queued."""
+        watcher = sse.DisconnectWatcher(request.receive)
+        try:
+            seat = await self.admission.acquire(req.priority, abort=watcher.gone)
+        except asyncio.CancelledError:
+            watcher.stop()
+            if watcher.gone.is_set():
+                return None, None
+            raise
+        except BaseException:
+            watcher.stop()
+            raise
+        self.metrics.queue_time.observe(time.monotonic() - arrival)
+        try:
+            gen = Generation(
+                self.llm,
+                choices,
+                seat=seat,
+                metrics=self.metrics,
+                request_id=rid,
+                priority=req.priority,
+                arrival=arrival,
+            )
+        except ValueError as e:
+            watcher.stop()
+            raise bad_request(str(e)) from None
+        except RuntimeError as e:
+            watcher.stop()
+            raise APIError(503, f"the engine is not available: {e}", code="engine_unavailable") from None
+        except BaseException:
+            watcher.stop()
+            seat.release()
+            raise
+        watcher.on_disconnect(gen.cancel)
+        return gen, watcher
+
+    async def _collect(self, gen: Generation, watcher: sse.DisconnectWatcher, n: int) -> list[_Output]:
+        outputs = [_Output() for _ in range(n)]
+        try:
+            async for i, d in gen.deltas():
+                o = outputs[i]
+                o.text.append(d.text)
+                o.token_ids.extend(d.token_ids)
+                o.logprobs.extend(self._visible_logprobs(d))
+                o.finish_reason = d.finish_reason
+                o.prompt_tokens, o.completion_tokens = d.prompt_tokens, d.completion_tokens
+        except Exception:
+            log.exception("generation failed")
+            raise internal_error() from None
+        finally:
+            watcher.stop()
+            gen.close()
+        return outputs
+
+    def _visible_logprobs(self, d) -> list[TokenLogprobs]:
+        """Logprobs of the tokens that made text: an EOS that ended the answer is not reported."""
+        infos = list(d.logprobs or [])
+        if infos and d.finish_reason == "stop" and not d.text:
+            if infos[-1].token_id in self.llm.tokenizer.eos_token_ids:
+                infos.pop()
+        return infos
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 (one serving object per server)
+    def _token(self, token_id: int) -> tuple[str, bytes]:
+        piece = self.llm.tokenizer.id_to_token(token_id) or ""
+        if piece and all(c in _BYTE_DECODER for c in piece):
+            raw = bytes(_BYTE_DECODER[c] for c in piece)
+        else:
+            raw = self.llm.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+        return raw.decode("utf-8", errors="replace"), raw
+
+
+def _closer(gen: Generation, watcher: sse.DisconnectWatcher):
+    def close() -> None:
+        watcher.stop()
+        gen.close()
+
+    return close
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _stream_error(error: Exception) -> dict:
+    if isinstance(error, APIError):
+        return error.body()
+    log.exception("generation failed mid-stream", exc_info=error)
+    return internal_error().body()
+
+
+def _byte_decoder() -> dict[str, int]:
+    # GPT-2 byte-level BPE: every byte is drawn as a printable character.
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+_BYTE_DECODER = _byte_decoder()

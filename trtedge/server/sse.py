@@ -1,0 +1,85 @@
+"""Server-sent events and client-disconnect detection.
+
+``SSEResponse`` streams pre-encoded events; ``DisconnectWatcher`` listens for the ASGI
+``http.disconnect`` message so that generation is cancelled the moment a client goes away,
+whether it was waiting in the queue, reading a stream or waiting for a whole answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from starlette.types import Receive, Scope, Send
+
+log = logging.getLogger("trtedge.server")
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(data: dict, name: str | None = None) -> bytes:
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+
+class DisconnectWatcher:
+    """Reads ``receive`` until ``http.disconnect``; then sets ``gone`` and runs the callbacks once.
+    Start it after the request body has been read."""
+
+    def __init__(self, receive: Receive):
+        self.gone = asyncio.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        self._task = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+        self.gone.set()
+        for callback in self._callbacks:
+            callback()
+
+    def on_disconnect(self, callback: Callable[[], None]) -> None:
+        if self.gone.is_set():
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+class SSEResponse:
+    """An ASGI response that sends each event as it comes and calls ``on_close`` exactly once at the
+    end, however it ends (finished, client gone, error, or never started)."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]):
+        self.events = events
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache"),
+                        (b"x-accel-buffering", b"no"),
+                    ],
+                }
+            )
+            async for chunk in self.events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away mid-send
+            log.debug("client disconnected during a stream")
+        finally:
+            try:
+                await self.events.aclose()
+            finally:
+                self.on_close()
