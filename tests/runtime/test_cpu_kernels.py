@@ -1,0 +1,56 @@
+"""Native CPU kernels against the torch reference path on the same inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.tiny import make_tiny_checkpoint
+from trtedge.runtime.checkpoint import resolve_checkpoint
+from trtedge.runtime.models import load_model
+from trtedge.runtime.ops import cpu_kernels
+from trtedge.runtime.ops.attention import AttentionBatch
+from trtedge.runtime.ops.linear import Int8Linear, quantize_int8
+
+lib = cpu_kernels.load()
+pytestmark = pytest.mark.skipif(lib is None, reason="no C compiler for the native CPU kernels")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 33])
+@pytest.mark.parametrize("shape", [(64, 48), (130, 576), (7, 37)])
+def test_int8_linear_matches_dequantized_product(rows, shape):
+    n, k = shape
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(n, k), torch.randn(n), torch.randn(rows, k)
+    layer = Int8Linear(weight, bias, lib)
+    ref = torch.nn.functional.linear(x, layer.dequantized(), bias)
+    torch.testing.assert_close(layer(x), ref, rtol=1e-4, atol=1e-4)
+    q, scale = quantize_int8(weight)
+    assert (q.float() * scale[:, None] - weight).abs().max() <= scale.max() / 2 + 1e-6
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("weights", ["float", "int8"])
+def test_native_batched_decode_matches_reference(tmp_path, family, weights):
+    path = make_tiny_checkpoint(tmp_path / family, family)
+    model = load_model(resolve_checkpoint(str(path)), dtype="float32", device="cpu", weights=weights, max_positions=256)
+    cfg = model.cfg
+    block_size, num_blocks = 4, 64
+    kv = torch.randn(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    caches = [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)]
+    kv_ref = kv.clone()
+    caches_ref = [(kv_ref[i, 0], kv_ref[i, 1]) for i in range(cfg.num_layers)]
+    # Three sequences of different lengths on scattered blocks, one new token each.
+    context_lens = [5, 17, 9]
+    tables = [torch.tensor([7, 3]), torch.tensor([10, 11, 40, 2, 12]), torch.tensor([20, 21, 22])]
+    slots = [int(t[(c - 1) // block_size]) * block_size + (c - 1) % block_size for t, c in zip(tables, context_lens)]
+    batch = AttentionBatch(torch.tensor(slots), [1, 1, 1], context_lens, tables, block_size)
+    ids, pos = torch.tensor([5, 9, 300]), torch.tensor([c - 1 for c in context_lens])
+    native = model.forward(ids, pos, caches, batch)
+    saved, model.native = model.native, None
+    try:
+        reference = model.forward(ids, pos, caches_ref, batch)
+    finally:
+        model.native = saved
+    torch.testing.assert_close(native, reference, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kv, kv_ref, rtol=1e-5, atol=1e-5)
