@@ -294,3 +294,16 @@ def test_clear_keeps_checkpoints_and_bundles_in_use(tiny, cache_dir):
     assert (cache_dir / "checkpoints" / "keep").is_file()
     assert [e.key for e in clear_engine_cache(cache_dir)] == [keys[0]]
     assert not list((cache_dir / "bundles").iterdir())
+
+
+def test_read_only_cache_still_loads_a_built_bundle(tiny, cache_dir, monkeypatch):
+    prepare_bundle(str(tiny), cache_dir=cache_dir).release()
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(FileLock, "acquire", read_only)
+    monkeypatch.setattr(os, "utime", read_only)
+    monkeypatch.setattr(builder, "build_bundle", _no_build)
+    bundle = prepare_bundle(str(tiny), cache_dir=cache_dir)
+    assert not bundle.built and bundle.load_tokenizer()

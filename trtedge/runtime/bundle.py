@@ -284,7 +284,10 @@ class Bundle(BundleComponent):
         self._lock: FileLock | None = None
 
     def touch(self) -> None:
-        os.utime(self.path / "manifest.json")
+        try:
+            os.utime(self.path / "manifest.json")
+        except OSError as e:  # a read-only cache (e.g. baked into an image) still loads
+            log.debug("cannot update the last-used time of %s (%s)", self.path, e)
 
     def release(self) -> None:
         if self._lock is not None:
@@ -367,38 +370,29 @@ def prepare_bundle(
     key = cache_key(fp, draft_fp, profile)
     target = cache.bundle_dir(key)
     use = cache.lock(key, "use")
-    use.acquire(shared=True)  # waits while a prune is deleting this very bundle
+    try:
+        use.acquire(shared=True)  # waits while a prune is deleting this very bundle
+    except OSError as e:  # read-only cache: nothing can evict from it either
+        log.debug("cannot lock %s (%s); using the cache read-only", use.path, e)
     try:
         built = False
         if not (target / "manifest.json").is_file():
-            build = cache.lock(key, "build")
-            if not build.acquire(blocking=False):
-                log.warning("another process is building bundle %s; waiting for it", key)
-                build.acquire()
-            try:
-                if not (target / "manifest.json").is_file():
-                    for stale in cache.bundles.glob(f".tmp-{key}-*"):
-                        shutil.rmtree(stale, ignore_errors=True)
-                    checkpoint = _resolve(model, source, cache)
-                    draft = _resolve(profile.draft_model, draft_source, cache) if draft_source else None
-                    tmp = cache.temp_dir(key)
-                    try:
-                        builder.build_bundle(
-                            checkpoint,
-                            profile,
-                            tmp,
-                            fingerprint=(fp, files),
-                            draft=draft,
-                            cache=cache,
-                            progress=progress,
-                        )
-                        Bundle(tmp, source.name, source.path).validate()
-                        _publish(tmp, target)
-                    finally:
-                        shutil.rmtree(tmp, ignore_errors=True)
-                    built = True
-            finally:
-                build.release()
+
+            def build(tmp: Path) -> None:
+                checkpoint = _resolve(model, source, cache)
+                draft = _resolve(profile.draft_model, draft_source, cache) if draft_source else None
+                builder.build_bundle(
+                    checkpoint,
+                    profile,
+                    tmp,
+                    fingerprint=(fp, files),
+                    draft=draft,
+                    cache=cache,
+                    progress=progress,
+                )
+                Bundle(tmp, source.name, source.path).validate()
+
+            built = _build_once(cache, key, build)
         bundle = Bundle(target, source.name, source.path)
         bundle.built = built
         bundle._lock = use
@@ -406,9 +400,37 @@ def prepare_bundle(
     except BaseException:
         use.release()
         raise
-    for e in cache.prune(max_bytes, keep={key}):
+    try:
+        evicted = cache.prune(max_bytes, keep={key})
+    except OSError as e:
+        log.warning("could not evict bundles from %s (%s)", cache.bundles, e)
+        evicted = []
+    for e in evicted:
         log.info("evicted bundle %s (%s, %.1f MiB)", e.key, e.model, e.size_bytes / 2**20)
     return bundle
+
+
+def _build_once(cache: Cache, key: str, build: Callable[[Path], None]) -> bool:
+    """Build under the bundle's lock unless a concurrent builder published it meanwhile; True if built."""
+    target = cache.bundle_dir(key)
+    lock = cache.lock(key, "build")
+    if not lock.acquire(blocking=False):
+        log.warning("another process is building bundle %s; waiting for it", key)
+        lock.acquire()
+    try:
+        if (target / "manifest.json").is_file():
+            return False
+        for stale in cache.bundles.glob(f".tmp-{key}-*"):  # left by a killed build: we hold its lock now
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = cache.temp_dir(key)
+        try:
+            build(tmp)
+            _publish(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return True
+    finally:
+        lock.release()
 
 
 def _publish(tmp: Path, target: Path) -> None:

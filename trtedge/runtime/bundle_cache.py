@@ -75,6 +75,9 @@ class FileLock:
     def held(self) -> bool:
         return self._fd is not None
 
+    def __del__(self) -> None:
+        self.release()
+
 
 # ---- the cache directory ---------------------------------------------------------------------------
 @dataclass
