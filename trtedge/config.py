@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 WEIGHTS = ("auto", "float", "int8")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 class ConfigError(ValueError):
@@ -66,6 +67,7 @@ class LaunchConfig:
     dtype: str = "auto"
     device: str = "auto"
     weights: str = "auto"
+    load_format: str = "auto"  # "dummy": random weights from config.json alone (benchmarking shapes)
     min_request_priority: int | None = None
     context_cache: ContextCacheConfig = ContextCacheConfig()
     engine_cache_max_size_gb: float = 50.0
@@ -87,7 +89,12 @@ class LaunchConfig:
                 f"max_input_len (--max-input-len) {self.max_input_len} exceeds max_kv_cache_capacity "
                 f"(--max-kv-cache-capacity) {self.max_kv_cache_capacity}"
             )
-        for name, allowed in (("dtype", DTYPES), ("device", DEVICES), ("weights", WEIGHTS)):
+        for name, allowed in (
+            ("dtype", DTYPES),
+            ("device", DEVICES),
+            ("weights", WEIGHTS),
+            ("load_format", LOAD_FORMATS),
+        ):
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(

@@ -151,6 +151,17 @@ def _hf_checkpoint(path: Path, source: str) -> Checkpoint:
     return Checkpoint(source=source, path=path, kind="hf", config=config)
 
 
+def config_only_checkpoint(model: str | os.PathLike) -> Checkpoint:
+    """A directory with config.json and tokenizer.json but no weights (for ``load_format="dummy"``)."""
+    path = Path(model).expanduser()
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{path}: load_format dummy needs a directory with config.json and tokenizer.json")
+    config = json.loads(config_file.read_text())
+    _check_model_type(config, config_file)
+    return Checkpoint(source=str(model), path=path, kind="dummy", config=config)
+
+
 def _check_model_type(config: dict, source: Path) -> None:
     try:
         ModelConfig.from_hf(config, source=str(source))

@@ -16,13 +16,25 @@ log = logging.getLogger("trtedge")
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int, sampler: Sampler):
+    def __init__(
+        self,
+        model,
+        num_blocks: int,
+        block_size: int,
+        sampler: Sampler,
+        max_batch_size: int = 1,
+        max_blocks_per_seq: int = 1,
+        cuda_graphs: bool = True,
+    ):
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.sampler = sampler
-        shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.on_cuda = model.device.type == "cuda"
+        # On CUDA one extra scratch block takes the writes of graph padding rows.
+        pool_blocks = num_blocks + 1 if self.on_cuda else num_blocks
+        shape = (cfg.num_layers, 2, pool_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv = torch.zeros(shape, dtype=model.dtype, device=model.device)
         self.kv_bytes = self.kv.numel() * self.kv.element_size()
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(cfg.num_layers)]
@@ -33,6 +45,13 @@ class ModelRunner:
             num_blocks * block_size,
             self.kv_bytes / 2**20,
         )
+        self.graphs = None
+        if self.on_cuda and cuda_graphs:
+            from trtedge.runtime.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(
+                model, self.kv_caches, max_batch_size, max_blocks_per_seq, block_size, num_blocks
+            )
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int], list[TokenLogprobs | None]]:
@@ -54,22 +73,30 @@ class ModelRunner:
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             query_lens.append(n)
             context_lens.append(end)
-            tables.append(torch.tensor(table[: -(-end // bs)], dtype=torch.long, device=device))
+            tables.append(table[: -(-end // bs)])
             if end == seq.num_tokens:
                 last_rows.append(len(ids) - 1)
                 sampled.append(seq)
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_computed_tokens += n
+        decode = all(q == 1 for q in query_lens)
+        if decode and self.graphs is not None and self.graphs.fits(len(ids)):
+            logits = self.graphs.run(ids, positions, slots, tables, context_lens)
+            tokens, infos = self.sampler(logits, sampled)
+            return sampled, tokens, infos
         attn = AttentionBatch(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
             query_lens=query_lens,
             context_lens=context_lens,
-            block_tables=tables,
+            block_tables=[torch.tensor(t, dtype=torch.long, device=device) for t in tables],
             block_size=self.block_size,
         )
+        if decode and self.on_cuda:
+            attn.tables_tensor = attn.padded_block_tables()
+            attn.context_lens_tensor = torch.tensor(context_lens, dtype=torch.long, device=device)
         input_ids = torch.tensor(ids, dtype=torch.long, device=device)
         pos = torch.tensor(positions, dtype=torch.long, device=device)
         hidden = self.model.forward(input_ids, pos, self.kv_caches, attn)
-        for seq, n in zip(batch.seqs, batch.num_tokens):
-            seq.num_computed_tokens += n
         if not sampled:
             return [], [], []
         rows = torch.tensor(last_rows, dtype=torch.long, device=device)

@@ -49,13 +49,43 @@ def resolve_weight_format(weights: str, checkpoint, device: torch.device, dtype:
     return "float"
 
 
-def load_model(checkpoint, *, dtype: str, device: str, weights: str, max_positions: int):
+def dummy_tensors(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
+    """Random weights (std 0.02, norms 1) in HF names, made on the device: for benchmarking shapes."""
+    h, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+    q = cfg.num_heads * cfg.head_dim
+
+    def rand(*shape):
+        return torch.randn(*shape, dtype=dtype, device=device) * 0.02
+
+    yield "model.embed_tokens.weight", rand(cfg.vocab_size, h)
+    yield "model.norm.weight", torch.ones(h, dtype=dtype, device=device)
+    if not cfg.tie_word_embeddings:
+        yield "lm_head.weight", rand(cfg.vocab_size, h)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes = {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+                  "self_attn.o_proj": (h, q), "mlp.gate_proj": (cfg.intermediate_size, h),
+                  "mlp.up_proj": (cfg.intermediate_size, h), "mlp.down_proj": (h, cfg.intermediate_size)}
+        for name, shape in shapes.items():
+            yield p + name + ".weight", rand(*shape)
+        if cfg.qkv_bias:
+            for name, n in (("q", q), ("k", kv), ("v", kv)):
+                yield p + f"self_attn.{name}_proj.bias", rand(n)
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            yield p + name + ".weight", torch.ones(h, dtype=dtype, device=device)
+        if cfg.qk_norm:
+            for name in ("q_norm", "k_norm"):
+                yield p + f"self_attn.{name}.weight", torch.ones(cfg.head_dim, dtype=dtype, device=device)
+
+
+def load_model(checkpoint, *, dtype: str, device: str, weights: str, max_positions: int, load_format: str = "auto"):
     cfg = checkpoint.model_config
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, cfg, dev)
     weight_format = resolve_weight_format(weights, checkpoint, dev, torch_dtype)
     cls = ARCHITECTURES[cfg.model_type]
-    model = cls(cfg, checkpoint.iter_tensors(), torch_dtype, dev, weight_format, max_positions)
+    tensors = dummy_tensors(cfg, torch_dtype, dev) if load_format == "dummy" else checkpoint.iter_tensors()
+    model = cls(cfg, tensors, torch_dtype, dev, weight_format, max_positions)
     log.info(
         "loaded %s (%s, %d layers) on %s as %s, %s weights (%.0f MiB)",
         checkpoint.name,

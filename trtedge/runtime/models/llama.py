@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from trtedge.runtime.models.config import ModelConfig, RopeConfig
 from trtedge.runtime.ops import cpu_kernels as kernels
-from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
+from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import make_linear
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -65,7 +65,8 @@ class LlamaLayer:
         self.post_norm = w["post_attention_layernorm.weight"]
         self.q_norm = w.get(attn + "q_norm.weight")
         self.k_norm = w.get(attn + "k_norm.weight")
-        self.attention = TorchAttention(cfg.head_dim**-0.5)
+        backend = CudaAttention if qkv_w.is_cuda else TorchAttention
+        self.attention = backend(cfg.head_dim**-0.5)
 
     def __call__(self, x, cos, sin, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
         cfg = self.cfg

@@ -20,6 +20,9 @@ class AttentionBatch:
     context_lens: list[int]  # keys visible to each sequence after this step
     block_tables: list[torch.Tensor]  # per sequence: int64 block ids covering context_lens[i]
     block_size: int
+    # Device-side copies for kernels that must not read host lists (CUDA decode, graph replay):
+    tables_tensor: torch.Tensor | None = None  # [num_seqs, max_blocks]
+    context_lens_tensor: torch.Tensor | None = None  # [num_seqs]
 
     @property
     def is_decode(self) -> bool:
@@ -76,3 +79,19 @@ class TorchAttention:
             qt, kt, vt, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
         )
         return o.transpose(0, 1)
+
+
+class CudaAttention(TorchAttention):
+    """CUDA backend: decode steps run the Triton paged kernel (graph-capturable: no host reads);
+    prefill uses the reference path, whose per-sequence SDPA is flash attention on the GPU."""
+
+    def __call__(self, q, k, v, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
+        if batch.tables_tensor is None:
+            return super().__call__(q, k, v, k_cache, v_cache, batch)
+        from trtedge.runtime.ops.triton_attention import paged_decode_attention
+
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, batch.slot_mapping, k)
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, batch.slot_mapping, v)
+        return paged_decode_attention(
+            q, k_cache, v_cache, batch.tables_tensor, batch.context_lens_tensor, self.scale
+        )

@@ -1,0 +1,158 @@
+"""Batch-1 decode and long-prompt prefill on a GPU: trtedge vs HF transformers, same shapes, one run.
+
+    python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b] [--new-tokens 256] [--no-hf]
+
+Random bf16 weights (load_format="dummy") with Qwen3 shapes, a 128-token prompt, greedy, EOS
+ignored. Prints one JSON line per figure. Achieved bandwidth = weight bytes x tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.shapes import qwen3_config, write_shape  # noqa: E402
+from trtedge import LLM, SamplingParams  # noqa: E402
+
+PEAK_BYTES_PER_S = 4.8e12  # H200 datasheet
+
+
+def emit(**row) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def trtedge_decode(directory: Path, prompt: list[int], new_tokens: int) -> tuple[float, int]:
+    with LLM(
+        str(directory),
+        load_format="dummy",
+        dtype="bfloat16",
+        device="cuda",
+        max_kv_cache_capacity=1024,
+        max_input_len=512,
+    ) as llm:
+        params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+        llm.generate(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))  # warm-up
+        metrics = []
+        llm.generate(prompt, params, on_metrics=metrics.append)
+        return metrics[0].decode_tokens_per_second, llm.model.weight_bytes
+
+
+def trtedge_prefill(directory: Path, length: int) -> float:
+    with LLM(
+        str(directory),
+        load_format="dummy",
+        dtype="bfloat16",
+        device="cuda",
+        max_kv_cache_capacity=length + 16,
+        max_input_len=length,
+        max_num_batched_tokens=length,
+    ) as llm:
+        prompt = torch.randint(10, 150000, (length,)).tolist()
+        llm.generate(prompt[:512], SamplingParams(max_tokens=1))
+        metrics = []
+        llm.generate(prompt, SamplingParams(max_tokens=1), on_metrics=metrics.append)
+        return length / metrics[0].prefill_time
+
+
+def hf_decode(name: str, prompt: list[int], new_tokens: int, static: bool = False) -> float:
+    import transformers
+
+    config = transformers.AutoConfig.for_model(
+        **{k: v for k, v in qwen3_config(name).items() if k != "architectures"}
+    )
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None
+    ids = torch.tensor([prompt], device="cuda")
+    kwargs = dict(do_sample=False, pad_token_id=0)
+    if static:
+        kwargs["cache_implementation"] = "static"
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=16, **kwargs)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, **kwargs)
+        torch.cuda.synchronize()
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=new_tokens, **kwargs)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start - prefill
+    del model
+    torch.cuda.empty_cache()
+    return (new_tokens - 1) / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shapes", default="qwen3-0.6b,qwen3-8b")
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--prefill-len", type=int, default=8192)
+    parser.add_argument("--no-hf", action="store_true")
+    parser.add_argument("--hf-static", action="store_true", help="also HF static cache + torch.compile")
+    args = parser.parse_args()
+    prompt = torch.randint(10, 150000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    device = torch.cuda.get_device_name(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.shapes.split(","):
+            directory = write_shape(Path(tmp) / name, name)
+            tps, nbytes = trtedge_decode(directory, prompt, args.new_tokens)
+            gbs = tps * nbytes / 1e9
+            emit(
+                figure="batch1_decode",
+                engine="trtedge",
+                shape=name,
+                device=device,
+                tokens_per_s=round(tps, 1),
+                weight_gb=round(nbytes / 1e9, 3),
+                achieved_gb_s=round(gbs, 1),
+                pct_of_peak=round(100 * gbs * 1e9 / PEAK_BYTES_PER_S, 1),
+            )
+            if not args.no_hf:
+                hf = hf_decode(name, prompt, args.new_tokens)
+                emit(
+                    figure="batch1_decode",
+                    engine="hf-transformers",
+                    shape=name,
+                    tokens_per_s=round(hf, 1),
+                    trtedge_speedup=round(tps / hf, 1),
+                )
+                if args.hf_static:
+                    try:
+                        hfs = hf_decode(name, prompt, args.new_tokens, static=True)
+                        emit(
+                            figure="batch1_decode",
+                            engine="hf-transformers-static-compile",
+                            shape=name,
+                            tokens_per_s=round(hfs, 1),
+                        )
+                    except Exception as e:  # report, keep going
+                        emit(
+                            figure="batch1_decode",
+                            engine="hf-transformers-static-compile",
+                            shape=name,
+                            error=f"{type(e).__name__}: {e}"[:200],
+                        )
+        directory = write_shape(Path(tmp) / "prefill", "qwen3-0.6b")
+        emit(
+            figure="prefill",
+            engine="trtedge",
+            shape="qwen3-0.6b",
+            prompt_tokens=args.prefill_len,
+            tokens_per_s=round(trtedge_prefill(directory, args.prefill_len), 1),
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Decode steps captured as CUDA graphs, one per padded batch size, replayed with the step's
+inputs copied into static buffers. Padding rows write to and read from a scratch KV block that
+the block manager never hands out."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from trtedge.runtime.ops.attention import AttentionBatch
+
+log = logging.getLogger("trtedge")
+
+
+def graph_batch_sizes(max_batch_size: int) -> list[int]:
+    sizes = [s for s in (1, 2, 4, 8) if s < max_batch_size] + list(range(16, max_batch_size, 16))
+    return sorted(set(sizes + [max_batch_size]))
+
+
+class DecodeGraphs:
+    def __init__(
+        self, model, kv_caches, max_batch_size: int, max_blocks: int, block_size: int, scratch_block: int
+    ):
+        device = model.device
+        self.model = model
+        self.block_size = block_size
+        self.scratch_block = scratch_block
+        self.sizes = graph_batch_sizes(max_batch_size)
+        n = self.sizes[-1]
+        self.ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slots = torch.full((n,), scratch_block * block_size, dtype=torch.long, device=device)
+        self.tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=device)
+        self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        start = time.perf_counter()
+        pool = None
+        for size in reversed(self.sizes):
+            self._step(size, kv_caches)  # warm-up: compiles kernels, settles allocations
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[size] = self._step(size, kv_caches)
+            pool = graph.pool()
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+        log.info(
+            "captured %d decode CUDA graphs (batch %s) in %.1f s",
+            len(self.sizes),
+            self.sizes,
+            time.perf_counter() - start,
+        )
+
+    def _step(self, size: int, kv_caches) -> torch.Tensor:
+        hidden = self.model.forward(self.ids[:size], self.positions[:size], kv_caches, self._batch(size))
+        return self.model.logits(hidden)
+
+    def _batch(self, size: int) -> AttentionBatch:
+        return AttentionBatch(
+            slot_mapping=self.slots[:size],
+            query_lens=[1] * size,
+            context_lens=[1] * size,
+            block_tables=[],
+            block_size=self.block_size,
+            tables_tensor=self.tables[:size],
+            context_lens_tensor=self.context_lens[:size],
+        )
+
+    def fits(self, num_seqs: int) -> bool:
+        return num_seqs <= self.sizes[-1]
+
+    def run(
+        self,
+        ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        tables: list[list[int]],
+        context_lens: list[int],
+    ) -> torch.Tensor:
+        """Logits [len(ids), vocab] for one decode token per sequence."""
+        n = len(ids)
+        size = next(s for s in self.sizes if s >= n)
+        width = max(len(t) for t in tables)
+        padded = [t + [self.scratch_block] * (width - len(t)) for t in tables]
+        pad = size - n
+        host = torch.tensor(
+            [
+                ids + [0] * pad,
+                positions + [0] * pad,
+                slots + [self.scratch_block * self.block_size] * pad,
+                context_lens + [1] * pad,
+            ],
+            dtype=torch.long,
+        )
+        staged = host.to(self.ids.device, non_blocking=True)
+        self.ids[:size].copy_(staged[0])
+        self.positions[:size].copy_(staged[1])
+        self.slots[:size].copy_(staged[2])
+        self.context_lens[:size].copy_(staged[3])
+        table_rows = torch.tensor(padded + [[self.scratch_block] * width] * pad, dtype=torch.int32)
+        self.tables[:size, :width].copy_(table_rows.to(self.tables.device, non_blocking=True))
+        self.graphs[size].replay()
+        return self.logits[size][:n]

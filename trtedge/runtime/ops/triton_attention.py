@@ -1,0 +1,116 @@
+"""Triton kernels for CUDA: paged decode attention (GQA). The torch reference in attention.py is
+their oracle. Importable without Triton (the CPU build has none); ``available()`` says whether
+they can run."""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs
+    triton = None
+
+
+def available() -> bool:
+    return triton is not None and torch.cuda.is_available()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _paged_decode_kernel(
+        q_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        tables_ptr,
+        context_lens_ptr,
+        out_ptr,
+        tables_stride,
+        scale,
+        NUM_HEADS: tl.constexpr,
+        NUM_KV_HEADS: tl.constexpr,
+        GROUP: tl.constexpr,
+        GROUP_PAD: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        IEEE: tl.constexpr,
+    ):
+        # One program per (sequence, kv head): all query heads of the group share each K/V load.
+        seq = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        ctx = tl.load(context_lens_ptr + seq)
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
+        heads = kv_head * GROUP + offs_g
+        q_mask = offs_g[:, None] < GROUP
+        q = tl.load(
+            q_ptr + (seq * NUM_HEADS + heads)[:, None] * HEAD_DIM + offs_d[None, :], mask=q_mask, other=0.0
+        )
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        denom = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        for start in range(0, ctx, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            valid = offs_n < ctx
+            block = tl.load(tables_ptr + seq * tables_stride + offs_n // BLOCK_SIZE, mask=valid, other=0)
+            slot = block.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
+            kv_offs = (slot * NUM_KV_HEADS + kv_head)[:, None] * HEAD_DIM + offs_d[None, :]
+            k = tl.load(k_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
+            v = tl.load(v_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
+            if IEEE:  # float32 caches: exact products, not tf32
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            denom = denom * alpha + tl.sum(p, 1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            m = m_new
+        out = acc / denom[:, None]
+        tl.store(
+            out_ptr + (seq * NUM_HEADS + heads)[:, None] * HEAD_DIM + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=q_mask,
+        )
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [B, H, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,  # [B, max_blocks] int32/int64
+    context_lens: torch.Tensor,  # [B] int32/int64
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    b, h, d = q.shape
+    block_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    group = h // hkv
+    out = torch.empty_like(q) if out is None else out
+    _paged_decode_kernel[(b, hkv)](
+        q,
+        k_cache,
+        v_cache,
+        tables,
+        context_lens,
+        out,
+        tables.stride(0),
+        scale,
+        NUM_HEADS=h,
+        NUM_KV_HEADS=hkv,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=d,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=64,
+        IEEE=q.dtype == torch.float32,
+    )
+    return out
