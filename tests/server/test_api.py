@@ -352,3 +352,25 @@ def test_failed_engine_makes_health_503_with_the_reason(llm, monkeypatch):
     r = request(app, "GET", "/health")
     assert r.status_code == 503 and "device lost" in r.json()["reason"]
     assert request(app, "GET", "/health/ready").status_code == 503
+
+
+def test_completion_prompt_list_with_n_gives_consecutive_choices(llm):
+    app = build_app(llm)
+    a, b = [504, 3575, 282, 4649, 314], [1, 504, 3575]
+    body = {"prompt": [a, b], "n": 2, "max_tokens": 3, "temperature": 0}
+    r = request(app, "POST", "/v1/completions", json=body).json()
+    texts = [c["text"] for c in r["choices"]]
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
+    alone = request(app, "POST", "/v1/completions", json={"prompt": b, "max_tokens": 3, "temperature": 0})
+    assert texts[0] == texts[1] and texts[2] == texts[3] == alone.json()["choices"][0]["text"]
+    assert r["usage"]["prompt_tokens"] == len(a) + len(b)  # each prompt counted once
+    assert r["usage"]["completion_tokens"] == 12
+
+    async def stream():
+        return await call(app, "/v1/completions", {**body, "stream": True})
+
+    events = [json.loads(e) for e in asyncio.run(stream()).events()[:-1]]
+    streamed = ["", "", "", ""]
+    for e in events:
+        streamed[e["choices"][0]["index"]] += e["choices"][0]["text"]
+    assert streamed == texts

@@ -21,7 +21,7 @@ log = logging.getLogger("trtedge.server")
 
 @dataclass(frozen=True)
 class Choice:
-    """One engine request behind a response choice."""
+    """One engine request: a prompt and its params, whose ``n`` choices are consecutive response choices."""
 
     prompt_ids: list[int]
     params: SamplingParams
@@ -47,10 +47,12 @@ class Generation:
         self._closed = False
         self.cancelled = False  # set once cancel() ran: the client is gone, nothing more is sent
         self.streams: list[CancellableIterator] = []
+        self.num_choices = sum(c.params.n for c in choices)
+        self._offsets = [sum(c.params.n for c in choices[:i]) for i in range(len(choices))]
         try:
             for i, choice in enumerate(choices):
                 stream = llm.generate_stream(
-                    choice.prompt_ids, choice.params, priority=priority, request_id=f"{request_id}-{i}"
+                    choice.prompt_ids, choice.params, priority=priority, request_id=f"{request_id}-p{i}"
                 )
                 self.streams.append(stream)
         except BaseException:
@@ -70,13 +72,16 @@ class Generation:
 
     def _post(self, index: int, stream: CancellableIterator, item) -> None:
         try:
+            if isinstance(item, StreamDelta):
+                index = self._offsets[index] + item.index
             self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, item))
         except RuntimeError:  # the event loop is gone (server stopped): nobody will read this
             stream.cancel()
 
     async def deltas(self) -> AsyncIterator[tuple[int, StreamDelta]]:
-        """(choice index, delta) in arrival order until every choice has finished; an engine error is raised."""
-        remaining = len(self.streams)
+        """(response choice index, delta) in arrival order until every choice has finished; an engine error
+        is raised."""
+        remaining = self.num_choices
         first_seen: set[int] = set()
         last: dict[int, float] = {}
         while remaining:

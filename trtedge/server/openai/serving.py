@@ -81,7 +81,7 @@ class OpenAIServing:
         ids = self._chat_prompt_ids(req)
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else None
-        choices = [Choice(ids, p) for p in self._params(req, len(ids), max_tokens, top, "messages")]
+        choices = [Choice(ids, self._params(req, len(ids), max_tokens, top, "messages"))]
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         gen, watcher = await self._start(req, choices, rid, request, arrival)
         if gen is None:
@@ -89,7 +89,7 @@ class OpenAIServing:
         created = int(time.time())
         if req.stream:
             return sse.SSEResponse(self._chat_chunks(gen, req, rid, created), on_close=_closer(gen, watcher))
-        outputs = await self._collect(gen, watcher, len(choices))
+        outputs = await self._collect(gen, watcher)
         body = {
             "id": rid,
             "object": "chat.completion",
@@ -155,9 +155,9 @@ class OpenAIServing:
             return sse.event({**head, "choices": [choice]})
 
         try:
-            for i in range(len(gen.streams)):
+            for i in range(gen.num_choices):
                 yield chunk(i, {"role": "assistant", "content": ""})
-            prompt_tokens, completion = 0, [0] * len(gen.streams)
+            prompt_tokens, completion = 0, [0] * gen.num_choices
             async for i, d in gen.deltas():
                 if gen.cancelled:
                     return  # the client hung up
@@ -215,9 +215,8 @@ class OpenAIServing:
             echo = ""
             if req.echo:
                 echo = prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(ids, False)
-            for params in self._params(req, len(ids), req.max_tokens, req.logprobs, param):
-                choices.append(Choice(ids, params))
-                echoes.append(echo)
+            choices.append(Choice(ids, self._params(req, len(ids), req.max_tokens, req.logprobs, param)))
+            echoes += [echo] * req.n
         rid = f"cmpl-{uuid.uuid4().hex}"
         gen, watcher = await self._start(req, choices, rid, request, arrival)
         if gen is None:
@@ -227,7 +226,7 @@ class OpenAIServing:
             return sse.SSEResponse(
                 self._completion_chunks(gen, req, rid, created, echoes), on_close=_closer(gen, watcher)
             )
-        outputs = await self._collect(gen, watcher, len(choices))
+        outputs = await self._collect(gen, watcher)
         body = {
             "id": rid,
             "object": "text_completion",
@@ -318,7 +317,7 @@ class OpenAIServing:
 
     def _params(
         self, req: _Sampling, num_prompt_tokens: int, max_tokens: int | None, logprobs: int | None, param: str
-    ) -> list[SamplingParams]:
+    ) -> SamplingParams:
         capacity = self.llm.config.max_kv_cache_capacity
         explicit = max_tokens is not None
         if not explicit:
@@ -344,29 +343,24 @@ class OpenAIServing:
             if getattr(req, name) is not None
         }
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        params = []
-        for i in range(req.n):
-            seed = None if req.seed is None else (req.seed + i) % 2**64  # n choices differ, reproducibly
-            try:
-                params.append(
-                    SamplingParams(
-                        max_tokens=max_tokens,
-                        stop=tuple(stop),
-                        stop_token_ids=tuple(req.stop_token_ids or ()),
-                        seed=seed,
-                        logit_bias=req.logit_bias,
-                        ignore_eos=req.ignore_eos,
-                        logprobs=logprobs,
-                        reuse_context=req.reuse_context,
-                        cache_generated_tokens=req.cache_generated_tokens,
-                        skip_special_tokens=req.skip_special_tokens,
-                        **options,
-                    )
-                )
-            except ValueError as e:
-                name = str(e).split(" ", 1)[0]
-                raise bad_request(str(e), param=name if name.isidentifier() else None) from None
-        return params
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                n=req.n,  # the engine forks the choices from one prefill; choice i > 0 derives its seed
+                stop=tuple(stop),
+                stop_token_ids=tuple(req.stop_token_ids or ()),
+                seed=req.seed,
+                logit_bias=req.logit_bias,
+                ignore_eos=req.ignore_eos,
+                logprobs=logprobs,
+                reuse_context=req.reuse_context,
+                cache_generated_tokens=req.cache_generated_tokens,
+                skip_special_tokens=req.skip_special_tokens,
+                **options,
+            )
+        except ValueError as e:
+            name = str(e).split(" ", 1)[0]
+            raise bad_request(str(e), param=name if name.isidentifier() else None) from None
 
     async def _start(self, req: _Sampling, choices, rid: str, request: Request, arrival: float):
         """Take a seat (maybe waiting in the queue), then submit. Returns (None, None) when the client
@@ -406,8 +400,8 @@ class OpenAIServing:
         watcher.on_disconnect(gen.cancel)
         return gen, watcher
 
-    async def _collect(self, gen: Generation, watcher: sse.DisconnectWatcher, n: int) -> list[_Output]:
-        outputs = [_Output() for _ in range(n)]
+    async def _collect(self, gen: Generation, watcher: sse.DisconnectWatcher) -> list[_Output]:
+        outputs = [_Output() for _ in range(gen.num_choices)]
         try:
             async for i, d in gen.deltas():
                 o = outputs[i]
