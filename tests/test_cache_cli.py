@@ -70,7 +70,7 @@ def test_ls_path_and_clear(tiny, cache_dir):
     listed = runner.invoke(app, ["cache", "ls", "--json", "--cache-dir", str(cache_dir)])
     assert listed.exit_code == 0
     (entry,) = json.loads(listed.stdout)
-    assert entry["model"] == str(tiny) and entry["size_bytes"] > 0
+    assert entry["model"] == str(tiny) and entry["size_bytes"] > 0 and entry["in_use"] is False
     table = runner.invoke(app, ["cache", "ls", "--cache-dir", str(cache_dir)])
     assert table.exit_code == 0 and entry["key"][:8] in table.stdout
     path = runner.invoke(app, ["cache", "path", "--cache-dir", str(cache_dir)])

@@ -307,3 +307,13 @@ def test_read_only_cache_still_loads_a_built_bundle(tiny, cache_dir, monkeypatch
     monkeypatch.setattr(builder, "build_bundle", _no_build)
     bundle = prepare_bundle(str(tiny), cache_dir=cache_dir)
     assert not bundle.built and bundle.load_tokenizer()
+
+
+def test_disk_full_during_build_is_one_line_and_leaves_no_temp_dir(tiny, cache_dir, monkeypatch):
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(builder, "_write", disk_full)
+    with pytest.raises(BundleError, match="No space left on device"):
+        prepare_bundle(str(tiny), cache_dir=cache_dir)
+    assert not list((cache_dir / "bundles").iterdir())

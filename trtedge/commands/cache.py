@@ -19,24 +19,26 @@ _CACHE_DIR = typer.Option(
 _VERBOSE = typer.Option(False, "--verbose", "-v", help="Say what was done (quiet by default, for cron).")
 
 
-@app.command("ls", help="List bundles: model, profile, size, last used.")
+@app.command("ls", help="List bundles: model, profile, size, last used, whether a process has it loaded.")
 def ls(
     cache_dir: str = _CACHE_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     cache = _cache(cache_dir)
     entries = sorted(cache.entries(), key=lambda e: e.last_used, reverse=True)
+    in_use = {e.key: cache.in_use(e.key) for e in entries}
     if as_json:
-        typer.echo(json.dumps([e.to_dict() for e in entries], indent=2))
+        typer.echo(json.dumps([{**e.to_dict(), "in_use": in_use[e.key]} for e in entries], indent=2))
         return
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{cache.bundles} ({len(entries)} bundles, {_size(_disk_bytes(entries))})")
-    for column in ("key", "model", "profile", "size", "last used"):
+    for column in ("key", "model", "profile", "size", "last used", "in use"):
         table.add_column(column, justify="right" if column == "size" else "left")
     for e in entries:
-        table.add_row(e.key, e.model, _summary(e.profile), _size(e.size_bytes), _when(e.last_used))
+        used = "yes" if in_use[e.key] else ""
+        table.add_row(e.key, e.model, _summary(e.profile), _size(e.size_bytes), _when(e.last_used), used)
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 

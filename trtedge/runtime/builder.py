@@ -129,7 +129,10 @@ def _write_tokenizer(checkpoint, out_dir: Path) -> None:
 def _link_weights(cache: Cache, weights_key: str, out_dir: Path) -> list[str] | None:
     """Hard-link the weights another bundle already converted from the same checkpoint and dtype."""
     for entry in cache.entries():
-        manifest = json.loads((entry.path / "manifest.json").read_text())
+        try:
+            manifest = json.loads((entry.path / "manifest.json").read_text())
+        except (OSError, ValueError):
+            continue  # evicted meanwhile
         for name, section in manifest.get("components", {}).items():
             weights = section.get("weights", {})
             if weights.get("key") != weights_key:

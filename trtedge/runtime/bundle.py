@@ -392,7 +392,10 @@ def prepare_bundle(
                 )
                 Bundle(tmp, source.name, source.path).validate()
 
-            built = _build_once(cache, key, build)
+            try:
+                built = _build_once(cache, key, build)
+            except OSError as e:  # disk full, read-only cache: one line; no half bundle is left
+                raise BundleError(f"{cache.bundles}: cannot build bundle {key} ({e.strerror or e})") from e
         bundle = Bundle(target, source.name, source.path)
         bundle.built = built
         bundle._lock = use

@@ -152,6 +152,16 @@ class Cache:
             )
         return found
 
+    def in_use(self, key: str) -> bool:
+        """True while some process (this one included) has the bundle loaded or is building it."""
+        probe = self.lock(key, "use")
+        try:
+            free = probe.acquire(blocking=False)
+        except OSError:
+            return False
+        probe.release()
+        return not free
+
     def remove(self, entry: CachedBundle) -> bool:
         """Delete a bundle unless a process has it loaded (or is building it); False when skipped."""
         lock = self.lock(entry.key, "use")
@@ -201,12 +211,7 @@ class Cache:
                 break
             if e.key in keep:
                 continue
-            if dry_run:
-                probe = self.lock(e.key, "use")
-                free = probe.acquire(blocking=False)
-                probe.release()
-            else:
-                free = self.remove(e)
+            free = not self.in_use(e.key) if dry_run else self.remove(e)
             if not free:
                 log.warning("bundle %s (%s) is in use by another process; not evicted", e.key, e.model)
                 continue
