@@ -45,10 +45,14 @@ class Sampler:
                 _adjust(logits[row], seq)
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
         logprobs_all = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-        tokens = logits.argmax(dim=-1).tolist()
-        for row, seq in enumerate(seqs):
-            if not seq.params.greedy:
-                tokens[row] = _sample_row(logits[row], seq)
+        choice = logits.argmax(dim=-1)
+        sampled = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
+        if sampled:
+            rows = torch.tensor(sampled, device=logits.device)
+            choice.index_copy_(
+                0, rows, _sample_rows(logits.index_select(0, rows), [seqs[r] for r in sampled])
+            )
+        tokens = choice.tolist()  # the one host sync of the step
         infos: list[TokenLogprobs | None] = []
         for row, seq in enumerate(seqs):
             k = seq.params.logprobs
@@ -77,34 +81,64 @@ def _is_plain(seq: Sequence) -> bool:
 def _adjust(row: torch.Tensor, seq: Sequence) -> None:
     p = seq.params
     if p.logit_bias:
-        ids = torch.tensor(list(p.logit_bias.keys()), dtype=torch.long)
+        ids = torch.tensor(list(p.logit_bias.keys()), dtype=torch.long, device=row.device)
         ok = ids < row.shape[0]
-        row.index_add_(0, ids[ok], torch.tensor(list(p.logit_bias.values()), dtype=row.dtype)[ok])
+        bias = torch.tensor(list(p.logit_bias.values()), dtype=row.dtype, device=row.device)
+        row.index_add_(0, ids[ok], bias[ok])
     if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
+        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=row.device)
         vals = row[seen]
         row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
     if (p.frequency_penalty or p.presence_penalty) and seq.num_output_tokens:
-        ids, counts = torch.tensor(seq.output_ids, dtype=torch.long).unique(return_counts=True)
+        ids, counts = torch.tensor(seq.output_ids, dtype=torch.long, device=row.device).unique(
+            return_counts=True
+        )
         row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
 
 
-def _sample_row(logits: torch.Tensor, seq: Sequence) -> int:
-    p = seq.params
-    scores = logits / p.temperature
-    if p.top_k > 0 and p.top_k < scores.shape[0]:
-        kth = scores.topk(p.top_k).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if p.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        cumulative = sorted_probs.cumsum(0)
-        drop = cumulative - sorted_probs > p.top_p  # keep the smallest set reaching top_p
-        sorted_probs[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    if p.min_p > 0.0:
-        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-    generator = torch.Generator(device=probs.device)
-    generator.manual_seed(mix_seed(seq.seed, seq.num_tokens))
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return int((probs / noise).argmax())
+def _sample_rows(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Batched temperature / top-k / top-p / min-p sampling; returns one token id per row."""
+    device, vocab = logits.device, logits.shape[-1]
+    params = [s.params for s in seqs]
+    temperature = torch.tensor([p.temperature for p in params], device=device)
+    scores = logits / temperature[:, None]
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+        sorted_scores, order = scores.sort(dim=-1, descending=True)
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+        ranks = torch.arange(vocab, device=device)
+        sorted_probs = torch.softmax(
+            sorted_scores.masked_fill(ranks >= top_k[:, None], float("-inf")), dim=-1
+        )
+        top_p = torch.tensor([p.top_p for p in params], device=device)
+        # keep the smallest prefix whose mass reaches top_p
+        sorted_probs = sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs > top_p[:, None], 0.0)
+        probs = torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    if any(p.min_p > 0.0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device)
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), 0.0)
+    keys = [mix_seed(s.seed, s.num_tokens) for s in seqs]
+    return (probs / exponential_noise(keys, vocab, device)).argmax(dim=-1)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    # murmur3's finalizer on int64 tensors holding 32-bit values (products wrap; low bits are exact)
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def exponential_noise(keys: list[int], vocab: int, device: torch.device) -> torch.Tensor:
+    """Exp(1) noise [len(keys), vocab], a pure function of (key, token id): argmax(p / noise) draws
+    from p, and a row's draw never depends on the other rows of the batch."""
+    k = torch.tensor([[key & _M32, key >> 32] for key in keys], dtype=torch.long, device=device)
+    ids = torch.arange(vocab, dtype=torch.long, device=device)
+    h = _fmix32(_fmix32(ids[None, :] ^ k[:, :1]) ^ k[:, 1:])
+    u = ((h >> 8).float() + 0.5) / 16777216.0
+    return -torch.log(u)
