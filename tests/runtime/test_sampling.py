@@ -219,6 +219,8 @@ def test_e2e_stop_token_ids_ignore_eos_and_max_tokens(tiny):
 
 def test_e2e_logit_bias_top_k_penalties_and_logprobs(tiny):
     full = greedy(tiny)
+    with pytest.raises(ValueError, match="logit_bias token id 512 is not below the vocabulary size 512"):
+        greedy(tiny, logit_bias={512: 1})
     forced = greedy(tiny, logit_bias={77: 100})
     assert forced.token_ids == [77] * 12
     top1 = SamplingParams(temperature=2.0, top_k=1, seed=3, max_tokens=12, ignore_eos=True)

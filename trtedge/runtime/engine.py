@@ -16,7 +16,7 @@ from trtedge.runtime.kv_cache import BlockManager
 from trtedge.runtime.runner import ModelRunner
 from trtedge.runtime.sampling import Sampler, TokenLogprobs, mix_seed
 from trtedge.runtime.sampling_params import SamplingParams
-from trtedge.runtime.scheduler import Scheduler, SchedulerConfig
+from trtedge.runtime.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from trtedge.runtime.sequence import Sequence
 from trtedge.runtime.stream import CancellableIterator, GenerationMetrics, StreamDelta
 from trtedge.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -34,6 +34,7 @@ class EngineConfig:
     enable_context_reuse: bool = False
     context_cache_max_records: int = 1024
     num_blocks: int | None = None  # default: max_batch_size x max_kv_cache_capacity tokens
+    cuda_graphs: bool = True  # capture decode steps as CUDA graphs on a GPU
 
 
 @dataclass
@@ -75,6 +76,16 @@ class _Choice:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
+def _split_decode(batch: ScheduledBatch) -> list[ScheduledBatch]:
+    """Run one-token rows apart from prefill chunks: a pure decode batch takes the fast path (native CPU
+    kernels, CUDA graphs), which a single prefill row joining the batch would otherwise deny to all."""
+    if all(n == 1 for n in batch.num_tokens) or all(n > 1 for n in batch.num_tokens):
+        return [batch]
+    decode = [(s, n) for s, n in zip(batch.seqs, batch.num_tokens) if n == 1]
+    prefill = [(s, n) for s, n in zip(batch.seqs, batch.num_tokens) if n > 1]
+    return [ScheduledBatch([s for s, _ in rows], [n for _, n in rows]) for rows in (decode, prefill)]
+
+
 class Engine:
     def __init__(self, model, tokenizer: Tokenizer, config: EngineConfig):
         self.config = config
@@ -98,7 +109,15 @@ class Engine:
             enable_in_flight_batching=config.enable_in_flight_batching,
         )
         self.scheduler = Scheduler(sched, self.blocks)
-        self.runner = ModelRunner(model, num_blocks, bs, Sampler(tokenizer.eos_token_ids))
+        self.runner = ModelRunner(
+            model,
+            num_blocks,
+            bs,
+            Sampler(tokenizer.eos_token_ids),
+            max_batch_size=config.max_batch_size,
+            max_blocks_per_seq=-(-config.max_kv_cache_capacity // bs),
+            cuda_graphs=config.cuda_graphs,
+        )
         log.info(
             "engine: %s, max_batch_size %d, %d tokens per step, context reuse %s",
             "in-flight batching" if config.enable_in_flight_batching else "one request at a time",
@@ -130,6 +149,11 @@ class Engine:
         """Queue a request; its ``params.n`` choices stream into one iterator (``StreamDelta.index``)."""
         if self.error is not None:
             raise RuntimeError(f"engine failed: {self.error}")
+        vocab_size = self.runner.model.cfg.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab_size:
+            raise ValueError(
+                f"logit_bias token id {max(params.logit_bias)} is not below the vocabulary size {vocab_size}"
+            )
         seed = params.seed
         if seed is None:
             with self._rng_lock:
@@ -168,13 +192,24 @@ class Engine:
                 self._wake.clear()
                 continue
             try:
-                self.step()
+                if not self.step():  # nothing could run (cannot happen with a valid pool): do not spin
+                    self._wake.wait(timeout=0.01)
+                    self._wake.clear()
             except Exception as e:  # fail the requests in flight, keep serving new ones
                 log.exception("engine step failed")
                 for request in list(self._requests):
                     self._fail(request, e)
+        self._drain_inbox()
         for request in list(self._requests):
             self._fail(request, RuntimeError("engine shut down"))
+        stats = self.stats
+        log.info(
+            "engine stopped: %d requests in %d steps, %d joined a running batch, %d preemptions",
+            stats.submitted,
+            stats.steps,
+            stats.joined_mid_flight,
+            stats.preemptions,
+        )
 
     def _drain_inbox(self) -> None:
         while True:
@@ -194,7 +229,8 @@ class Engine:
                     if not choice.seq.is_finished:
                         self._finish(choice, "cancelled")
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """One engine step: schedule -> run the model -> sample -> emit. False if nothing ran."""
         batch = self.scheduler.schedule()
         self.stats.steps += 1
         self.stats.preemptions += len(batch.preempted)
@@ -202,15 +238,17 @@ class Engine:
             self.stats.joined_mid_flight += batch.joined
             log.debug("step %d: %d request(s) joined the running batch", self.stats.steps, batch.joined)
         if batch.is_empty:
-            return
+            return False
         now = time.monotonic()
         for seq in batch.seqs:
             request = self._choices[seq.seq_id].request
             if request.first_scheduled is None:
                 request.first_scheduled = now
-        seqs, tokens, infos = self.runner.run(batch)
-        for seq, token, info in zip(seqs, tokens, infos):
-            self._append(self._choices[seq.seq_id], token, info)
+        for part in _split_decode(batch):
+            seqs, tokens, infos = self.runner.run(part)
+            for seq, token, info in zip(seqs, tokens, infos):
+                self._append(self._choices[seq.seq_id], token, info)
+        return True
 
     def _append(self, choice: _Choice, token: int, info: TokenLogprobs | None) -> None:
         seq, request = choice.seq, choice.request
