@@ -317,3 +317,37 @@ def test_disk_full_during_build_is_one_line_and_leaves_no_temp_dir(tiny, cache_d
     with pytest.raises(BundleError, match="No space left on device"):
         prepare_bundle(str(tiny), cache_dir=cache_dir)
     assert not list((cache_dir / "bundles").iterdir())
+
+
+def test_only_indexed_shards_are_weights(tiny, cache_dir, tmp_path):
+    sharded = shutil.copytree(tiny, tmp_path / "sharded")
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00001.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(sharded / "model-00001-of-00001.safetensors"), framework="pt") as f:
+        names = list(f.keys())
+    index = {"weight_map": dict.fromkeys(names, "model-00001-of-00001.safetensors")}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    shutil.copy(sharded / "model-00001-of-00001.safetensors", sharded / "consolidated.safetensors")
+    bundle = prepare_bundle(str(sharded), cache_dir=cache_dir)
+    bundle.release()
+    assert list(bundle.section["weights"]["files"]) == ["model-00001-of-00001.safetensors"]
+    assert sorted(name for name, _ in bundle.iter_tensors()) == sorted(names)
+
+
+def test_draft_component_follows_a_moved_draft(tiny, cache_dir, tmp_path):
+    draft = make_tiny_checkpoint(tmp_path / "draft", "llama", seed=1)
+    spec = {"method": "draft", "draft_model": str(draft), "num_draft_tokens": 3}
+    first = prepare_bundle(
+        str(tiny), BuildProfile.create(components="all", speculative=spec), cache_dir=cache_dir
+    )
+    first.release()
+    assert first.built and first.draft is not None
+    moved = shutil.move(draft, tmp_path / "moved-draft")
+    spec["draft_model"] = str(moved)
+    again = prepare_bundle(
+        str(tiny), BuildProfile.create(components="all", speculative=spec), cache_dir=cache_dir
+    )
+    again.release()
+    assert (again.key, again.built) == (first.key, False)
+    assert "model.embed_tokens.weight" in dict(again.draft.iter_tensors())

@@ -196,7 +196,9 @@ def checkpoint_files(path: Path) -> dict[str, Path]:
     files = {name: path / name for name in TEXT_FILES if (path / name).is_file()}
     for file in sorted(path.glob("additional_chat_templates/*.jinja")):
         files[file.relative_to(path).as_posix()] = file
-    for file in sorted(path.glob("*.safetensors")):
+    from trtedge.runtime.checkpoint import safetensors_files
+
+    for file in safetensors_files(path):  # the index's shards when there is one (not consolidated.*)
         files[file.name] = file
     return files
 
@@ -272,7 +274,13 @@ class Bundle(BundleComponent):
     """A published bundle: ``key``, ``path``, ``manifest``; the LLM component's checkpoint interface;
     ``draft`` when built with one. Holds a shared lock until ``release()`` so that no prune removes it."""
 
-    def __init__(self, path: Path, name: str | None = None, checkpoint_path: Path | None = None):
+    def __init__(
+        self,
+        path: Path,
+        name: str | None = None,
+        checkpoint_path: Path | None = None,
+        draft_path: Path | None = None,
+    ):
         self.manifest = json.loads((path / "manifest.json").read_text())
         comps = self.manifest["components"]
         super().__init__(path, comps["llm"], name or self.manifest["model"], checkpoint_path)
@@ -280,7 +288,7 @@ class Bundle(BundleComponent):
         self.built = False
         self.draft = None
         if "draft" in comps:
-            self.draft = BundleComponent(path / "draft", comps["draft"], comps["draft"]["model"])
+            self.draft = BundleComponent(path / "draft", comps["draft"], comps["draft"]["model"], draft_path)
         self._lock: FileLock | None = None
 
     def touch(self) -> None:
@@ -363,10 +371,11 @@ def prepare_bundle(
         cache.clear()
     source = _locate(model, cache)
     fp, files = fingerprint(source.path)
-    draft_source = draft_fp = None
+    draft_source = draft_fp = draft_path = None
     if profile.draft_model:
         draft_source = _locate(profile.draft_model, cache)
-        draft_fp = fingerprint(draft_source.path)[0]
+        draft_path = draft_source.path
+        draft_fp = fingerprint(draft_path)[0]
     key = cache_key(fp, draft_fp, profile)
     target = cache.bundle_dir(key)
     use = cache.lock(key, "use")
@@ -390,13 +399,13 @@ def prepare_bundle(
                     cache=cache,
                     progress=progress,
                 )
-                Bundle(tmp, source.name, source.path).validate()
+                Bundle(tmp, source.name, source.path, draft_path).validate()
 
             try:
                 built = _build_once(cache, key, build)
             except OSError as e:  # disk full, read-only cache: one line; no half bundle is left
                 raise BundleError(f"{cache.bundles}: cannot build bundle {key} ({e.strerror or e})") from e
-        bundle = Bundle(target, source.name, source.path)
+        bundle = Bundle(target, source.name, source.path, draft_path)
         bundle.built = built
         bundle._lock = use
         bundle.touch()
