@@ -90,24 +90,27 @@ def test_n_choices_with_a_seed_differ_and_repeat(llm):
     assert a["usage"]["completion_tokens"] > 8  # both choices counted
 
 
-def test_completion_default_max_tokens_is_the_remaining_context(llm):
+def test_default_max_tokens_is_the_remaining_context(llm, monkeypatch):
     app = build_app(llm)
-    prompt = list(range(1000, 1500))  # 500 tokens of a 1024 context
-    r = request(
-        app,
-        "POST",
-        "/v1/completions",
-        json={
-            "prompt": prompt,
-            "ignore_eos": True,
-            "n": 1,
-            "temperature": 0,
-            "stream": False,
-            "max_tokens": 525,
-        },
-    )
-    assert_error(r, 400, "max_tokens", "500 tokens")  # 500 + 525 > 1024, both numbers named
-    assert "1024" in r.json()["error"]["message"]
+    seen = []
+    real = llm.generate_stream
+
+    def spy(prompt, params, **kwargs):
+        seen.append((len(prompt), params.max_tokens))
+        return real(prompt, params.__class__(**{**params.__dict__, "max_tokens": 1}), **kwargs)
+
+    monkeypatch.setattr(llm, "generate_stream", spy)
+    r = request(app, "POST", "/v1/completions", json={"prompt": list(range(1000, 1500))})
+    assert r.status_code == 200 and seen == [(500, 1024 - 500)]
+    r = request(app, "POST", CHAT, json={"messages": PARIS})
+    assert r.status_code == 200 and seen[1][1] == 1024 - seen[1][0]
+
+
+def test_prompt_plus_max_tokens_over_the_context_names_both_numbers(llm):
+    body = {"prompt": list(range(1000, 1500)), "max_tokens": 525}
+    r = request(build_app(llm), "POST", "/v1/completions", json=body)
+    error = assert_error(r, 400, "max_tokens", "prompt (500 tokens) + max_tokens (525)")
+    assert "1024" in error["message"] and error["code"] == "context_length_exceeded"
 
 
 @pytest.mark.parametrize(
@@ -139,6 +142,7 @@ def test_completion_default_max_tokens_is_the_remaining_context(llm):
             "not supported",
         ),
         ({"messages": PARIS, "guided_regex": "a+"}, 400, "guided_regex", "not supported"),
+        ({"messages": PARIS, "tool_choice": "required"}, 400, "tool_choice", "not supported"),
         ({"messages": [{"role": "user", "content": "x" * 4000}]}, 400, "messages", "max_input_len 512"),
     ],
 )

@@ -76,6 +76,10 @@ class OpenAIServing:
         self._refuse_unserved(req)
         if req.tools or req.functions:
             raise not_supported("tool calling (tools)", "tools" if req.tools else "functions")
+        if req.tool_choice not in (None, "none", "auto") or req.function_call not in (None, "none", "auto"):
+            raise not_supported(
+                "tool calling (tool_choice)", "tool_choice" if req.tool_choice else "function_call"
+            )
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
         ids = self._chat_prompt_ids(req)
