@@ -91,3 +91,39 @@ def test_cuda_graphs_equal_eager_in_a_batch(tiny):
         ) as llm:
             outputs.append([o.token_ids for o in llm.generate(prompts, params)])
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_fused_decode_step_matches_reference_path(tiny, dtype):
+    from trtedge.runtime.checkpoint import resolve_checkpoint
+    from trtedge.runtime.models import load_model
+    from trtedge.runtime.ops.attention import AttentionBatch
+
+    model = load_model(
+        resolve_checkpoint(str(tiny)), dtype=dtype, device="cuda", weights="float", max_positions=256
+    )
+    cfg = model.cfg
+    block_size = 4
+    kv = torch.randn(cfg.num_layers, 2, 64, block_size, cfg.num_kv_heads, cfg.head_dim, device="cuda").to(
+        model.dtype
+    )
+    kv_ref = kv.clone()
+    context_lens = [5, 17, 9]
+    tables = [torch.tensor(t, device="cuda") for t in ([7, 3], [10, 11, 40, 2, 12], [20, 21, 22])]
+    slots = [
+        int(t[(c - 1) // block_size]) * block_size + (c - 1) % block_size
+        for t, c in zip(tables, context_lens)
+    ]
+    batch = AttentionBatch(torch.tensor(slots, device="cuda"), [1, 1, 1], context_lens, tables, block_size)
+    batch.tables_tensor = batch.padded_block_tables()
+    batch.context_lens_tensor = torch.tensor(context_lens, device="cuda")
+    ids = torch.tensor([5, 9, 300], device="cuda")
+    pos = torch.tensor([c - 1 for c in context_lens], device="cuda")
+    fused = model.forward(ids, pos, [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)], batch)
+    saved, model.decode_kernels = model.decode_kernels, None
+    try:
+        ref = model.forward(ids, pos, [(kv_ref[i, 0], kv_ref[i, 1]) for i in range(cfg.num_layers)], batch)
+    finally:
+        model.decode_kernels = saved
+    rel = ((fused.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert rel < (2e-2 if dtype == "bfloat16" else 1e-5), rel

@@ -33,7 +33,9 @@ def test_int8_linear_matches_dequantized_product(rows, shape):
 @pytest.mark.parametrize("weights", ["float", "int8"])
 def test_native_batched_decode_matches_reference(tmp_path, family, weights):
     path = make_tiny_checkpoint(tmp_path / family, family)
-    model = load_model(resolve_checkpoint(str(path)), dtype="float32", device="cpu", weights=weights, max_positions=256)
+    model = load_model(
+        resolve_checkpoint(str(path)), dtype="float32", device="cpu", weights=weights, max_positions=256
+    )
     cfg = model.cfg
     block_size, num_blocks = 4, 64
     kv = torch.randn(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
@@ -43,14 +45,17 @@ def test_native_batched_decode_matches_reference(tmp_path, family, weights):
     # Three sequences of different lengths on scattered blocks, one new token each.
     context_lens = [5, 17, 9]
     tables = [torch.tensor([7, 3]), torch.tensor([10, 11, 40, 2, 12]), torch.tensor([20, 21, 22])]
-    slots = [int(t[(c - 1) // block_size]) * block_size + (c - 1) % block_size for t, c in zip(tables, context_lens)]
+    slots = [
+        int(t[(c - 1) // block_size]) * block_size + (c - 1) % block_size
+        for t, c in zip(tables, context_lens)
+    ]
     batch = AttentionBatch(torch.tensor(slots), [1, 1, 1], context_lens, tables, block_size)
     ids, pos = torch.tensor([5, 9, 300]), torch.tensor([c - 1 for c in context_lens])
     native = model.forward(ids, pos, caches, batch)
-    saved, model.native = model.native, None
+    saved, model.decode_kernels = model.decode_kernels, None
     try:
         reference = model.forward(ids, pos, caches_ref, batch)
     finally:
-        model.native = saved
+        model.decode_kernels = saved
     torch.testing.assert_close(native, reference, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(kv, kv_ref, rtol=1e-5, atol=1e-5)

@@ -125,13 +125,13 @@ class LlamaModel:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
-        # Batched decode on the CPU in float32 runs through native kernels: a few calls per layer
-        # instead of dozens of small torch ops, whose dispatch cost dominates at batch 1.
-        self.native = kernels.load() if device.type == "cpu" and dtype == torch.float32 else None
+        # Decode steps run through fused kernels (native C on the CPU in float32, Triton on CUDA): a
+        # few calls per layer instead of dozens of small ops, whose dispatch cost dominates decode.
+        self.decode_kernels = _decode_kernels(device, dtype)
 
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
-        if self.native is not None and batch.is_decode:
-            return self._decode_native(input_ids, positions, kv_caches, batch)
+        if self.decode_kernels is not None and batch.is_decode:
+            return self._decode_fused(input_ids, positions, kv_caches, batch)
         x = F.embedding(input_ids, self.embed)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
@@ -139,22 +139,23 @@ class LlamaModel:
             x = layer(x, cos, sin, k_cache, v_cache, batch)
         return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
 
-    def _decode_native(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
-        cfg, lib = self.cfg, self.native
-        n, eps = input_ids.shape[0], cfg.rms_norm_eps
+    def _decode_fused(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
+        cfg, kernels = self.cfg, self.decode_kernels
+        n, eps, device = input_ids.shape[0], cfg.rms_norm_eps, input_ids.device
         x = F.embedding(input_ids, self.embed).contiguous()  # the residual stream, updated in place
         h = torch.empty_like(x)
-        q = torch.empty(n, cfg.num_heads, cfg.head_dim)
+        q = torch.empty(n, cfg.num_heads, cfg.head_dim, dtype=x.dtype, device=device)
         o = torch.empty_like(q)
-        act = torch.empty(n, cfg.intermediate_size)
-        tables = batch.padded_block_tables()
-        context_lens = torch.tensor(batch.context_lens, dtype=torch.long)
+        act = torch.empty(n, cfg.intermediate_size, dtype=x.dtype, device=device)
+        tables = batch.tables_tensor if batch.tables_tensor is not None else batch.padded_block_tables()
+        context_lens = batch.context_lens_tensor
+        if context_lens is None:
+            context_lens = torch.tensor(batch.context_lens, dtype=torch.long, device=device)
         scale = cfg.head_dim**-0.5
-        kernels.add_rms_norm(lib, x, None, self.layers[0].input_norm, h, eps)
+        kernels.add_rms_norm(x, None, self.layers[0].input_norm, h, eps)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             qkv = layer.qkv(h)
             kernels.qkv_rope_store(
-                lib,
                 qkv,
                 cfg.num_heads,
                 cfg.num_kv_heads,
@@ -171,12 +172,12 @@ class LlamaModel:
                 q,
             )
             kernels.paged_decode_attention(
-                lib, q, k_cache, v_cache, tables, context_lens, batch.block_size, scale, o
+                q, k_cache, v_cache, tables, context_lens, batch.block_size, scale, o
             )
-            kernels.add_rms_norm(lib, x, layer.o(o.view(n, -1)), layer.post_norm, h, eps)
-            kernels.silu_mul(lib, layer.gate_up(h), act)
+            kernels.add_rms_norm(x, layer.o(o.view(n, -1)), layer.post_norm, h, eps)
+            kernels.silu_mul(layer.gate_up(h), act)
             following = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
-            kernels.add_rms_norm(lib, x, layer.down(act), following, h, eps)
+            kernels.add_rms_norm(x, layer.down(act), following, h, eps)
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -188,6 +189,19 @@ class LlamaModel:
             m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
         ]
         return sum(m.nbytes for m in linear)
+
+
+def _decode_kernels(device: torch.device, dtype: torch.dtype):
+    if device.type == "cpu":
+        lib = kernels.load() if dtype == torch.float32 else None
+        return kernels.CpuDecodeKernels(lib) if lib is not None else None
+    from trtedge.runtime.ops import triton_attention
+
+    if device.type == "cuda" and triton_attention.available():
+        from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
+
+        return TritonDecodeKernels()
+    return None
 
 
 def _require(tensors: dict, name: str) -> torch.Tensor:

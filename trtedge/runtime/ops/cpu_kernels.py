@@ -368,3 +368,24 @@ def int8_linear(
         n,
     )
     return y
+
+
+class CpuDecodeKernels:
+    """The decode-step kernels for the CPU, with the same calls as the Triton set."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+
+    def add_rms_norm(self, x, delta, weight, out, eps: float) -> None:
+        add_rms_norm(self.lib, x, delta, weight, out, eps)
+
+    def qkv_rope_store(self, *args) -> None:
+        qkv_rope_store(self.lib, *args)
+
+    def paged_decode_attention(
+        self, q, k_cache, v_cache, tables, context_lens, block_size, scale, out
+    ) -> None:
+        paged_decode_attention(self.lib, q, k_cache, v_cache, tables, context_lens, block_size, scale, out)
+
+    def silu_mul(self, gate_up, out) -> None:
+        silu_mul(self.lib, gate_up, out)

@@ -1,0 +1,149 @@
+"""Offline throughput on nano-vllm's workload: trtedge vs HF transformers' continuous batching.
+
+    python benchmarks/gpu_throughput.py [--requests 256] [--hf-requests 32]
+
+Qwen3-0.6B shape, random bf16 weights (load_format="dummy"), input and output lengths uniform in
+[100, 1024], temperature 0.6, EOS ignored. Prints one JSON line per figure. HF's
+``generate_batch`` takes one max_new_tokens for all requests, so it runs on its own subset with
+max_new_tokens = the workload's mean output length; its figure is output tokens per second too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.shapes import qwen3_config, write_shape  # noqa: E402
+from trtedge import LLM, SamplingParams  # noqa: E402
+
+
+def workload(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    return [
+        ([rng.randrange(10, 150000) for _ in range(rng.randint(100, 1024))], rng.randint(100, 1024))
+        for _ in range(n)
+    ]
+
+
+def run_trtedge(directory: Path, requests, max_batch_size: int) -> dict:
+    with LLM(
+        str(directory),
+        load_format="dummy",
+        dtype="bfloat16",
+        device="cuda",
+        enable_in_flight_batching=True,
+        max_batch_size=max_batch_size,
+        max_kv_cache_capacity=2048,
+        max_input_len=1024,
+        max_num_batched_tokens=8192,
+    ) as llm:
+        llm.generate(
+            requests[0][0], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True)
+        )  # warm-up
+        start = time.perf_counter()
+        streams = [
+            llm.generate_stream(
+                prompt, SamplingParams(max_tokens=n, temperature=0.6, ignore_eos=True, seed=i)
+            )
+            for i, (prompt, n) in enumerate(requests)
+        ]
+        produced = sum(len(d.token_ids) for s in streams for d in s)
+        elapsed = time.perf_counter() - start
+        stats = llm.stats()
+    return dict(
+        output_tokens=produced,
+        seconds=round(elapsed, 2),
+        output_tokens_per_s=round(produced / elapsed, 1),
+        steps=stats["steps"],
+        preemptions=stats["preemptions"],
+    )
+
+
+def run_hf(requests) -> dict:
+    import transformers
+
+    config = transformers.AutoConfig.for_model(
+        **{k: v for k, v in qwen3_config("qwen3-0.6b").items() if k != "architectures"}
+    )
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    new_tokens = round(sum(n for _, n in requests) / len(requests))
+    gen = transformers.GenerationConfig(
+        max_new_tokens=new_tokens, do_sample=True, temperature=0.6, eos_token_id=None, pad_token_id=0
+    )
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate_batch(inputs=[p for p, _ in requests], generation_config=gen)
+    elapsed = time.perf_counter() - start
+    produced = sum(len(r.generated_tokens) for r in out.values())
+    return dict(
+        requests=len(requests),
+        max_new_tokens=new_tokens,
+        output_tokens=produced,
+        seconds=round(elapsed, 2),
+        output_tokens_per_s=round(produced / elapsed, 1),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--max-batch-size", type=int, default=256)
+    parser.add_argument("--hf-requests", type=int, default=32, help="0 skips HF")
+    args = parser.parse_args()
+    requests = workload(args.requests)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = write_shape(Path(tmp) / "qwen3-0.6b", "qwen3-0.6b")
+        row = run_trtedge(directory, requests, args.max_batch_size)
+        print(
+            json.dumps(
+                dict(
+                    figure="offline_throughput",
+                    engine="trtedge",
+                    shape="qwen3-0.6b",
+                    requests=args.requests,
+                    **row,
+                )
+            ),
+            flush=True,
+        )
+    if args.hf_requests:
+        try:
+            hf = run_hf(requests[: args.hf_requests])
+            print(
+                json.dumps(
+                    dict(
+                        figure="offline_throughput",
+                        engine="hf-transformers-generate_batch",
+                        shape="qwen3-0.6b",
+                        **hf,
+                    )
+                ),
+                flush=True,
+            )
+        except Exception as e:
+            print(
+                json.dumps(
+                    dict(
+                        figure="offline_throughput",
+                        engine="hf-transformers-generate_batch",
+                        error=f"{type(e).__name__}: {e}"[:300],
+                    )
+                ),
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

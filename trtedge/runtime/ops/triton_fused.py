@@ -1,0 +1,185 @@
+"""Triton kernels for the CUDA decode step: fused residual-add + RMSNorm, q/k-norm + RoPE + KV-cache
+store, SiLU-mul. They replace a dozen small torch kernels per layer. Roundings follow HF
+transformers (normalise in float32, round to the model dtype, then scale)."""
+
+from __future__ import annotations
+
+import torch
+
+from trtedge.runtime.ops.triton_attention import triton
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _add_rms_norm_kernel(
+        x_ptr, delta_ptr, w_ptr, out_ptr, dim, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < dim
+        x = tl.load(x_ptr + row * dim + offs, mask=mask, other=0.0)
+        if HAS_DELTA:
+            d = tl.load(delta_ptr + row * dim + offs, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + d.to(tl.float32)).to(x_ptr.dtype.element_ty)
+            tl.store(x_ptr + row * dim + offs, x, mask=mask)
+        xf = x.to(tl.float32)
+        inv = tl.rsqrt(tl.sum(xf * xf, 0) / dim + eps)
+        y = (xf * inv).to(x_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * dim + offs, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _norm_rope(
+        a,
+        b,
+        w_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos,
+        eps,
+        offs,
+        DT: tl.constexpr,
+        HAS_NORM: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        HALF: tl.constexpr,
+    ):
+        if HAS_NORM:
+            inv = tl.rsqrt((tl.sum(a * a, 0) + tl.sum(b * b, 0)) / HEAD_DIM + eps)
+            a = (a * inv).to(DT).to(tl.float32) * tl.load(w_ptr + offs).to(tl.float32)
+            b = (b * inv).to(DT).to(tl.float32) * tl.load(w_ptr + HALF + offs).to(tl.float32)
+            a = a.to(DT).to(tl.float32)
+            b = b.to(DT).to(tl.float32)
+        c1 = tl.load(cos_ptr + pos * HEAD_DIM + offs).to(tl.float32)
+        c2 = tl.load(cos_ptr + pos * HEAD_DIM + HALF + offs).to(tl.float32)
+        s1 = tl.load(sin_ptr + pos * HEAD_DIM + offs).to(tl.float32)
+        s2 = tl.load(sin_ptr + pos * HEAD_DIM + HALF + offs).to(tl.float32)
+        return a * c1 - b * s1, b * c2 + a * s2
+
+    @triton.jit
+    def _qkv_rope_store_kernel(
+        qkv_ptr,
+        pos_ptr,
+        cos_ptr,
+        sin_ptr,
+        q_norm_ptr,
+        k_norm_ptr,
+        slot_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        q_out_ptr,
+        eps,
+        NUM_HEADS: tl.constexpr,
+        NUM_KV_HEADS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        HALF: tl.constexpr,
+        HAS_NORM: tl.constexpr,
+    ):
+        # One program per (token, head) over the q, k and v heads of the fused projection.
+        t = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+        offs = tl.arange(0, HALF)
+        src = qkv_ptr + t * width + head * HEAD_DIM
+        dt = q_out_ptr.dtype.element_ty
+        pos = tl.load(pos_ptr + t)
+        slot = tl.load(slot_ptr + t)
+        if head < NUM_HEADS:
+            a = tl.load(src + offs).to(tl.float32)
+            b = tl.load(src + HALF + offs).to(tl.float32)
+            o1, o2 = _norm_rope(
+                a, b, q_norm_ptr, cos_ptr, sin_ptr, pos, eps, offs, dt, HAS_NORM, HEAD_DIM, HALF
+            )
+            dst = q_out_ptr + (t * NUM_HEADS + head) * HEAD_DIM
+            tl.store(dst + offs, o1.to(dt))
+            tl.store(dst + HALF + offs, o2.to(dt))
+        elif head < NUM_HEADS + NUM_KV_HEADS:
+            a = tl.load(src + offs).to(tl.float32)
+            b = tl.load(src + HALF + offs).to(tl.float32)
+            o1, o2 = _norm_rope(
+                a, b, k_norm_ptr, cos_ptr, sin_ptr, pos, eps, offs, dt, HAS_NORM, HEAD_DIM, HALF
+            )
+            dst = k_cache_ptr + (slot * NUM_KV_HEADS + head - NUM_HEADS) * HEAD_DIM
+            tl.store(dst + offs, o1.to(dt))
+            tl.store(dst + HALF + offs, o2.to(dt))
+        else:
+            dst = v_cache_ptr + (slot * NUM_KV_HEADS + head - NUM_HEADS - NUM_KV_HEADS) * HEAD_DIM
+            tl.store(dst + offs, tl.load(src + offs))
+            tl.store(dst + HALF + offs, tl.load(src + HALF + offs))
+
+    @triton.jit
+    def _silu_mul_kernel(gate_up_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < inter
+        g = tl.load(gate_up_ptr + row * 2 * inter + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(gate_up_ptr + row * 2 * inter + inter + offs, mask=mask, other=0.0).to(tl.float32)
+        dt = out_ptr.dtype.element_ty
+        act = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
+        tl.store(out_ptr + row * inter + offs, (act * u).to(dt), mask=mask)
+
+
+class TritonDecodeKernels:
+    """The decode-step kernels for CUDA, with the same calls as the native CPU set."""
+
+    def add_rms_norm(self, x, delta, weight, out, eps: float) -> None:
+        rows, dim = x.shape
+        _add_rms_norm_kernel[(rows,)](
+            x,
+            x if delta is None else delta,
+            weight,
+            out,
+            dim,
+            eps,
+            HAS_DELTA=delta is not None,
+            BLOCK=triton.next_power_of_2(dim),
+        )
+
+    def qkv_rope_store(
+        self,
+        qkv,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        positions,
+        cos,
+        sin,
+        q_norm,
+        k_norm,
+        eps,
+        slots,
+        k_cache,
+        v_cache,
+        q_out,
+    ) -> None:
+        grid = (qkv.shape[0], num_heads + 2 * num_kv_heads)
+        _qkv_rope_store_kernel[grid](
+            qkv,
+            positions,
+            cos,
+            sin,
+            q_norm if q_norm is not None else cos,
+            k_norm if k_norm is not None else cos,
+            slots,
+            k_cache,
+            v_cache,
+            q_out,
+            eps,
+            NUM_HEADS=num_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            HALF=head_dim // 2,
+            HAS_NORM=q_norm is not None,
+        )
+
+    def paged_decode_attention(
+        self, q, k_cache, v_cache, tables, context_lens, block_size, scale, out
+    ) -> None:
+        from trtedge.runtime.ops.triton_attention import paged_decode_attention
+
+        paged_decode_attention(q, k_cache, v_cache, tables, context_lens, scale, out)
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        rows, inter = out.shape
+        block = 1024
+        _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block)
