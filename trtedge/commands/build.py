@@ -46,7 +46,6 @@ def build(
         level=logging.INFO if verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
     )
     from trtedge.runtime.bundle import BuildProfile, BundleError, check_max_size_gb, prepare_bundle
-    from trtedge.runtime.checkpoint import CheckpointError
 
     try:
         check_max_size_gb(max_size_gb)
@@ -71,7 +70,7 @@ def build(
             bundle = prepare_bundle(
                 model, profile, cache_dir=cache_dir, max_size_gb=max_size_gb, progress=report
             )
-    except (BundleError, CheckpointError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # BundleError, CheckpointError, GGUFError; missing files
         _fail(str(e), 1)
     bundle.release()
     if as_json:
