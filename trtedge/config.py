@@ -8,6 +8,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 WEIGHTS = ("auto", "float", "int8")
 LOAD_FORMATS = ("auto", "dummy")
+DEFAULT_MAX_INPUT_LEN = 4096
 
 
 class ConfigError(ValueError):
@@ -59,7 +60,7 @@ class ContextCacheConfig:
 class LaunchConfig:
     model: str | None = None
     cache_dir: str | None = None
-    max_input_len: int = 4096
+    max_input_len: int | None = None  # None: min(4096, max_kv_cache_capacity)
     max_kv_cache_capacity: int = 8192
     max_batch_size: int = 1
     max_num_batched_tokens: int = 2048
@@ -80,7 +81,9 @@ class LaunchConfig:
             check_max_size_gb(self.engine_cache_max_size_gb)
         except BundleError as e:
             raise ConfigError(f"engine_cache_max_size_gb ({e})") from None
-        for name in ("max_input_len", "max_kv_cache_capacity", "max_batch_size", "max_num_batched_tokens"):
+        for name in ("max_kv_cache_capacity", "max_input_len", "max_batch_size", "max_num_batched_tokens"):
+            if name == "max_input_len" and self.max_input_len is None:
+                object.__setattr__(self, name, min(DEFAULT_MAX_INPUT_LEN, self.max_kv_cache_capacity))
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} ({_flag(name)}) must be a positive integer, got {value!r}")

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
 from trtedge.runtime.bundle import BuildProfile, prepare_bundle
+from trtedge.runtime.checkpoint import config_only_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig
 from trtedge.runtime.models import load_model
 from trtedge.runtime.sampling_params import SamplingParams
@@ -34,7 +35,7 @@ class LLM:
         model: str | None = None,
         *,
         cache_dir: str | None = None,
-        max_input_len: int = 4096,
+        max_input_len: int | None = None,
         max_kv_cache_capacity: int = 8192,
         max_batch_size: int = 1,
         max_num_batched_tokens: int = 2048,
@@ -46,6 +47,8 @@ class LLM:
         context_cache_config: ContextCacheConfig | dict | None = None,
         engine_cache_max_size_gb: float = 50.0,
         clear_engine_cache: bool = False,
+        load_format: str = "auto",
+        enforce_eager: bool = False,
     ):
         self.config = LaunchConfig(
             model=model,
@@ -62,15 +65,19 @@ class LLM:
             context_cache=ContextCacheConfig.coerce(context_cache_config),
             engine_cache_max_size_gb=engine_cache_max_size_gb,
             clear_engine_cache=clear_engine_cache,
+            load_format=load_format,
         )
         # the runtime bundle (key, path, manifest) stands in for the checkpoint: a hit converts nothing
-        self.bundle = self.checkpoint = prepare_bundle(
-            model,
-            BuildProfile.from_launch(self.config),
-            cache_dir=cache_dir,
-            max_size_gb=engine_cache_max_size_gb,
-            clear=clear_engine_cache,
-        )
+        if load_format == "dummy":
+            self.bundle, self.checkpoint = None, config_only_checkpoint(model or "")
+        else:
+            self.bundle = self.checkpoint = prepare_bundle(
+                model,
+                BuildProfile.from_launch(self.config),
+                cache_dir=cache_dir,
+                max_size_gb=engine_cache_max_size_gb,
+                clear=clear_engine_cache,
+            )
         self.tokenizer = self.checkpoint.load_tokenizer()
         cfg = self.config
         self.model = load_model(
@@ -79,6 +86,7 @@ class LLM:
             device=device,
             weights=weights,
             max_positions=cfg.max_kv_cache_capacity,
+            load_format=load_format,
         )
         self.engine = Engine(
             self.model,
@@ -90,6 +98,7 @@ class LLM:
                 enable_in_flight_batching=cfg.enable_in_flight_batching,
                 enable_context_reuse=cfg.context_cache.enabled,
                 context_cache_max_records=cfg.context_cache.max_records,
+                cuda_graphs=not enforce_eager,
             ),
         )
         self._closed = False
@@ -274,7 +283,8 @@ class LLM:
             if not self._closed:
                 self._closed = True
                 self.engine.shutdown()
-                self.bundle.release()
+                if self.bundle is not None:
+                    self.bundle.release()
 
     def __enter__(self) -> LLM:
         return self
