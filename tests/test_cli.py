@@ -33,10 +33,11 @@ def test_unfinished_subcommands_say_so_and_exit_2(command):
     assert "not available yet" in result.output
 
 
-def test_interactive_chat_not_available_yet():
-    result = runner.invoke(app, ["chat"])
+def test_chat_without_a_terminal_reads_stdin_and_refuses_an_empty_one():
+    # Interactive mode needs a TTY (tests/chat drives it in one); otherwise stdin is the prompt.
+    result = runner.invoke(app, ["chat"], input="")
     assert result.exit_code == 2
-    assert "--prompt" in result.output
+    assert "stdin is empty" in result.output and "--prompt" in result.output
 
 
 def test_bad_flag_value_names_the_flag():

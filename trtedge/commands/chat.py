@@ -1,4 +1,4 @@
-"""`trtedge chat [MODEL] --prompt TEXT`: stream one answer to stdout."""
+"""`trtedge chat [MODEL]`: the interactive terminal chat, or one answer for --prompt or piped stdin."""
 
 from __future__ import annotations
 
@@ -8,29 +8,48 @@ import sys
 import typer
 
 HELP = (
-    "Chat with a model. With --prompt, answer once and stream the reply to stdout "
-    "(the interactive terminal chat is not available yet in this version)."
+    "Chat with a model in the terminal: streamed answers, then time to first token, tokens/s, latency "
+    "and context use. With --prompt, or text piped on stdin, answer once to stdout and exit. "
+    "With --url, talk to a running trtedge serve (or any OpenAI-compatible server)."
 )
 
 
 def chat(
     model: str = typer.Argument(
-        None, help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M."
+        None,
+        help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M. "
+        "With --url: the model id to ask the server for (default: its first).",
     ),
     prompt: str = typer.Option(None, "--prompt", "-p", help="Ask this once, stream the answer, exit."),
     system: str = typer.Option(None, "--system", help="System message to put before the prompt."),
+    url: str = typer.Option(
+        None, "--url", help="Chat with the OpenAI-compatible server at this URL instead of a local model."
+    ),
+    api_key: str = typer.Option(
+        None, "--api-key", envvar="TRTEDGE_API_KEY", help="Bearer key for --url (also $TRTEDGE_API_KEY)."
+    ),
     max_tokens: int = typer.Option(256, "--max-tokens", help="Most tokens to generate."),
     temperature: float = typer.Option(0.7, "--temperature", help="Sampling temperature; 0 is greedy."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
     top_k: int = typer.Option(-1, "--top-k", help="Keep the k most likely tokens; -1 is off."),
     seed: int = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     no_chat_template: bool = typer.Option(False, "--no-chat-template", help="Send the prompt as raw text."),
+    markdown: bool = typer.Option(
+        True, "--markdown/--no-markdown", help="Render finished answers as Markdown (interactive)."
+    ),
     cache_dir: str = typer.Option(
         None, "--cache-dir", help="Cache directory (default $TRTEDGE_CACHE_DIR or ~/.cache/trtedge)."
     ),
-    max_input_len: int = typer.Option(4096, "--max-input-len", help="Longest prompt in tokens."),
+    max_input_len: int = typer.Option(
+        None,
+        "--max-input-len",
+        help="Longest prompt in tokens (default: min(4096, --max-kv-cache-capacity)).",
+    ),
     max_kv_cache_capacity: int = typer.Option(
         8192, "--max-kv-cache-capacity", help="Prompt + output tokens per request."
+    ),
+    enable_context_reuse: bool = typer.Option(
+        False, "--enable-context-reuse", help="Reuse the KV cache of the conversation so far (faster turns)."
     ),
     dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda."),
@@ -48,13 +67,7 @@ def chat(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
     )
-    if prompt is None:
-        typer.echo(
-            "trtedge chat: the interactive chat is not available yet in this version; pass --prompt TEXT",
-            err=True,
-        )
-        raise typer.Exit(2)
-    from trtedge import LLM, CheckpointError, ConfigError, SamplingParams
+    from trtedge.runtime.sampling_params import SamplingParams
 
     try:
         params = SamplingParams(
@@ -62,44 +75,103 @@ def chat(
         )
     except ValueError as e:
         _fail(f"--{str(e).split(' ', 1)[0].replace('_', '-')}: {e}")
-    if model is None:
-        typer.echo(
-            "Using the embedded default model SmolLM2-135M-Instruct (pass MODEL to choose another).", err=True
-        )
-    try:
-        llm = LLM(
+    interactive = prompt is None and sys.stdin.isatty()
+    if prompt is None and not interactive:
+        prompt = sys.stdin.read()
+        if not prompt.strip():
+            _fail("stdin is empty: pipe a question in, pass --prompt TEXT, or run in a terminal")
+    if no_chat_template and interactive:
+        _fail("--no-chat-template needs --prompt or piped stdin")
+
+    if url is not None:
+        backend = _http_backend(url, api_key, model)
+    else:
+        backend = _local_backend(
             model,
+            interactive,
             cache_dir=cache_dir,
             max_input_len=max_input_len,
             max_kv_cache_capacity=max_kv_cache_capacity,
+            context_cache_config={"enabled": enable_context_reuse},
             dtype=dtype,
             device=device,
             weights=weights,
             engine_cache_max_size_gb=engine_cache_max_size_gb,
             clear_engine_cache=clear_engine_cache,
         )
+    try:
+        if interactive:
+            from trtedge.chat.session import ChatSession
+            from trtedge.chat.tui import ChatApp
+
+            session = ChatSession(params, system=system, max_context=backend.max_context)
+            raise typer.Exit(ChatApp(backend, session, markdown=markdown).run())
+        request = prompt if no_chat_template else _messages(system, prompt)
+        _answer_once(backend, request, params, verbose)
+    finally:
+        backend.close()
+
+
+def _local_backend(model, interactive: bool, **llm_kwargs):
+    from trtedge import LLM, CheckpointError, ConfigError
+    from trtedge.chat.backends import LocalBackend
+
+    if model is None:
+        typer.echo(
+            "Using the embedded default model SmolLM2-135M-Instruct (pass MODEL to choose another).", err=True
+        )
+    try:
+        if interactive:
+            from rich.console import Console
+
+            with Console(stderr=True).status("loading the model…"):
+                llm = LLM(model, **llm_kwargs)
+        else:
+            llm = LLM(model, **llm_kwargs)
     except (CheckpointError, ConfigError, ValueError) as e:
         _fail(str(e))
-    with llm:
-        if no_chat_template:
-            request = prompt
-            options = {}
-        else:
-            request = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": prompt}
-            ]
-            options = {}
-        try:
-            stream = llm.generate_stream(request, params, **options)
-        except ValueError as e:
-            _fail(str(e))
-        try:
-            for delta in stream:
-                sys.stdout.write(delta.text)
+    return LocalBackend(llm)
+
+
+def _http_backend(url: str, api_key: str | None, model: str | None):
+    from trtedge.chat.backends import BackendError, HttpBackend
+
+    try:
+        return HttpBackend(url, api_key, model)
+    except BackendError as e:
+        _fail(f"--url: {e}")
+
+
+def _messages(system: str | None, prompt: str) -> list[dict]:
+    head = [{"role": "system", "content": system}] if system else []
+    return head + [{"role": "user", "content": prompt}]
+
+
+def _answer_once(backend, request, params, verbose: bool) -> None:
+    """Stream the answer's text to stdout (reasoning sent apart by a server is left out)."""
+    from trtedge.chat.backends import BackendError
+    from trtedge.chat.session import format_metrics
+
+    try:
+        stream = backend.stream(request, params)
+    except (BackendError, ValueError) as e:
+        _fail(str(e))
+    try:
+        for chunk in stream:
+            if not chunk.reasoning:
+                sys.stdout.write(chunk.text)
                 sys.stdout.flush()
-        except KeyboardInterrupt:
-            stream.cancel()
+    except KeyboardInterrupt:
+        stream.cancel()
+    except BackendError as e:
         sys.stdout.write("\n")
+        typer.echo(f"trtedge chat: {e}", err=True)
+        raise typer.Exit(1) from None
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    metrics = stream.wait_metrics(2.0)
+    if verbose and metrics is not None:
+        typer.echo(format_metrics(metrics, backend.max_context), err=True)
 
 
 def _fail(message: str) -> None:

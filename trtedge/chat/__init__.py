@@ -1,0 +1,1 @@
+"""`trtedge chat`: conversation state and commands (session), answer sources (backends), terminal (tui)."""
