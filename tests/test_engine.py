@@ -207,7 +207,7 @@ def test_priorities_and_min_request_priority(tiny_path):
         with pytest.raises(ValueError, match="priority -6 is below min_request_priority -5"):
             llm.generate([5, 6], GREEDY, priority=-6)
         done = []
-        blocker = llm.generate_stream([5, 6], SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
+        blocker = llm.generate_stream([5, 6], SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
         next(blocker)
         streams = [
             llm.generate_stream([5, 6], GREEDY, priority=p, on_metrics=lambda m, p=p: done.append(p))
