@@ -333,3 +333,44 @@ def test_many_random_requests_all_finish_and_free_the_pool(ifb):
     assert all(len(s.output_ids) == s.params.max_tokens for s in seqs)
     assert sched.blocks.num_free_blocks == 12
     assert all(b.ref_count == 0 for b in sched.blocks.blocks)
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_shared_prefixes_with_preemption_and_eviction_never_corrupt_a_block(seed):
+    """A fake KV pool records which token each slot holds; every sequence must always read its own
+    tokens through its block table, whatever was shared, evicted, preempted or recomputed."""
+    import random
+
+    rng = random.Random(3)
+    sched = create_scheduler(
+        num_blocks=14, max_batch_size=4, max_num_batched_tokens=16, reuse=True, max_records=8
+    )
+    kv = {b: [None] * BLOCK for b in range(14)}
+    prefixes = [[rng.randrange(50) for _ in range(rng.randint(4, 12))] for _ in range(3)]
+    seqs = []
+    for _ in range(30):
+        prompt = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randint(1, 6))]
+        [seq] = create_requests(1, prompt=prompt, max_tokens=rng.randint(1, 20), priority=rng.randint(0, 1))
+        seqs.append(seq)
+        sched.add(seq)
+    preemptions = 0
+    while sched.has_work:
+        batch = sched.schedule()
+        preemptions += len(batch.preempted)
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            start = seq.num_computed_tokens
+            for p in range(start, start + n):
+                kv[seq.block_table[p // BLOCK]][p % BLOCK] = seq.token_ids[p]
+            seq.num_computed_tokens += n
+            assert all(
+                kv[seq.block_table[p // BLOCK]][p % BLOCK] == seq.token_ids[p] for p in range(start + n)
+            ), seq
+        for seq in batch.seqs:
+            if seq.num_computed_tokens == seq.num_tokens:
+                sched.blocks.publish(seq)
+                seq.token_ids.append(rng.randrange(50))
+                if seq.num_output_tokens >= seq.params.max_tokens:
+                    sched.finish(seq, "length")
+    assert preemptions > 0 and sched.blocks.stats.hits > 0 and sched.blocks.stats.evictions > 0
+    assert all(s.is_finished and s.num_output_tokens == s.params.max_tokens for s in seqs)
+    assert sched.blocks.num_free_blocks == 14
