@@ -327,6 +327,8 @@ def test_preemption_under_a_tiny_pool_still_gets_every_answer_right(tiny_path):
         assert engine.blocks.num_free_blocks == 6
     finally:
         engine.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.submit([5, 6], greedy)
     with pytest.raises(ValueError, match="cannot hold one request"):
         Engine(llm.model, llm.tokenizer, EngineConfig(max_kv_cache_capacity=64, num_blocks=3))
 

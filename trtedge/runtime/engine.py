@@ -149,6 +149,8 @@ class Engine:
         """Queue a request; its ``params.n`` choices stream into one iterator (``StreamDelta.index``)."""
         if self.error is not None:
             raise RuntimeError(f"engine failed: {self.error}")
+        if self._stopped:
+            raise RuntimeError("the engine is shut down")
         vocab_size = self.runner.model.cfg.vocab_size
         if params.logit_bias and max(params.logit_bias) >= vocab_size:
             raise ValueError(
