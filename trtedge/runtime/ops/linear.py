@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from trtedge.runtime.ops import cpu_kernels
 
-_KERNEL_MAX_ROWS = 64  # above this, dequantize once and use the BLAS product (prefill)
+_KERNEL_MAX_ROWS = 256  # above this, dequantizing once for the BLAS product is faster
 
 
 class DenseLinear:
