@@ -93,7 +93,7 @@ def test_interactive_session_streams_measures_validates_cancels_and_exits(embedd
     try:
         term.wait(r"trtedge chat · SmolLM2", timeout=240)
         term.wait(PROMPT)
-        term.type("What is the capital of France?")
+        term.type("What is the capital\x1b\rof France?")  # Alt-Enter: a new line, not a send
         term.wait(r"Paris")
         metrics_line = r"TTFT \d+.*tok/s · \d+ tokens · latency .* · context \d+/1024 \(\d+%\)[^\n]*"
         assert "cancelled" not in term.wait(metrics_line).group(0)
@@ -125,7 +125,7 @@ def test_interactive_session_streams_measures_validates_cancels_and_exits(embedd
         status = term.close()
     assert status == 0
     history = (tmp_path / "history").read_text()
-    assert "What is the capital of France?" in history and "/params max_tokens=400" in history
+    assert "+What is the capital\n+of France?" in history and "/params max_tokens=400" in history
 
 
 def _free_port() -> int:
@@ -182,6 +182,13 @@ def test_url_mode_chats_with_a_running_server(server, tmp_path):
         term.type("What is the capital of France?")
         term.wait(r"Paris")
         term.wait(r"TTFT .* tok/s · \d+ tokens · latency .* · context \d+/1024")
+        term.wait(PROMPT)
+        term.type("/retry")
+        term.wait(r"Paris")
+        term.wait(r"TTFT .* tok/s")
+        term.wait(PROMPT)
+        term.type("/stats")
+        term.wait(r"answers\s+2 \(0 cancelled\)")
         term.wait(PROMPT)
         term.type("/model")
         term.wait(r"server\s+http://127\.0\.0\.1")

@@ -32,6 +32,7 @@ from trtedge.chat.session import (
 )
 
 # Text that rich renders differently from how it streamed: fences, headings, lists, emphasis, tables.
+_LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")  # rich opens a list with a blank line
 _MARKDOWN = re.compile(r"```|^\s{0,3}(#{1,6} |[-*+] |\d+[.)] |>|\|)|\*\*|__|`[^`\n]+`", re.MULTILINE)
 
 
@@ -269,7 +270,10 @@ class _StreamView:
         if markdown and self._fits() and _MARKDOWN.search(self.answer):
             rows = _rows(self.answer, self.console.width)
             self.console.file.write("\r" + (f"\x1b[{rows - 1}A" if rows > 1 else "") + "\x1b[J")
-            self.console.print(Markdown(self.answer))
+            with self.console.capture() as rendered:
+                self.console.print(Markdown(self.answer))
+            self.console.file.write(_LEADING_BLANK_LINES.sub("", rendered.get()))
+            self.console.file.flush()
         elif self.answer and not self.answer.endswith("\n"):
             self._write("\n")
 
