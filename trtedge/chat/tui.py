@@ -180,7 +180,8 @@ class ChatApp:
             return
         except (BackendError, ValueError) as e:
             session.drop_unanswered()
-            self.console.print(Text(f"error: {e}", style="bold red"))
+            hint = " (/clear starts over)" if session.messages else ""
+            self.console.print(Text(f"error: {e}{hint}", style="bold red"))
             return
         try:
             answer = self._render(stream)

@@ -75,7 +75,8 @@ def chat(
         )
     except ValueError as e:
         _fail(f"--{str(e).split(' ', 1)[0].replace('_', '-')}: {e}")
-    interactive = prompt is None and sys.stdin.isatty()
+    # A session needs a terminal on both ends; `trtedge chat > answer.txt` reads the question from stdin.
+    interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty()
     if prompt is None and not interactive:
         prompt = sys.stdin.read()
         if not prompt.strip():
@@ -83,22 +84,24 @@ def chat(
     if no_chat_template and interactive:
         _fail("--no-chat-template needs --prompt or piped stdin")
 
-    if url is not None:
-        backend = _http_backend(url, api_key, model)
-    else:
-        backend = _local_backend(
-            model,
-            interactive,
-            cache_dir=cache_dir,
-            max_input_len=max_input_len,
-            max_kv_cache_capacity=max_kv_cache_capacity,
-            context_cache_config={"enabled": enable_context_reuse},
-            dtype=dtype,
-            device=device,
-            weights=weights,
-            engine_cache_max_size_gb=engine_cache_max_size_gb,
-            clear_engine_cache=clear_engine_cache,
-        )
+    llm_kwargs = dict(
+        cache_dir=cache_dir,
+        max_input_len=max_input_len,
+        max_kv_cache_capacity=max_kv_cache_capacity,
+        context_cache_config={"enabled": enable_context_reuse},
+        dtype=dtype,
+        device=device,
+        weights=weights,
+        engine_cache_max_size_gb=engine_cache_max_size_gb,
+        clear_engine_cache=clear_engine_cache,
+    )
+    try:
+        if url is not None:
+            backend = _http_backend(url, api_key, model)
+        else:
+            backend = _local_backend(model, interactive, **llm_kwargs)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
     try:
         if interactive:
             from trtedge.chat.session import ChatSession
