@@ -95,8 +95,16 @@ class ChatApp:
     """The read-answer loop over a backend and a session."""
 
     def __init__(
-        self, backend, session: ChatSession, *, console: Console | None = None, markdown: bool = True
+        self,
+        backend,
+        session: ChatSession,
+        *,
+        console: Console | None = None,
+        markdown: bool = True,
+        terminal_input=None,
+        terminal_output=None,
     ):
+        """``terminal_input``/``terminal_output`` are prompt-toolkit's (tests pass a pipe and a dummy)."""
         self.backend = backend
         self.session = session
         self.console = console or Console(highlight=False)
@@ -112,6 +120,8 @@ class ChatApp:
             prompt_continuation=lambda width, line, soft: "." * (width - 1) + " ",
             enable_history_search=False,
             reserve_space_for_menu=0,
+            input=terminal_input,
+            output=terminal_output,
         )
 
     def run(self) -> int:
