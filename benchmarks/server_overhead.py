@@ -185,20 +185,29 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=60)
 
+    report(args, results)
+
+
+def report(args, results: dict[str, list[tuple[float, int, list[float], float]]]) -> None:
     print(
         f"workload: {args.requests} chats, {args.max_tokens} output tokens each, concurrency {args.concurrency}"
     )
-    print(f"{'':12}{'round':>6}{'tokens':>8}{'seconds':>10}{'output tok/s':>14}{'mean TTFT s':>13}")
-    totals = {}
+    columns = ("round", "tokens", "seconds", "output tok/s", "mean TTFT s", "CPU ms/token")
+    print(f"{'':12}" + "".join(f"{c:>14}" for c in columns))
+    tokens_per_s, cpu_per_token = {}, {}
     for name, runs in results.items():
-        for i, (seconds, tokens, ttft) in enumerate(runs):
-            print(
-                f"{name:12}{i + 1:>6}{tokens:>8}{seconds:>10.2f}{tokens / seconds:>14.1f}{statistics.mean(ttft):>13.3f}"
-            )
-        totals[name] = sum(r[1] for r in runs) / sum(r[0] for r in runs)
-        print(f"{name:12}{'all':>6}{'':>8}{'':>10}{totals[name]:>14.1f}")
-    ratio = totals["HTTP (SSE)"] / totals["in-process"]
-    print(f"ratio HTTP / in-process: {ratio:.3f} (target >= 0.9)")
+        for i, (seconds, tokens, ttft, cpu) in enumerate(runs):
+            row = (i + 1, tokens, f"{seconds:.2f}", f"{tokens / seconds:.1f}", f"{statistics.mean(ttft):.3f}")
+            print(f"{name:12}" + "".join(f"{v:>14}" for v in row) + f"{1000 * cpu / tokens:>14.2f}")
+        tokens_per_s[name] = sum(r[1] for r in runs) / sum(r[0] for r in runs)
+        cpu_per_token[name] = sum(r[3] for r in runs) / sum(r[1] for r in runs)
+        print(
+            f"{name:12}{'all':>14}{'':>28}{tokens_per_s[name]:>14.1f}{'':>14}{1000 * cpu_per_token[name]:>14.2f}"
+        )
+    ratio = tokens_per_s["HTTP (SSE)"] / tokens_per_s["in-process"]
+    cpu_ratio = cpu_per_token["in-process"] / cpu_per_token["HTTP (SSE)"]
+    print(f"ratio HTTP / in-process, output tokens/s: {ratio:.3f} (target >= 0.9)")
+    print(f"ratio HTTP / in-process, output tokens per CPU second: {cpu_ratio:.3f}")
 
 
 if __name__ == "__main__":

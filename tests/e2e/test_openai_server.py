@@ -297,6 +297,13 @@ def test_streaming_soak_with_hang_ups_leaves_nothing_behind(server, client, mode
     after = health["scheduling"]
     assert after["completed"] - before["completed"] >= num_requests - len(hang_ups)
     assert 1 <= after["cancelled"] - before["cancelled"] <= len(hang_ups)
+    print(
+        f"\nsoak: {num_requests} streams, {len(hang_ups)} hung up, "
+        f"{after['cancelled'] - before['cancelled']} cancelled in the engine, "
+        f"{after['completed'] - before['completed']} completed; after: active {health['active_requests']}, "
+        f"queued {health['queued_requests']}, kv free {health['engine']['kv_blocks_free']}/"
+        f"{health['engine']['kv_blocks_total']}"
+    )
     r = client.chat.completions.create(model=model, messages=PARIS, max_tokens=8, temperature=0)
     assert "Paris" in r.choices[0].message.content
 
