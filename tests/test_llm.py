@@ -165,3 +165,27 @@ def test_sharded_checkpoint_loads(tmp_path):
         out = llm.generate([5, 6, 7], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     assert len(out.token_ids) == 4
     assert torch.is_tensor(tensors[names[0]])
+
+
+def test_prompt_token_ids_outside_vocabulary_are_refused(tmp_path):
+    path = make_tiny_checkpoint(tmp_path / "m", "llama")
+    with LLM(str(path), max_kv_cache_capacity=64) as llm:
+        for bad in (512, -1):
+            with pytest.raises(ValueError, match=f"token id {bad}.*vocabulary"):
+                llm.generate([5, bad], SamplingParams(max_tokens=2))
+        assert llm.generate([5, 6], SamplingParams(max_tokens=2, temperature=0)).completion_tokens == 2
+
+
+def test_engine_that_keeps_failing_reports_the_error_and_refuses_work(tmp_path):
+    path = make_tiny_checkpoint(tmp_path / "m", "llama")
+    with LLM(str(path), max_kv_cache_capacity=64) as llm:
+        def broken(batch):
+            raise RuntimeError("device lost")
+
+        llm.engine.runner.run = broken
+        for _ in range(3):
+            with pytest.raises(RuntimeError, match="device lost"):
+                llm.generate([5, 6], SamplingParams(max_tokens=2))
+        assert "device lost" in llm.stats()["engine_error"]
+        with pytest.raises(RuntimeError, match="engine failed"):
+            llm.generate([5, 6], SamplingParams(max_tokens=2))

@@ -155,6 +155,12 @@ class LLM:
                 f"{num_prompt_tokens + max_tokens} exceeds max_kv_cache_capacity {cfg.max_kv_cache_capacity}"
             )
 
+    def check_token_ids(self, ids: list[int]) -> None:
+        vocab = self.model.cfg.vocab_size
+        bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad!r} is not in the vocabulary [0, {vocab})")
+
     # ---- generation ---------------------------------------------------------------------------
     def generate_stream(
         self,
@@ -175,6 +181,7 @@ class LLM:
             raise ValueError(f"priority {priority} is below min_request_priority {min_priority}")
         ids = self.encode_prompt(prompt, **prompt_options)
         self.check_lengths(len(ids), params.max_tokens)
+        self.check_token_ids(ids)
         return self.engine.submit(ids, params, priority, on_metrics, request_id)
 
     def generate(

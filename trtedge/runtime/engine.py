@@ -23,6 +23,8 @@ from trtedge.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger("trtedge")
 
+MAX_CONSECUTIVE_FAILURES = 3
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -187,6 +189,7 @@ class Engine:
 
     # ---- the engine thread ------------------------------------------------------------------
     def _loop(self) -> None:
+        failures = 0
         while not self._stopped:
             self._drain_inbox()
             if not self.scheduler.has_work:
@@ -197,10 +200,16 @@ class Engine:
                 if not self.step():  # nothing could run (cannot happen with a valid pool): do not spin
                     self._wake.wait(timeout=0.01)
                     self._wake.clear()
+                failures = 0
             except Exception as e:  # fail the requests in flight, keep serving new ones
                 log.exception("engine step failed")
                 for request in list(self._requests):
                     self._fail(request, e)
+                failures += 1
+                if failures >= MAX_CONSECUTIVE_FAILURES:  # the device or the model is broken: stop
+                    self.error = e
+                    log.error("engine failed %d steps in a row; refusing new requests", failures)
+                    break
         self._drain_inbox()
         for request in list(self._requests):
             self._fail(request, RuntimeError("engine shut down"))
