@@ -1,8 +1,8 @@
 """Paged attention: the batch layout every backend reads, and the torch reference backend.
 
-Tokens of all sequences in a step are flattened into one dimension. Sequence i owns query rows
-``cu_query_lens[i]:cu_query_lens[i+1]``; its keys are the first ``context_lens[i]`` slots named by
-its block table, the last ``query_lens[i]`` of which are written by this step (``slot_mapping``).
+Tokens of all sequences in a step are flattened into one dimension, sequence after sequence:
+sequence i owns the next ``query_lens[i]`` rows; its keys are the first ``context_lens[i]`` slots
+named by its block table, the last ``query_lens[i]`` of which this step writes (``slot_mapping``).
 """
 
 from __future__ import annotations
