@@ -17,6 +17,7 @@ HELP = (
 
 
 def serve(
+    ctx: typer.Context,
     model: str = typer.Argument(
         None, help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M."
     ),
@@ -50,7 +51,10 @@ def serve(
     ),
     log_level: str = typer.Option("info", "--log-level", help="critical|error|warning|info|debug|trace."),
     cache_dir: str = typer.Option(
-        None, "--cache-dir", help="Cache directory (default $TRTEDGE_CACHE_DIR or ~/.cache/trtedge)."
+        None,
+        "--cache-dir",
+        envvar="TRTEDGE_CACHE_DIR",
+        help="Cache directory (default $TRTEDGE_CACHE_DIR or ~/.cache/trtedge).",
     ),
     engine_cache_max_size_gb: float = typer.Option(
         None, "--engine-cache-max-size-gb", help="Evict least-recently-used bundles past this many GiB (50)."
@@ -83,43 +87,51 @@ def serve(
     dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda."),
     weights: str = typer.Option("auto", "--weights", help="auto|float|int8."),
+    config: str = typer.Option(
+        None,
+        "--config",
+        envvar="TRTEDGE_CONFIG",
+        help="TOML file of these flags (also $TRTEDGE_CONFIG); a flag or its env variable wins over it.",
+    ),
+    print_config: bool = typer.Option(
+        False, "--print-config", help="Print the effective configuration as TOML, with sources, and exit."
+    ),
 ) -> None:
+    from trtedge.commands import config_file
+
+    values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "print_config")}
+    types = {k: t for k, t in config_file.settable(serve).items() if k not in ("config", "print_config")}
+    try:
+        settings = config_file.resolve(ctx, values, config, types, json_keys=("speculative_config",))
+    except config_file.ConfigFileError as e:
+        _fail(str(e))
+    _serve(print_config=print_config, settings=settings)
+
+
+def _serve(print_config: bool, settings: dict) -> None:
     from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
     from trtedge.server.config import ServeConfig, ServerConfigError
 
-    launch_kwargs = dict(
-        model=model,
-        cache_dir=cache_dir,
-        max_input_len=max_input_len,
-        max_kv_cache_capacity=max_kv_cache_capacity,
-        max_batch_size=max_batch_size,
-        enable_in_flight_batching=enable_in_flight_batching,
-        dtype=dtype,
-        device=device,
-        weights=weights,
-        min_request_priority=min_request_priority,
-    )
+    v = {name: s.value for name, s in settings.items()}
+    model = v["model"]
+    launch_keys = ("cache_dir", "max_input_len", "max_kv_cache_capacity", "max_batch_size")
+    launch_keys += ("enable_in_flight_batching", "dtype", "device", "weights", "min_request_priority")
+    launch_kwargs = {"model": model, **{k: v[k] for k in launch_keys}}
+    serve_keys = ("host", "port", "served_model_name", "api_key", "reasoning_parser", "tool_call_parser")
+    serve_keys += ("enable_auto_tool_choice", "max_queued_requests", "queue_timeout")
+    serve_keys += ("allowed_local_media_path", "engine_cache_max_size_gb", "clear_engine_cache")
+    serve_keys += ("speculative_config",)
     try:
-        config = ServeConfig.from_env(
-            host=host,
-            port=port,
-            served_model_name=served_model_name,
-            api_key=api_key,
-            reasoning_parser=reasoning_parser,
-            tool_call_parser=tool_call_parser,
-            enable_auto_tool_choice=enable_auto_tool_choice,
-            max_queued_requests=max_queued_requests,
-            queue_timeout=queue_timeout,
-            allowed_local_media_path=allowed_local_media_path,
-            log_level=log_level.lower(),
-            engine_cache_max_size_gb=engine_cache_max_size_gb,
-            clear_engine_cache=clear_engine_cache,
-            speculative_config=speculative_config,
-        )
-        context = ContextCacheConfig(enable_context_reuse, context_cache_max_records)
+        config = ServeConfig.from_env(**{k: v[k] for k in serve_keys}, log_level=v["log_level"].lower())
+        context = ContextCacheConfig(v["enable_context_reuse"], v["context_cache_max_records"])
         LaunchConfig(**launch_kwargs, context_cache=context)
     except (ServerConfigError, ConfigError) as e:
         _fail(str(e))
+    if print_config:
+        from trtedge.commands.config_file import to_toml
+
+        typer.echo(to_toml(settings, secret=("api_key",)))
+        raise typer.Exit()
     # Flags validated now whose features land later: refuse rather than run without them.
     if config.speculative_config is not None:
         _fail("--speculative-config: speculative decoding is not available yet in this version")
