@@ -9,6 +9,8 @@ import time
 
 import typer
 
+from trtedge.commands.completion import cached_models
+
 HELP = (
     "Compile a checkpoint into a cached runtime bundle: convert weights (GGUF dequantization, dtype "
     "casts), copy tokenizer and template, write manifest.json, publish atomically. A bundle already "
@@ -18,7 +20,9 @@ HELP = (
 
 def build(
     model: str = typer.Argument(
-        None, help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M."
+        None,
+        autocompletion=cached_models,
+        help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M.",
     ),
     components: str = typer.Option("all", "--components", help="all, or a comma list of: llm, draft."),
     cache_dir: str = typer.Option(

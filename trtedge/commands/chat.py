@@ -7,6 +7,8 @@ import sys
 
 import typer
 
+from trtedge.commands.completion import cached_models
+
 HELP = (
     "Chat with a model in the terminal: streamed answers, then time to first token, tokens/s, latency "
     "and context use. With --prompt, or text piped on stdin, answer once to stdout and exit. "
@@ -17,6 +19,7 @@ HELP = (
 def chat(
     model: str = typer.Argument(
         None,
+        autocompletion=cached_models,
         help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M. "
         "With --url: the model id to ask the server for (default: its first).",
     ),

@@ -10,6 +10,8 @@ import sys
 
 import typer
 
+from trtedge.commands.completion import cached_models
+
 HELP = (
     "Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
     "/v1/models, /health, /metrics). Ctrl-C or SIGTERM drains the requests in flight, then stops."
@@ -19,7 +21,9 @@ HELP = (
 def serve(
     ctx: typer.Context,
     model: str = typer.Argument(
-        None, help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M."
+        None,
+        autocompletion=cached_models,
+        help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M.",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for all)."),
     port: int = typer.Option(8000, "--port", help="TCP port."),

@@ -1,0 +1,10 @@
+_trtedge_completion() {
+    local IFS=$'
+'
+    COMPREPLY=( $( env COMP_WORDS="${COMP_WORDS[*]}" \
+                   COMP_CWORD=$COMP_CWORD \
+                   _TRTEDGE_COMPLETE=complete_bash $1 ) )
+    return 0
+}
+
+complete -o default -F _trtedge_completion trtedge

@@ -1,0 +1,1 @@
+complete --command trtedge --no-files --arguments "(env _TRTEDGE_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) trtedge)" --condition "env _TRTEDGE_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) trtedge"
