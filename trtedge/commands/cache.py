@@ -38,11 +38,18 @@ def ls(
         table.add_column(column, justify="right" if column == "size" else "left")
     for e in entries:
         used = "yes" if in_use[e.key] else ""
-        table.add_row(e.key, e.model, _summary(e.profile), _size(e.size_bytes), _when(e.last_used), used)
+        summary = _summary(e.profile)
+        if e.outdated:
+            summary = f"old layout {e.layout_version}: unused, `prune` removes it"
+        table.add_row(e.key, e.model, summary, _size(e.size_bytes), _when(e.last_used), used)
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
-@app.command("prune", help="Evict least-recently-used bundles until the cache fits the cap.")
+@app.command(
+    "prune",
+    help="Remove bundles of an older trtedge layout, then evict least-recently-used bundles until the "
+    "cache fits the cap.",
+)
 def prune(
     max_size_gb: float = typer.Option(50.0, "--max-size-gb", help="Cap in GiB (positive)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be evicted; remove nothing."),

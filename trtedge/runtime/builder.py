@@ -129,6 +129,8 @@ def _write_tokenizer(checkpoint, out_dir: Path) -> None:
 def _link_weights(cache: Cache, weights_key: str, out_dir: Path) -> list[str] | None:
     """Hard-link the weights another bundle already converted from the same checkpoint and dtype."""
     for entry in cache.entries():
+        if entry.outdated:
+            continue
         try:
             manifest = json.loads((entry.path / "manifest.json").read_text())
         except (OSError, ValueError):

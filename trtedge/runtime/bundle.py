@@ -19,6 +19,7 @@ from pathlib import Path
 
 from trtedge.runtime.bundle_cache import (  # noqa: F401 - clear/prune are public here too
     DEFAULT_MAX_SIZE_GB,
+    LAYOUT_VERSION,
     BundleError,
     Cache,
     CachedBundle,
@@ -30,7 +31,6 @@ from trtedge.runtime.bundle_cache import (  # noqa: F401 - clear/prune are publi
 
 log = logging.getLogger("trtedge")
 
-LAYOUT_VERSION = 1
 COMPONENTS = ("llm", "draft")
 SPECULATIVE_METHODS = ("draft", "eagle", "mtp", "ngram")
 _DRAFT_METHODS = ("draft", "eagle")

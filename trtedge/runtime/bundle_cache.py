@@ -10,7 +10,9 @@ Layout of a cache directory::
     <cache_dir>/checkpoints/            downloads (never pruned or cleared unless asked)
     <cache_dir>/kernels/                compiled CPU kernels (never touched)
 
-The last-used time of a bundle is the mtime of its manifest.json.
+The last-used time of a bundle is the mtime of its manifest.json. A bundle's manifest records the
+layout version it was written in (part of the cache key, so a newer trtedge never opens an older
+bundle); bundles of an older layout are ignored, and ``prune`` removes them first, whatever the cap.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 log = logging.getLogger("trtedge")
 
 DEFAULT_MAX_SIZE_GB = 50.0
+LAYOUT_VERSION = 1  # bump when a bundle's files or manifest change meaning
 
 
 class BundleError(ValueError):
@@ -89,6 +92,7 @@ class CachedBundle:
     size_bytes: int
     last_used: float
     created: str
+    layout_version: int = 0  # 0: written before manifests recorded it
     inodes: dict = field(default_factory=dict, repr=False)  # (dev, ino) -> size, to count hard links once
 
     def to_dict(self) -> dict:
@@ -100,7 +104,14 @@ class CachedBundle:
             "size_bytes": self.size_bytes,
             "last_used": self.last_used,
             "created": self.created,
+            "layout_version": self.layout_version,
+            "outdated": self.outdated,
         }
+
+    @property
+    def outdated(self) -> bool:
+        """Written by an older trtedge in a layout this one does not read; prune removes it."""
+        return self.layout_version < LAYOUT_VERSION
 
 
 def default_cache_dir() -> Path:
@@ -137,16 +148,20 @@ class Cache:
                 last_used = manifest_file.stat().st_mtime
             except (OSError, ValueError):
                 continue  # removed meanwhile, or not a bundle
+            if not isinstance(manifest, dict):
+                continue
+            layout = manifest.get("layout_version", 0)
             inodes = _inodes(path)
             found.append(
                 CachedBundle(
                     key=path.name,
                     path=path,
-                    model=manifest.get("model", "?"),
-                    profile=manifest.get("profile", {}),
+                    model=str(manifest.get("model", "?")),
+                    profile=manifest.get("profile") if isinstance(manifest.get("profile"), dict) else {},
                     size_bytes=sum(inodes.values()),
                     last_used=last_used,
-                    created=manifest.get("created", ""),
+                    created=str(manifest.get("created", "")),
+                    layout_version=layout if isinstance(layout, int) and not isinstance(layout, bool) else 0,
                     inodes=inodes,
                 )
             )
@@ -193,11 +208,13 @@ class Cache:
                         lock.release()
 
     def prune(self, max_bytes: float, keep: Iterable[str] = (), dry_run: bool = False) -> list[CachedBundle]:
-        """Evict least-recently-used bundles until the bundles take at most max_bytes."""
+        """Remove the bundles of an older layout, then evict least-recently-used bundles until the
+        bundles take at most max_bytes."""
         keep = set(keep)
         if not dry_run:
             self.clean_stale()
-        entries = sorted(self.entries(), key=lambda e: e.last_used)
+        # Older layouts first: sorting puts them ahead of every current bundle, and they go at any size.
+        entries = sorted(self.entries(), key=lambda e: (not e.outdated, e.last_used))
         owners: dict = {}
         sizes: dict = {}
         for e in entries:
@@ -207,7 +224,7 @@ class Cache:
         total = sum(sizes.values())
         removed = []
         for e in entries:
-            if total <= max_bytes:
+            if total <= max_bytes and not e.outdated:
                 break
             if e.key in keep:
                 continue
