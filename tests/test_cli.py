@@ -26,11 +26,11 @@ def test_every_subcommand_has_help(command):
     assert "Usage" in result.output
 
 
-@pytest.mark.parametrize("command", ["bench"])
-def test_unfinished_subcommands_say_so_and_exit_2(command):
-    result = runner.invoke(app, [command, "some-model"])
-    assert result.exit_code == 2
-    assert "not available yet" in result.output
+def test_bench_compare_is_a_subcommand_and_bench_model_runs_by_default():
+    result = runner.invoke(app, ["bench", "--help"])
+    assert "compare" in result.output and "run" in result.output
+    result = runner.invoke(app, ["bench", "compare", "--help"])
+    assert result.exit_code == 0 and "B.json" not in result.output and "Baseline" in result.output
 
 
 def test_chat_without_a_terminal_reads_stdin_and_refuses_an_empty_one():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from trtedge.commands import build, cache, chat, serve, unavailable
+from trtedge.commands import bench, build, cache, chat, serve
 
 app = typer.Typer(
     name="trtedge",
@@ -40,10 +40,7 @@ app.command("chat", help=chat.HELP)(chat.chat)
 app.command("serve", help=serve.HELP)(serve.serve)
 app.command("build", help=build.HELP)(build.build)
 app.add_typer(cache.app, name="cache", help=cache.HELP)
-for name, help_text in unavailable.COMMANDS.items():
-    app.command(
-        name, help=help_text, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
-    )(unavailable.make(name))
+app.add_typer(bench.app, name="bench", help=bench.HELP)
 
 
 def main() -> None:

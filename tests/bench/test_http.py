@@ -1,0 +1,119 @@
+"""`trtedge bench --url` against a real `trtedge serve` process (embedded SmolLM2, tiny workloads)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from trtedge.bench.backends import HttpBackend
+from trtedge.bench.loadgen import run_load
+from trtedge.bench.metrics import summarize
+from trtedge.bench.workloads import BenchRequest, random_requests
+from trtedge.cli import app
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    from trtedge.runtime.embedded import embedded_model_path
+
+    try:
+        embedded_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "trtedge.cli", "serve", "--port", str(port)]
+    command += ["--max-kv-cache-capacity", "1024", "--max-input-len", "512", "--log-level", "warning"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"trtedge serve exited {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("trtedge serve did not become healthy in 240 s")
+            time.sleep(0.25)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_http_backend_streams_and_counts_tokens(server_url):
+    backend = HttpBackend(server_url + "/v1", None, {"temperature": 0.0, "ignore_eos": True})
+    requests = random_requests(3, 16, 6, 0.0, 49152, seed=0)
+    results, duration = run_load(backend.send, requests, concurrency=2)
+    backend.close()
+    assert all(r.ok for r in results), [r.error for r in results]
+    for r in results:
+        assert r.prompt_tokens == 16 and r.output_tokens == 6
+        assert 0 < r.ttft <= r.e2e and len(r.chunk_times) >= 2
+    m = summarize(results, duration)
+    assert (m["completed"], m["failed"]) == (3, 0) and m["total_output_tokens"] == 18
+
+
+def test_failed_requests_are_counted_not_hidden(server_url):
+    backend = HttpBackend(server_url, None, {"ignore_eos": True})
+    too_long = BenchRequest(list(range(100, 700)), 600, 4)  # 600 tokens > --max-input-len 512
+    fine = BenchRequest(list(range(100, 110)), 10, 4)
+    results, duration = run_load(backend.send, [fine, too_long, fine], concurrency=1)
+    backend.close()
+    assert [r.ok for r in results] == [True, False, True]
+    assert "HTTP 400" in results[1].error
+    m = summarize(results, duration)
+    assert (m["completed"], m["failed"]) == (2, 1) and sum(m["errors"].values()) == 1
+
+
+def test_unreachable_server_fails_every_request():
+    backend = HttpBackend(f"http://127.0.0.1:{_free_port()}", "some-model", {})
+    results, _ = run_load(backend.send, [BenchRequest([100], 1, 2)] * 2, concurrency=1)
+    assert [r.ok for r in results] == [False, False] and all("Connect" in r.error for r in results)
+
+
+def test_cli_bench_url_writes_json(server_url, tmp_path):
+    out = tmp_path / "run.json"
+    args = ["bench", "--url", server_url, "--num-prompts", "3", "--input-len", "16", "--output-len", "8"]
+    args += ["--concurrency", "2", "--warmup", "1", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "TTFT" in result.output and "output throughput" in result.output
+    payload = json.loads(out.read_text())
+    assert payload["config"]["mode"] == "url" and payload["config"]["concurrency"] == 2
+    assert payload["metrics"]["completed"] == 3 and payload["metrics"]["total_output_tokens"] == 24
+    assert len(payload["requests"]) == 3 and payload["environment"]["trtedge"]
+
+
+def test_cli_sweep_over_request_rate(server_url, tmp_path):
+    out = tmp_path / "sweep.json"
+    args = ["bench", "--url", server_url, "--num-prompts", "2", "--input-len", "8", "--output-len", "4"]
+    args += ["--sweep", "request_rate=5,50", "--warmup", "0", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    points = json.loads(out.read_text())["sweep"]["points"]
+    assert [p["value"] for p in points] == [5, 50] and all(p["metrics"]["completed"] == 2 for p in points)

@@ -1,0 +1,119 @@
+"""Where a benchmark sends its requests: the engine in-process (``LLM``) or an OpenAI-compatible server.
+
+A backend's ``send(request)`` blocks until the request ends and is safe to call from many threads; it
+never raises: a failure comes back as a ``RequestResult`` with ``ok=False`` and the error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+
+from trtedge.bench.metrics import RequestResult
+from trtedge.bench.workloads import BenchRequest
+
+
+class OfflineBackend:
+    """Streams from an ``LLM`` in this process (string prompts are used as is, no chat template)."""
+
+    def __init__(self, llm, sampling: dict):
+        from trtedge.runtime.sampling_params import SamplingParams
+
+        self.llm = llm
+        self._params = lambda max_tokens: SamplingParams(max_tokens=max_tokens, **sampling)
+
+    def send(self, req: BenchRequest) -> RequestResult:
+        result = RequestResult(prompt_tokens=req.prompt_len)
+        start = time.perf_counter()
+        try:
+            stream = self.llm.generate_stream(req.prompt, self._params(req.max_tokens))
+            with stream:
+                for delta in stream:
+                    result.prompt_tokens = delta.prompt_tokens or result.prompt_tokens
+                    if delta.token_ids:
+                        result.chunk_times.append(time.perf_counter() - start)
+                        result.output_tokens += len(delta.token_ids)
+                    if delta.finish_reason in ("cancelled", "error"):
+                        raise RuntimeError(f"request ended with finish_reason={delta.finish_reason}")
+            result.ok = True
+        except Exception as e:  # counted as failed, never hidden
+            result.error = f"{type(e).__name__}: {e}"
+        result.e2e = time.perf_counter() - start
+        return result
+
+
+class HttpBackend:
+    """Streams ``/v1/completions`` from any OpenAI-compatible server (trtedge, vLLM, SGLang, llama.cpp).
+
+    Token-id prompts are sent as lists of ids, which trtedge, vLLM and SGLang accept. Output tokens come
+    from the final ``usage`` chunk (``stream_options.include_usage``); without one, each streamed piece
+    counts as one token.
+    """
+
+    def __init__(
+        self, url: str, model: str | None, sampling: dict, api_key: str | None = None, timeout=600.0
+    ):
+        self.base = normalize_url(url)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        self.client = httpx.Client(headers=headers, timeout=timeout, limits=limits)
+        self.model = model or self.first_model()
+        self.sampling = sampling
+
+    def first_model(self) -> str:
+        resp = self.client.get(f"{self.base}/v1/models")
+        resp.raise_for_status()
+        return resp.json()["data"][0]["id"]
+
+    def send(self, req: BenchRequest) -> RequestResult:
+        result = RequestResult(prompt_tokens=req.prompt_len)
+        body = {
+            "model": self.model,
+            "prompt": req.prompt,
+            "max_tokens": req.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **self.sampling,
+        }
+        start = time.perf_counter()
+        usage = None
+        num_chunks = 0
+        try:
+            with self.client.stream("POST", f"{self.base}/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    detail = resp.read().decode(errors="replace")[:200]
+                    raise RuntimeError(f"HTTP {resp.status_code}: {detail}")
+                for line in resp.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise RuntimeError(f"stream error: {chunk['error']}")
+                    usage = chunk.get("usage") or usage
+                    if any(c.get("text") for c in chunk.get("choices") or []):
+                        result.chunk_times.append(time.perf_counter() - start)
+                        num_chunks += 1
+            if usage:
+                result.prompt_tokens = usage.get("prompt_tokens", result.prompt_tokens)
+                result.output_tokens = usage.get("completion_tokens", num_chunks)
+            else:
+                result.output_tokens = num_chunks
+            result.ok = True
+        except Exception as e:  # counted as failed, never hidden
+            result.error = f"{type(e).__name__}: {e}"
+        result.e2e = time.perf_counter() - start
+        return result
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def normalize_url(url: str) -> str:
+    """``http://host:8000``, ``http://host:8000/`` and ``http://host:8000/v1`` all mean the server root."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
