@@ -14,8 +14,9 @@ LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E laten
 STATS = ("mean", "median", "p90", "p99")
 
 
-def run_table(metrics: dict, title: str = "trtedge bench") -> Table:
-    table = Table(title=title, show_header=True, header_style="bold")
+def run_tables(metrics: dict, title: str = "trtedge bench") -> list[Table]:
+    """The figures of one run: a summary table and a latency table (ms)."""
+    table = Table(title=title, show_header=True, header_style="bold", min_width=len(title) + 4)
     table.add_column("metric")
     table.add_column("value", justify="right")
     failed = metrics["failed"]
@@ -32,34 +33,29 @@ def run_table(metrics: dict, title: str = "trtedge bench") -> Table:
     if "goodput" in metrics:
         slo = ", ".join(f"{k}<={v:g}ms" for k, v in metrics["goodput_slo_ms"].items())
         table.add_row(f"goodput (req/s, {slo})", f"{metrics['goodput']:.2f}")
-    for name in LATENCIES:
-        d = metrics[f"{name}_ms"]
-        figures = "  ".join(f"{s} {d[s]:.1f}" for s in STATS)
-        table.add_row(f"{LATENCY_NAMES[name]} (ms)", figures)
     if "decode_tokens_per_s" in metrics:
         table.add_row("decode (tok/s, batch 1)", f"{metrics['decode_tokens_per_s']:.1f}")
         bw = metrics["achieved_bandwidth_gbs"]
         peak = metrics.get("peak_bandwidth_gbs")
         share = f" ({100 * bw / peak:.1f}% of {peak:g})" if peak else " (peak unknown: --peak-bandwidth-gbs)"
-        table.add_row("achieved bandwidth (GB/s)", f"{bw:.1f}{share}")
+        table.add_row("achieved bandwidth (GB/s)", f"{bw:.2f}{share}")
     for error, count in metrics.get("errors", {}).items():
         table.add_row(f"[red]failed x{count}[/]", error[:100])
-    return table
+    latency = Table(show_header=True, header_style="bold", caption="latencies in ms")
+    latency.add_column("latency")
+    for stat in STATS:
+        latency.add_column(stat, justify="right")
+    for name in LATENCIES:
+        d = metrics[f"{name}_ms"]
+        latency.add_row(LATENCY_NAMES[name], *(f"{d[s]:.1f}" for s in STATS))
+    return [table, latency]
 
 
 def sweep_table(points: list[dict], knob: str) -> Table:
-    table = Table(title=f"trtedge bench sweep over {knob}", header_style="bold")
-    for col in (
-        knob,
-        "ok/failed",
-        "req/s",
-        "out tok/s",
-        "TTFT mean",
-        "TTFT p99",
-        "TPOT mean",
-        "ITL p99",
-        "E2E p99",
-    ):
+    table = Table(title=f"trtedge bench sweep over {knob}", header_style="bold", caption="latencies in ms")
+    short = {"concurrency": "conc", "request_rate": "rate/s"}[knob]
+    headers = (short, "ok/fail", "req/s", "out\ntok/s", "TTFT\nmean", "TTFT\np99", "TPOT\nmean", "ITL\np99")
+    for col in (*headers, "E2E\np99"):
         table.add_column(col, justify="right")
     for p in points:
         m = p["metrics"]
@@ -74,7 +70,6 @@ def sweep_table(points: list[dict], knob: str) -> Table:
             f"{m['itl_ms']['p99']:.1f}",
             f"{m['e2e_ms']['p99']:.1f}",
         )
-    table.caption = "latencies in ms"
     return table
 
 

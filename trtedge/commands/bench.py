@@ -149,7 +149,7 @@ def run(
     if config.sweep:
         out.print(report.sweep_table(result["sweep"]["points"], config.sweep[0]))
     else:
-        out.print(report.run_table(payload["metrics"], title))
+        report.print_tables(report.run_tables(payload["metrics"], title), out)
     if json_path:
         report.write_json(json_path, payload)
         console.print(f"wrote {json_path}")
