@@ -145,3 +145,23 @@ def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
     why = report.plot(tmp_path / "p.png", _payload(1.0, 0.1))
     assert "pip install 'trtedge[bench]'" in why
     assert not (tmp_path / "p.png").exists()
+
+
+def test_concurrency_caps_requests_in_flight():
+    import threading
+
+    lock = threading.Lock()
+    state = {"now": 0, "most": 0}
+
+    def send(req):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.02)
+        with lock:
+            state["now"] -= 1
+        return RequestResult(ok=True, output_tokens=1, chunk_times=[0.02], e2e=0.02)
+
+    results, _ = run_load(send, [BenchRequest([1], 1, 1)] * 9, concurrency=3)
+    assert len(results) == 9 and all(r.ok for r in results)
+    assert state["most"] == 3

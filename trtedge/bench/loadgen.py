@@ -51,7 +51,8 @@ def run_load(
                 on_result(result)
 
     arrival = 0.0
-    with ThreadPoolExecutor(num_threads, thread_name_prefix="bench") as pool:
+    pool = ThreadPoolExecutor(num_threads, thread_name_prefix="bench")
+    try:
         for i, req in enumerate(requests):
             if math.isfinite(request_rate):
                 delay = t0 + arrival - time.perf_counter()
@@ -59,5 +60,9 @@ def run_load(
                     time.sleep(delay)
                 arrival += rng.exponential(1.0 / request_rate)
             pool.submit(one, i, req)
+    except BaseException:  # Ctrl-C: requests not yet sent are dropped; those in flight finish
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     duration = time.perf_counter() - t0
     return [r if r is not None else RequestResult(error="not run") for r in results], duration

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 
 import typer
@@ -112,6 +113,8 @@ def run(
     except ValueError as e:
         _fail(str(e))
 
+    if dataset not in ("random", "fixed") and not os.path.isfile(dataset):
+        _fail(f"--dataset: no such file {dataset!r} (random, fixed or a .jsonl file)")
     llm = backend = None
     try:
         if url:
@@ -129,21 +132,24 @@ def run(
             vocab = vocab_size or llm.engine.runner.model.cfg.vocab_size
         requests = suite.make_requests(config, vocab)
         result = _run_with_progress(config, backend.send, requests, console)
+        title = f"trtedge bench: {env.get('model')} ({'--url ' + url if url else 'offline'})"
+        payload = {"config": {"title": title, "mode": "url" if url else "offline", **_config_dict(config)}}
+        payload["environment"] = env
+        payload.update(result)
+        if llm is not None and not config.sweep and config.concurrency == 1:
+            suite.add_bandwidth(payload["metrics"], payload["requests"], llm, peak_bandwidth_gbs)
+    except KeyboardInterrupt:
+        typer.echo("trtedge bench: interrupted", err=True)
+        raise typer.Exit(130) from None
     except (ValueError, OSError) as e:
         _fail(str(e))
     except Exception as e:  # a server that is down, a model that does not load
         _fail(f"{type(e).__name__}: {e}")
-
-    title = f"trtedge bench: {env.get('model')} ({'--url ' + url if url else 'offline'})"
-    payload = {"config": {"title": title, "mode": "url" if url else "offline", **_config_dict(config)}}
-    payload["environment"] = env
-    payload.update(result)
-    if llm is not None and not config.sweep and config.concurrency == 1:
-        suite.add_bandwidth(payload["metrics"], payload["requests"], llm, peak_bandwidth_gbs)
-    if llm is not None:
-        llm.close()
-    elif backend is not None:
-        backend.close()
+    finally:
+        if llm is not None:
+            llm.close()
+        elif backend is not None:
+            backend.close()
 
     out = Console()
     if config.sweep:
