@@ -117,3 +117,15 @@ def test_cli_sweep_over_request_rate(server_url, tmp_path):
     assert result.exit_code == 0, result.output
     points = json.loads(out.read_text())["sweep"]["points"]
     assert [p["value"] for p in points] == [5, 50] and all(p["metrics"]["completed"] == 2 for p in points)
+
+
+def test_cli_exits_1_when_every_request_fails_and_still_reports_them(tmp_path):
+    out = tmp_path / "down.json"
+    args = ["bench", "--url", f"http://127.0.0.1:{_free_port()}", "--served-model-name", "m"]
+    args += ["--num-prompts", "2", "--sweep", "request_rate=50", "--warmup", "0", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and "every request failed" in result.output
+    payload = json.loads(out.read_text())
+    assert payload["config"]["concurrency"] is None  # a rate sweep alone does not cap concurrency
+    (point,) = payload["sweep"]["points"]
+    assert (point["metrics"]["completed"], point["metrics"]["failed"]) == (0, 2)

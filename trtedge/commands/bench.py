@@ -92,8 +92,8 @@ def run(
     console = Console(stderr=True)
     if url and model:
         _fail("give MODEL (offline) or --url (a running server), not both")
-    if concurrency is None and request_rate is None:
-        concurrency = 1
+    if concurrency is None and request_rate is None and not (sweep or "").startswith("request"):
+        concurrency = 1  # a rate (or a sweep over rates) alone leaves the number in flight unbounded
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "ignore_eos": ignore_eos}
     try:
         config = suite.BenchConfig(
@@ -162,8 +162,9 @@ def run(
     if plot_path:
         why_not = report.plot(plot_path, payload)
         console.print(f"--plot skipped: {why_not}" if why_not else f"wrote {plot_path}")
-    failed = payload["metrics"]["failed"] if "metrics" in payload else 0
-    if failed and not payload.get("metrics", {}).get("completed"):
+    runs = [p["metrics"] for p in result["sweep"]["points"]] if config.sweep else [result["metrics"]]
+    if not any(m["completed"] for m in runs):
+        typer.echo("trtedge bench: every request failed", err=True)
         raise typer.Exit(1)
 
 
