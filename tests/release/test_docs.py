@@ -38,6 +38,7 @@ def test_every_committed_page_is_in_the_nav():
 def test_mkdocs_build_strict(tmp_path):
     pytest.importorskip("mkdocs", reason="mkdocs is not installed (pip install -e '.[dev]')")
     pytest.importorskip("material", reason="mkdocs-material is not installed")
+    pytest.importorskip("mkdocstrings_handlers.python", reason="mkdocstrings[python] is not installed")
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=ROOT,
@@ -48,3 +49,4 @@ def test_mkdocs_build_strict(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "cli-reference" / "index.html").is_file()
+    assert "generate_stream" in (tmp_path / "site" / "api-reference" / "index.html").read_text()

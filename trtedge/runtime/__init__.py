@@ -1,0 +1,1 @@
+"""The shared runtime library: checkpoints, bundles, tokenizer, models, KV cache, scheduler, engine."""
