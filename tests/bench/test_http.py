@@ -107,6 +107,7 @@ def test_cli_bench_url_writes_json(server_url, tmp_path):
     assert payload["config"]["mode"] == "url" and payload["config"]["concurrency"] == 2
     assert payload["metrics"]["completed"] == 3 and payload["metrics"]["total_output_tokens"] == 24
     assert len(payload["requests"]) == 3 and payload["environment"]["trtedge"]
+    assert payload["environment"]["server"]["capabilities"]["max_input_len"] == 512
 
 
 def test_cli_sweep_over_request_rate(server_url, tmp_path):

@@ -67,6 +67,14 @@ class HttpBackend:
         resp.raise_for_status()
         return resp.json()["data"][0]["id"]
 
+    def server_info(self) -> dict | None:
+        """The server's ``/health`` JSON (trtedge reports its model, limits and batching there), if any."""
+        try:
+            resp = self.client.get(f"{self.base}/health", timeout=10)
+            return resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
     def send(self, req: BenchRequest) -> RequestResult:
         result = RequestResult(prompt_tokens=req.prompt_len)
         body = {

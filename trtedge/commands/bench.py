@@ -121,7 +121,7 @@ def run(
             from trtedge.bench.backends import HttpBackend
 
             backend = HttpBackend(url, served_model_name, sampling, api_key=api_key)
-            env = {**suite.environment(), "url": url, "model": backend.model}
+            env = {**suite.environment(), "url": url, "model": backend.model, "server": backend.server_info()}
             vocab = vocab_size or 32000
         else:
             llm = _load(config, model, max_batch_size, max_kv_cache_capacity, dtype, device, weights, console)
