@@ -1,4 +1,4 @@
-"""The documentation site: the CLI reference is current with the Typer app, every documentation page
+"""The documentation site: the CLI and HTTP references are current with the code, every documentation page
 is in the nav, and `mkdocs build --strict` passes (skipped where mkdocs is not installed)."""
 
 from __future__ import annotations
@@ -22,6 +22,14 @@ def test_cli_reference_is_current():
     page = (ROOT / "docs" / "cli-reference.md").read_text()
     for text in ("`trtedge serve`", "`--config`", "`trtedge cache prune`", "`--max-size-gb`"):
         assert text in page
+
+
+def test_http_reference_is_current():
+    script = ROOT / "scripts" / "generate_http_reference.py"
+    result = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    page = (ROOT / "docs" / "http-reference.md").read_text()
+    assert "## POST `/v1/chat/completions`" in page and "| `messages` |" in page
 
 
 def test_every_committed_page_is_in_the_nav():

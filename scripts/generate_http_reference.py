@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Write docs/http-reference.md from the server's pydantic request models (their JSON schema): every
+field of every POST endpoint with its type, constraints and default, and example bodies that are
+validated against the same models, so the page cannot drift. With --check, only say whether the page
+is current (exit 1 when stale); the tests run it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "http-reference.md"
+HEADER = """# HTTP reference
+
+Generated from the request models of `trtedge serve` by `scripts/generate_http_reference.py`; do not
+edit by hand. [HTTP server](server.md) explains the behaviour: streaming, admission and 429,
+errors, authentication, metrics. Unknown fields are accepted and ignored (logged); a field whose
+feature is not available yet (tool calling, structured output) is refused with a 400 naming it.
+
+| method | path | body |
+| --- | --- | --- |
+| GET | `/health`, `/health/ready` | none |
+| GET | `/metrics` | none (Prometheus text) |
+| GET | `/v1/models`, `/v1/models/{model}` | none |
+| POST | `/v1/chat/completions` | [chat completion request](#post-v1chatcompletions) |
+| POST | `/v1/completions` | [completion request](#post-v1completions) |
+"""
+
+EXAMPLES = {
+    "/v1/chat/completions": {
+        "model": "SmolLM2-135M-Instruct",
+        "messages": [
+            {"role": "system", "content": "Answer in one word."},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
+        "max_tokens": 16,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    },
+    "/v1/completions": {
+        "model": "SmolLM2-135M-Instruct",
+        "prompt": "The capital of France is",
+        "max_tokens": 8,
+    },
+}
+
+
+def render() -> str:
+    from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+
+    parts = [HEADER]
+    for path, model in (
+        ("/v1/chat/completions", ChatCompletionRequest),
+        ("/v1/completions", CompletionRequest),
+    ):
+        model.model_validate(EXAMPLES[path])  # an example that no longer validates fails the generation
+        schema = model.model_json_schema()
+        defs = schema.get("$defs", {})
+        required = set(schema.get("required", []))
+        parts.append(f"## POST `{path}`\n")
+        parts.append("| field | type | default | constraints |\n| --- | --- | --- | --- |")
+        for name, prop in schema["properties"].items():
+            default = "required" if name in required else f"`{json.dumps(prop.get('default'))}`"
+            parts.append(f"| `{name}` | {_type(prop, defs)} | {default} | {_limits(prop)} |")
+        parts.append("\nExample:\n")
+        parts.append(f"```bash\ncurl http://127.0.0.1:8000{path} -H 'Content-Type: application/json' -d '")
+        parts.append(json.dumps(EXAMPLES[path], indent=2) + "'\n```\n")
+        for ref, sub in sorted(defs.items()):
+            if ref not in _DONE:
+                _DONE.add(ref)
+                parts.append(f"### `{ref}`\n")
+                parts.append("| field | type | default |\n| --- | --- | --- |")
+                for name, prop in sub["properties"].items():
+                    default = (
+                        "required"
+                        if name in sub.get("required", [])
+                        else f"`{json.dumps(prop.get('default'))}`"
+                    )
+                    parts.append(f"| `{name}` | {_type(prop, defs)} | {default} |")
+                parts.append("")
+    _DONE.clear()
+    return "\n".join(parts).rstrip() + "\n"
+
+
+_DONE: set[str] = set()
+
+
+def _type(prop: dict, defs: dict) -> str:
+    if "anyOf" in prop:
+        return " or ".join(dict.fromkeys(_type(p, defs) for p in prop["anyOf"]))
+    if "$ref" in prop:
+        return f"`{prop['$ref'].rsplit('/', 1)[-1]}`"
+    if "enum" in prop:
+        return " \\| ".join(f"`{json.dumps(v)}`" for v in prop["enum"])
+    if "const" in prop:
+        return f"`{json.dumps(prop['const'])}`"
+    kind = prop.get("type")
+    if kind == "array":
+        return f"array of {_type(prop.get('items', {}), defs)}"
+    if kind == "object":
+        extra = prop.get("additionalProperties")
+        return f"object of {_type(extra, defs)}" if isinstance(extra, dict) and extra else "object"
+    return kind or "any"
+
+
+def _limits(prop: dict) -> str:
+    marks = {
+        "minimum": ">=",
+        "exclusiveMinimum": ">",
+        "maximum": "<=",
+        "exclusiveMaximum": "<",
+        "minItems": "items >=",
+    }
+    found = []
+    for p in [prop, *prop.get("anyOf", [])]:
+        for key, sign in marks.items():
+            if key in p:
+                found.append(f"{sign} {p[key]}")
+        items = p.get("items", {})
+        for key, sign in marks.items():
+            if isinstance(items, dict) and key in items:
+                found.append(f"each {sign} {items[key]}")
+    return ", ".join(dict.fromkeys(found))
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if not PAGE.exists() or PAGE.read_text() != text:
+            print(f"{PAGE} is stale: run scripts/generate_http_reference.py", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(text)
+    print(f"wrote {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
