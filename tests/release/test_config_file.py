@@ -95,7 +95,9 @@ def test_values_from_the_file_are_validated_like_flags(tmp_path):
     path = tmp_path / "serve.toml"
     path.write_text("port = 70000\n")
     code, out = _print_config("--config", str(path))
-    assert code == 2 and "--port" in out
+    assert code == 2 and "--port" in out and f"(set in {path})" in out
+    code, out = _print_config("--config", str(path), "--port", "70001")
+    assert code == 2 and "70001" in out and "set in" not in out
 
 
 def test_missing_file_and_table_speculative_config(tmp_path):

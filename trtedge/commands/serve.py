@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
 import signal
 import sys
 
@@ -130,7 +131,7 @@ def _serve(print_config: bool, settings: dict) -> None:
         context = ContextCacheConfig(v["enable_context_reuse"], v["context_cache_max_records"])
         LaunchConfig(**launch_kwargs, context_cache=context)
     except (ServerConfigError, ConfigError) as e:
-        _fail(str(e))
+        _fail(_with_source(str(e), settings))
     if print_config:
         from trtedge.commands.config_file import to_toml
 
@@ -233,6 +234,15 @@ async def _announce_and_watch(server, app, llm, config) -> None:
         f"{admission.num_waiting} queued request(s)"
     )
     sys.stdout.flush()
+
+
+def _with_source(message: str, settings: dict) -> str:
+    """Say which file a bad value came from when the flag it names was set there."""
+    match = re.search(r"--([a-z0-9-]+)", message)
+    setting = settings.get(match.group(1).replace("-", "_")) if match else None
+    if setting is not None and setting.source.startswith("file "):
+        return f"{message} (set in {setting.source.removeprefix('file ')})"
+    return message
 
 
 def _fail(message: str) -> None:
