@@ -126,15 +126,9 @@ def _limits(prop: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not PAGE.exists() or PAGE.read_text() != text:
-            print(f"{PAGE} is stale: run scripts/generate_http_reference.py", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(text)
-    print(f"wrote {PAGE}")
-    return 0
+    from _pages import write_or_check
+
+    return write_or_check(PAGE, render(), argv)
 
 
 if __name__ == "__main__":
