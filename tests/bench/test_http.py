@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 from typer.testing import CliRunner
 
+from tests.serve_process import ServeProcess, free_port
 from trtedge.bench.backends import HttpBackend
 from trtedge.bench.loadgen import run_load
 from trtedge.bench.metrics import summarize
@@ -20,49 +15,13 @@ from trtedge.bench.workloads import BenchRequest, random_requests
 from trtedge.cli import app
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
-    from trtedge.runtime.embedded import embedded_model_path
-
-    try:
-        embedded_model_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "trtedge.cli", "serve", "--port", str(port)]
-    command += ["--max-kv-cache-capacity", "1024", "--max-input-len", "512", "--log-level", "warning"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"trtedge serve exited {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("trtedge serve did not become healthy in 240 s")
-            time.sleep(0.25)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    server = ServeProcess(
+        tmp_path_factory, ["--max-kv-cache-capacity", "1024", "--max-input-len", "512", "--log-level", "warning"]
+    )
+    yield server.url
+    server.stop()
 
 
 def test_http_backend_streams_and_counts_tokens(server_url):
@@ -91,7 +50,7 @@ def test_failed_requests_are_counted_not_hidden(server_url):
 
 
 def test_unreachable_server_fails_every_request():
-    backend = HttpBackend(f"http://127.0.0.1:{_free_port()}", "some-model", {})
+    backend = HttpBackend(f"http://127.0.0.1:{free_port()}", "some-model", {})
     results, _ = run_load(backend.send, [BenchRequest([100], 1, 2)] * 2, concurrency=1)
     assert [r.ok for r in results] == [False, False] and all("Connect" in r.error for r in results)
 
@@ -122,7 +81,7 @@ def test_cli_sweep_over_request_rate(server_url, tmp_path):
 
 def test_cli_exits_1_when_every_request_fails_and_still_reports_them(tmp_path):
     out = tmp_path / "down.json"
-    args = ["bench", "--url", f"http://127.0.0.1:{_free_port()}", "--served-model-name", "m"]
+    args = ["bench", "--url", f"http://127.0.0.1:{free_port()}", "--served-model-name", "m"]
     args += ["--num-prompts", "2", "--sweep", "request_rate=50", "--warmup", "0", "--json", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1 and "every request failed" in result.output

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
 
-import httpx
 import pytest
+
+from tests.serve_process import ServeProcess
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -128,50 +127,11 @@ def test_interactive_session_streams_measures_validates_cancels_and_exits(embedd
     assert "+What is the capital\n+of France?" in history and "/params max_tokens=400" in history
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(embedded, tmp_path_factory):
-    try:
-        import trtedge.commands.serve  # noqa: F401
-        import trtedge.server.app  # noqa: F401
-    except ImportError as e:
-        pytest.skip(f"trtedge serve is not available in this tree: {e}")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trtedge.cli", "serve", "--port", str(port), *LAUNCH],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    deadline = time.monotonic() + 240
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"trtedge serve exited {proc.returncode}:\n{log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("trtedge serve did not become healthy in 240 s")
-        time.sleep(0.25)
-    yield url
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    server = ServeProcess(tmp_path_factory, [*LAUNCH, "--log-level", "warning"])
+    yield server.url
+    server.stop()
 
 
 def test_url_mode_chats_with_a_running_server(server, tmp_path):

@@ -9,13 +9,12 @@ import concurrent.futures
 import os
 import random
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
+
+from tests.serve_process import ServeProcess
 
 openai = pytest.importorskip("openai")
 
@@ -24,69 +23,13 @@ PARIS = [{"role": "user", "content": "What is the capital of France?"}]
 SOAK_REQUESTS = int(os.environ.get("TRTEDGE_SOAK_REQUESTS", "40"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, tmp, args: list[str]):
-        from trtedge.runtime.embedded import embedded_model_path
-
-        try:
-            embedded_model_path()
-        except FileNotFoundError as e:
-            pytest.skip(str(e))
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {
-            **os.environ,
-            "HF_HUB_OFFLINE": "1",
-            "TRTEDGE_CACHE_DIR": str(tmp.getbasetemp() / "trtedge-cache"),
-        }
-        self.out = tmp.mktemp("serve") / "stdout.txt"
-        self.err = self.out.with_name("stderr.txt")
-        command = [sys.executable, "-m", "trtedge.cli", "serve", "--port", str(self.port), *args]
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=err, env=env)
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"trtedge serve exited {self.proc.returncode}: {self.err.read_text()[-2000:]}"
-                )
-            try:
-                healthy = httpx.get(f"{self.url}/health", timeout=1).status_code == 200
-                if healthy and "serving http" in self.out.read_text():
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError("trtedge serve did not become healthy in 240 s")
-
-    def health(self) -> dict:
-        return httpx.get(f"{self.url}/health", timeout=10).json()
-
-    def stop(self, sig=signal.SIGINT) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     args = [
         "--max-kv-cache-capacity", "1024", "--max-input-len", "512", "--enable-in-flight-batching",
         "--max-batch-size", "2", "--max-queued-requests", "2", "--api-key", KEY, "--log-level", "warning",
     ]  # fmt: skip
-    server = Server(tmp_path_factory, args)
+    server = ServeProcess(tmp_path_factory, args)
     yield server
     server.stop()
 
