@@ -22,6 +22,7 @@ feature is not available yet (tool calling, structured output) is refused with a
 | --- | --- | --- |
 | GET | `/health`, `/health/ready` | none |
 | GET | `/metrics` | none (Prometheus text) |
+| GET | `/openapi.json` | none (the OpenAPI 3.1 document generated from these models) |
 | GET | `/v1/models`, `/v1/models/{model}` | none |
 | POST | `/v1/chat/completions` | [chat completion request](#post-v1chatcompletions) |
 | POST | `/v1/completions` | [completion request](#post-v1completions) |

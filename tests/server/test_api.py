@@ -378,3 +378,28 @@ def test_completion_prompt_list_with_n_gives_consecutive_choices(llm):
     for e in events:
         streamed[e["choices"][0]["index"]] += e["choices"][0]["text"]
     assert streamed == texts
+
+
+def test_openapi_document_describes_what_the_server_validates(llm):
+    jsonschema = pytest.importorskip("jsonschema")
+    app = build_app(llm, ServeConfig(api_key="k"))
+    response = request(app, "GET", "/openapi.json")  # open, like /health
+    assert response.status_code == 200
+    doc = response.json()
+    assert doc["openapi"].startswith("3.1")
+    assert {"/health", "/v1/models", CHAT, "/v1/completions"} <= set(doc["paths"])
+    components = doc["components"]["schemas"]
+
+    def validator(name):
+        return jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}", "components": doc["components"]})
+
+    chat = validator("ChatCompletionRequest")
+    assert chat.is_valid({"model": "m", "messages": PARIS, "max_tokens": 4})
+    assert not chat.is_valid({"model": "m", "messages": PARIS, "max_tokens": "four"})
+    assert not chat.is_valid({"model": "m"})  # messages required
+    assert validator("CompletionRequest").is_valid({"model": "m", "prompt": [1, 2, 3]})
+    # the server refuses what the document refuses, naming the same field
+    bad = request(app, "POST", CHAT, json={"model": "m", "messages": PARIS, "max_tokens": "four"},
+                  headers={"Authorization": "Bearer k"})
+    assert_error(bad, 400, param="max_tokens")
+    assert "Error" in components

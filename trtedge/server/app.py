@@ -18,6 +18,7 @@ from trtedge.server.errors import APIError, internal_error
 from trtedge.server.metrics import ServerMetrics
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from trtedge.server.openai.serving import OpenAIServing
+from trtedge.server.openapi import openapi_schema
 
 log = logging.getLogger("trtedge.server")
 
@@ -25,6 +26,7 @@ ENDPOINTS = (
     "/health",
     "/health/ready",
     "/metrics",
+    "/openapi.json",
     "/v1/models",
     "/v1/chat/completions",
     "/v1/completions",
@@ -58,6 +60,11 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
     async def metrics_route(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    schema = openapi_schema()
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(schema)
+
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [serving.model_card()]})
 
@@ -77,6 +84,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         Route("/health", _guard(health)),
         Route("/health/ready", _guard(ready)),
         Route("/metrics", _guard(metrics_route)),
+        Route("/openapi.json", _guard(openapi)),
         Route("/v1/models", _guard(models)),
         Route("/v1/models/{model_id:path}", _guard(model)),
         Route("/v1/chat/completions", _guard(chat), methods=["POST"]),

@@ -1,0 +1,112 @@
+"""The OpenAPI 3.1 document of `trtedge serve`, generated from the pydantic request models (the
+schemas the server validates with), served at GET /openapi.json."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from trtedge._version import __version__
+from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+
+_REF = "#/components/schemas/{model}"
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "integer", "null"]},
+            },
+        }
+    },
+}
+
+
+def _errors(*statuses: int) -> dict:
+    reasons = {
+        400: "invalid request (param names the field)",
+        401: "missing or wrong API key",
+        404: "unknown model",
+        413: "body too large",
+        429: "overloaded (Retry-After says when to retry)",
+        500: "internal error",
+        503: "engine failed or shutting down",
+    }
+    content = {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}}
+    return {str(s): {"description": reasons[s], "content": content} for s in statuses}
+
+
+def _post(model: type[BaseModel], summary: str) -> dict:
+    json_or_sse = {
+        "application/json": {"schema": {"type": "object"}},
+        "text/event-stream": {"schema": {"type": "string", "description": "SSE chunks, then data: [DONE]"}},
+    }
+    return {
+        "post": {
+            "summary": summary,
+            "security": [{"bearer": []}, {"apiKey": []}],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}},
+            },
+            "responses": {
+                "200": {
+                    "description": "the completion, or a stream when stream is true",
+                    "content": json_or_sse,
+                },
+                **_errors(400, 401, 404, 413, 429, 500, 503),
+            },
+        }
+    }
+
+
+def _get(summary: str, content_type: str = "application/json", secured: bool = False) -> dict:
+    op: dict = {
+        "summary": summary,
+        "responses": {
+            "200": {"description": "OK", "content": {content_type: {"schema": {"type": "object"}}}}
+        },
+    }
+    if secured:
+        op["security"] = [{"bearer": []}, {"apiKey": []}]
+        op["responses"].update(_errors(401, 404))
+    return {"get": op}
+
+
+def openapi_schema() -> dict:
+    schemas: dict = {"Error": _ERROR}
+    for model in (ChatCompletionRequest, CompletionRequest):
+        schema = model.model_json_schema(ref_template=_REF)
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "trtedge serve", "version": __version__},
+        "paths": {
+            "/health": _get("Status, limits, capabilities; 503 once the engine has failed"),
+            "/health/ready": _get("Ready to take requests (503 otherwise)"),
+            "/metrics": _get("Prometheus metrics", "text/plain"),
+            "/v1/models": _get("The served model", secured=True),
+            "/v1/models/{model_id}": {
+                **_get("One model by id", secured=True),
+                "parameters": [
+                    {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+            },
+            "/v1/chat/completions": _post(ChatCompletionRequest, "OpenAI chat completions"),
+            "/v1/completions": _post(CompletionRequest, "OpenAI completions"),
+        },
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
+        },
+    }
