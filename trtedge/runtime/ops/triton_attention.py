@@ -37,11 +37,21 @@ if triton is not None:
         BLOCK_SIZE: tl.constexpr,
         BLOCK_N: tl.constexpr,
         IEEE: tl.constexpr,
+        NUM_SPLITS: tl.constexpr,
+        part_m_ptr,
+        part_l_ptr,
+        part_acc_ptr,
     ):
-        # One program per (sequence, kv head): all query heads of the group share each K/V load.
+        # One program per (sequence, kv head, context split): all query heads of the group share
+        # each K/V load. With splits, each program writes a partial softmax state that
+        # _merge_splits_kernel combines (more programs in flight for small batches).
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
+        split = tl.program_id(2)
         ctx = tl.load(context_lens_ptr + seq)
+        chunk = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, ctx)
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM)
         heads = kv_head * GROUP + offs_g
@@ -52,9 +62,9 @@ if triton is not None:
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         denom = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-        for start in range(0, ctx, BLOCK_N):
+        for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
-            valid = offs_n < ctx
+            valid = offs_n < hi
             block = tl.load(tables_ptr + seq * tables_stride + offs_n // BLOCK_SIZE, mask=valid, other=0)
             slot = block.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
             kv_offs = (slot * NUM_KV_HEADS + kv_head)[:, None] * HEAD_DIM + offs_d[None, :]
@@ -74,12 +84,38 @@ if triton is not None:
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m = m_new
-        out = acc / denom[:, None]
-        tl.store(
-            out_ptr + (seq * NUM_HEADS + heads)[:, None] * HEAD_DIM + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=q_mask,
-        )
+        if NUM_SPLITS == 1:
+            out = acc / denom[:, None]
+            tl.store(
+                out_ptr + (seq * NUM_HEADS + heads)[:, None] * HEAD_DIM + offs_d[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=q_mask,
+            )
+        else:
+            row = (seq * NUM_HEADS + heads) * NUM_SPLITS + split
+            tl.store(part_m_ptr + row, m, mask=offs_g < GROUP)
+            tl.store(part_l_ptr + row, denom, mask=offs_g < GROUP)
+            tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=q_mask)
+
+    @triton.jit
+    def _merge_splits_kernel(
+        part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr
+    ):
+        row = tl.program_id(0)  # sequence x head
+        offs_s = tl.arange(0, NUM_SPLITS)
+        offs_d = tl.arange(0, HEAD_DIM)
+        m = tl.load(part_m_ptr + row * NUM_SPLITS + offs_s)
+        denom = tl.load(part_l_ptr + row * NUM_SPLITS + offs_s)
+        acc = tl.load(part_acc_ptr + (row * NUM_SPLITS + offs_s)[:, None] * HEAD_DIM + offs_d[None, :])
+        weight = tl.exp(m - tl.max(m, 0))  # empty splits have m = -inf: weight 0
+        out = tl.sum(acc * weight[:, None], 0) / tl.sum(denom * weight, 0)
+        tl.store(out_ptr + row * HEAD_DIM + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+def num_splits(batch: int, kv_heads: int) -> int:
+    """Context splits so that a small batch still has ~128 programs in flight (a power of two)."""
+    target = max(1, 128 // max(1, batch * kv_heads))
+    return min(16, 1 << (target.bit_length() - 1))
 
 
 def paged_decode_attention(
@@ -95,7 +131,14 @@ def paged_decode_attention(
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     group = h // hkv
     out = torch.empty_like(q) if out is None else out
-    _paged_decode_kernel[(b, hkv)](
+    splits = num_splits(b, hkv)
+    if splits > 1:
+        part_m = torch.empty(b * h * splits, dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(b * h * splits, d, dtype=torch.float32, device=q.device)
+    else:
+        part_m = part_l = part_acc = out
+    _paged_decode_kernel[(b, hkv, splits)](
         q,
         k_cache,
         v_cache,
@@ -112,5 +155,11 @@ def paged_decode_attention(
         BLOCK_SIZE=block_size,
         BLOCK_N=64,
         IEEE=q.dtype == torch.float32,
+        NUM_SPLITS=splits,
+        part_m_ptr=part_m,
+        part_l_ptr=part_l,
+        part_acc_ptr=part_acc,
     )
+    if splits > 1:
+        _merge_splits_kernel[(b * h,)](part_m, part_l, part_acc, out, NUM_SPLITS=splits, HEAD_DIM=d)
     return out
