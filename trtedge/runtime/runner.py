@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+from trtedge.runtime.ops import triton_attention
 from trtedge.runtime.ops.attention import AttentionBatch
 from trtedge.runtime.sampling import Sampler, TokenLogprobs
 from trtedge.runtime.scheduler import ScheduledBatch
@@ -31,7 +32,9 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.sampler = sampler
-        self.on_cuda = model.device.type == "cuda"
+        # The device decode path (Triton kernels, CUDA graphs) needs CUDA and Triton; without either,
+        # every step runs the torch reference path.
+        self.on_cuda = model.device.type == "cuda" and triton_attention.available()
         # On CUDA one extra scratch block takes the writes of graph padding rows.
         pool_blocks = num_blocks + 1 if self.on_cuda else num_blocks
         shape = (cfg.num_layers, 2, pool_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from trtedge.runtime.models.config import ModelConfig, RopeConfig
 from trtedge.runtime.ops import cpu_kernels as kernels
+from trtedge.runtime.ops import triton_attention
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import make_linear
 
@@ -65,7 +66,7 @@ class LlamaLayer:
         self.post_norm = w["post_attention_layernorm.weight"]
         self.q_norm = w.get(attn + "q_norm.weight")
         self.k_norm = w.get(attn + "k_norm.weight")
-        backend = CudaAttention if qkv_w.is_cuda else TorchAttention
+        backend = CudaAttention if qkv_w.is_cuda and triton_attention.available() else TorchAttention
         self.attention = backend(cfg.head_dim**-0.5)
 
     def __call__(self, x, cos, sin, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
@@ -195,8 +196,6 @@ def _decode_kernels(device: torch.device, dtype: torch.dtype):
     if device.type == "cpu":
         lib = kernels.load() if dtype == torch.float32 else None
         return kernels.CpuDecodeKernels(lib) if lib is not None else None
-    from trtedge.runtime.ops import triton_attention
-
     if device.type == "cuda" and triton_attention.available():
         from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
 
