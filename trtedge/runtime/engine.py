@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trtedge.runtime.guided import GuidedDecoding
 from trtedge.runtime.kv_cache import BlockManager
 from trtedge.runtime.runner import ModelRunner
 from trtedge.runtime.sampling import Sampler, TokenLogprobs, mix_seed
@@ -111,6 +112,7 @@ class Engine:
             enable_in_flight_batching=config.enable_in_flight_batching,
         )
         self.scheduler = Scheduler(sched, self.blocks)
+        self.guides = GuidedDecoding(tokenizer, model.cfg.vocab_size)
         self.runner = ModelRunner(
             model,
             num_blocks,
@@ -119,6 +121,7 @@ class Engine:
             max_batch_size=config.max_batch_size,
             max_blocks_per_seq=-(-config.max_kv_cache_capacity // bs),
             cuda_graphs=config.cuda_graphs,
+            guides=self.guides,
         )
         log.info(
             "engine: %s, max_batch_size %d, %d tokens per step, context reuse %s",
@@ -158,6 +161,7 @@ class Engine:
             raise ValueError(
                 f"logit_bias token id {max(params.logit_bias)} is not below the vocabulary size {vocab_size}"
             )
+        grammar = self.guides.compile(params.guided_decoding) if params.guided_decoding else None
         seed = params.seed
         if seed is None:
             with self._rng_lock:
@@ -167,6 +171,8 @@ class Engine:
             rid = request_id if index == 0 or request_id is None else f"{request_id}-{index}"
             seq = Sequence(prompt_ids, params, priority, rid)
             seq.seed = seed if index == 0 else mix_seed(seed, -1 - index)
+            if grammar is not None:
+                seq.matcher = self.guides.matcher(grammar)
             detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
             request.choices.append(_Choice(seq, request, index, detok))
         request.num_open = params.n
@@ -264,6 +270,11 @@ class Engine:
     def _append(self, choice: _Choice, token: int, info: TokenLogprobs | None) -> None:
         seq, request = choice.seq, choice.request
         params = seq.params
+        if seq.matcher is not None and not seq.matcher.accept_token(token):
+            # only a token the mask allowed can be sampled; a rejection means the guide had no way on
+            log.warning("request %s: guide rejected token %d; finishing", seq.request_id, token)
+            self._finish(choice, "stop")
+            return
         if choice.first_token is None:
             choice.first_token = time.monotonic()
             if request.first_token is None:
@@ -275,7 +286,12 @@ class Engine:
         if info is not None:
             choice.logprobs.append(info)
         reason = None
-        if not params.ignore_eos and token in self.tokenizer.eos_token_ids or token in params.stop_token_ids:
+        if (
+            not params.ignore_eos
+            and token in self.tokenizer.eos_token_ids
+            or token in params.stop_token_ids
+            or (seq.matcher is not None and seq.matcher.is_terminated())
+        ):
             reason = "stop"
             text = ""
         else:

@@ -26,12 +26,14 @@ class ModelRunner:
         max_batch_size: int = 1,
         max_blocks_per_seq: int = 1,
         cuda_graphs: bool = True,
+        guides=None,
     ):
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.sampler = sampler
+        self.guides = guides  # GuidedDecoding: fills token bitmasks of guided rows while the model runs
         # The device decode path (Triton kernels, CUDA graphs) needs CUDA and Triton; without either,
         # every step runs the torch reference path.
         self.on_cuda = model.device.type == "cuda" and triton_attention.available()
@@ -82,10 +84,11 @@ class ModelRunner:
                 sampled.append(seq)
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_computed_tokens += n
+        masks = self.guides.start_masks(sampled) if self.guides is not None and sampled else None
         decode = all(q == 1 for q in query_lens)
         if decode and self.graphs is not None and self.graphs.fits(len(ids)):
             logits = self.graphs.run(ids, positions, slots, tables, context_lens)
-            tokens, infos = self.sampler(logits, sampled)
+            tokens, infos = self.sampler(logits, sampled, masks)
             return sampled, tokens, infos
         attn = AttentionBatch(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
@@ -104,5 +107,5 @@ class ModelRunner:
             return [], [], []
         rows = torch.tensor(last_rows, dtype=torch.long, device=device)
         logits = self.model.logits(hidden.index_select(0, rows))
-        tokens, infos = self.sampler(logits, sampled)
+        tokens, infos = self.sampler(logits, sampled, masks)
         return sampled, tokens, infos

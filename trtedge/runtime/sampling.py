@@ -35,12 +35,16 @@ class Sampler:
         self.eos_token_ids = eos_token_ids
 
     def __call__(
-        self, logits: torch.Tensor, seqs: list[Sequence]
+        self, logits: torch.Tensor, seqs: list[Sequence], masks=None
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """logits: [len(seqs), vocab] float32. Returns the chosen token per row and optional logprobs."""
+        """logits: [len(seqs), vocab] float32; ``masks`` (guided.GuideMasks) restricts the guided rows.
+        Returns the chosen token per row and optional logprobs."""
         plain = all(_is_plain(s) for s in seqs)
-        if not plain:
+        if not plain or masks is not None:
             logits = logits.clone()
+        if masks is not None:
+            masks.apply(logits)
+        if not plain:
             for row, seq in enumerate(seqs):
                 _adjust(logits[row], seq)
         want_logprobs = any(s.params.logprobs is not None for s in seqs)

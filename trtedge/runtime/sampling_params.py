@@ -2,11 +2,97 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_TOP_LOGPROBS = 20
+MAX_GUIDE_BYTES = 128 * 1024
+GUIDE_KINDS = ("json", "json_object", "regex", "ebnf", "structural_tag", "choice")
+
+
+@dataclass(frozen=True)
+class GuidedDecodingParams:
+    """Constrain the output to a guide; set exactly one of ``json`` (a JSON schema, dict or text),
+    ``json_object`` (any JSON object), ``regex``, ``ebnf`` (a GBNF grammar), ``structural_tag`` (xgrammar's
+    structural tag, dict or text) or ``choice`` (a list of strings). ``strict`` (JSON schemas) allows no
+    properties or items beyond those the schema names. ``jump_forward`` appends the tokens the guide forces
+    with fewer model passes; the output is the same as without it."""
+
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: dict | str | None = None
+    choice: tuple[str, ...] | None = None
+    strict: bool = True
+    jump_forward: bool = False
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not all(isinstance(c, str) and c for c in self.choice):
+                raise ValueError("guided_decoding.choice must be a list of non-empty strings")
+            if not self.choice:
+                raise ValueError("guided_decoding.choice must not be empty")
+            object.__setattr__(self, "choice", tuple(self.choice))
+        for name in ("json", "structural_tag"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (dict, str)):
+                raise ValueError(f"guided_decoding.{name} must be an object or a JSON string")
+            if isinstance(value, str):
+                try:
+                    parsed = json.loads(value)
+                except ValueError as e:
+                    raise ValueError(f"guided_decoding.{name} is not valid JSON: {e}") from None
+                if not isinstance(parsed, dict):
+                    raise ValueError(f"guided_decoding.{name} must be a JSON object")
+        for name in ("regex", "ebnf"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"guided_decoding.{name} must be a non-empty string")
+        chosen = [k for k in GUIDE_KINDS if getattr(self, k) not in (None, False)]
+        if len(chosen) != 1:
+            raise ValueError(
+                f"guided_decoding needs exactly one of {', '.join(GUIDE_KINDS)}; got "
+                + (", ".join(chosen) if chosen else "none")
+            )
+        size = len(self.key[1].encode())
+        if size > MAX_GUIDE_BYTES:
+            raise ValueError(
+                f"guided_decoding.{chosen[0]} is {size} bytes; at most {MAX_GUIDE_BYTES} allowed"
+            )
+
+    @classmethod
+    def coerce(cls, value) -> GuidedDecodingParams | None:
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = set(value) - set(cls.__dataclass_fields__)
+            if unknown:
+                raise ValueError(f"guided_decoding has unknown field(s): {', '.join(sorted(unknown))}")
+            return cls(**value)
+        raise ValueError(
+            f"guided_decoding must be a GuidedDecodingParams or a dict, got {type(value).__name__}"
+        )
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in GUIDE_KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(kind, text): what the compiled grammar depends on."""
+        kind = self.kind
+        if kind == "json_object":
+            return "json", '{"type": "object"}'
+        value = getattr(self, kind)
+        if kind == "choice":
+            return kind, json.dumps(list(value), ensure_ascii=False)
+        if kind in ("json", "structural_tag"):
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            return ("json_strict" if kind == "json" and self.strict else kind), text
+        return kind, value
 
 
 @dataclass(frozen=True)
@@ -35,8 +121,10 @@ class SamplingParams:
     reuse_context: bool = True
     cache_generated_tokens: bool = True
     skip_special_tokens: bool = True
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "guided_decoding", GuidedDecodingParams.coerce(self.guided_decoding))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop or ()))

@@ -35,6 +35,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.num_preemptions = 0
         self.seed = params.seed if params.seed is not None else 0
+        self.matcher = None  # an xgrammar GrammarMatcher when the request is guided
 
     @property
     def num_tokens(self) -> int:

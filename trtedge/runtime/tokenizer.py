@@ -102,6 +102,14 @@ class Tokenizer:
     def token_to_id(self, t: str) -> int | None:
         return self._backend.token_to_id(t)
 
+    def get_vocab(self) -> dict[str, int]:
+        """Token (in the tokenizer's own encoding, e.g. byte-level) -> id, added tokens included."""
+        return self._backend.get_vocab(with_added_tokens=True)
+
+    def to_json(self) -> str:
+        """The tokenizer.json text of the backend tokenizer."""
+        return self._backend.to_str()
+
     def apply_chat_template(
         self,
         messages: list[dict],

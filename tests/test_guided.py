@@ -1,0 +1,162 @@
+"""Structured output through the Python API on the embedded SmolLM2 (whose free text is not JSON)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+
+import jsonschema
+import pytest
+
+from tests.guided_schemas import PROMPT, SCHEMAS
+from trtedge import LLM, SamplingParams
+from trtedge.runtime.embedded import embedded_model_path
+from trtedge.runtime.sampling_params import MAX_GUIDE_BYTES, GuidedDecodingParams
+
+
+@pytest.fixture(scope="module")
+def llm():
+    """SmolLM2 with in-flight batching (batch 8): guided and unguided rows share one batch."""
+    try:
+        embedded_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    with LLM(
+        max_kv_cache_capacity=1024, max_input_len=512, enable_in_flight_batching=True, max_batch_size=8
+    ) as llm:
+        yield llm
+
+
+def guided(guide: dict, **options) -> SamplingParams:
+    return SamplingParams(**{"max_tokens": 96, "temperature": 0, **options}, guided_decoding=guide)
+
+
+def test_free_text_of_the_model_is_not_json(llm):
+    text = llm.chat(PROMPT, SamplingParams(max_tokens=48, temperature=0)).text
+    with pytest.raises(ValueError):
+        json.loads(text)
+
+
+def check_schemas(llm, seeds):
+    """All requests at once (they share the batch); each streamed output must validate."""
+    jobs = [(name, seed) for name in SCHEMAS for seed in seeds]
+    streams = [
+        llm.generate_stream(PROMPT, guided({"json": SCHEMAS[name]}, temperature=1.0, seed=seed))
+        for name, seed in jobs
+    ]
+    for (name, seed), stream in zip(jobs, streams):
+        deltas = list(stream)
+        text = "".join(d.text for d in deltas)
+        assert deltas[-1].finish_reason == "stop", (name, seed, text)
+        jsonschema.validate(json.loads(text), SCHEMAS[name])
+
+
+def test_json_schemas_give_valid_output_streaming_and_not(llm):
+    check_schemas(llm, seeds=range(2))
+
+
+@pytest.mark.slow
+def test_json_schemas_give_valid_output_20_seeds(llm):
+    check_schemas(llm, seeds=range(20))
+
+
+@pytest.mark.parametrize(
+    ("guide", "check"),
+    [
+        ({"regex": r"[0-9]{3}-[a-z]{2,5}"}, lambda t: re.fullmatch(r"[0-9]{3}-[a-z]{2,5}", t)),
+        ({"choice": ["sunny", "rainy", 'say "cloudy"']}, lambda t: t in ("sunny", "rainy", 'say "cloudy"')),
+        (
+            {"ebnf": 'root ::= "(" [a-z]+ (", " [a-z]+)* ")"'},
+            lambda t: re.fullmatch(r"\([a-z]+(, [a-z]+)*\)", t),
+        ),
+        ({"json_object": True}, lambda t: isinstance(json.loads(t), dict)),
+    ],
+)
+def test_regex_choice_ebnf_and_json_object_match(llm, guide, check):
+    for seed in range(3):
+        out = llm.chat(PROMPT, guided(guide, temperature=0.7, seed=seed, max_tokens=200))
+        assert out.finish_reason == "stop" and check(out.text), out.text
+
+
+def test_mixed_batch_of_8_gives_each_what_it_gets_alone(llm):
+    guides = [
+        {"json": SCHEMAS["enum"]},
+        None,
+        {"regex": r"[A-Z][a-z]+ [0-9]{2}"},
+        None,
+        {"choice": ["yes", "no"]},
+        {"json": SCHEMAS["nested"]},
+        None,
+        {"json_object": True},
+    ]
+    prompts = [[{"role": "user", "content": f"Question {i}: what do you like?"}] for i in range(8)]
+    params = [SamplingParams(max_tokens=24, temperature=0, guided_decoding=g) for g in guides]
+    alone = [llm.chat(p, sp).token_ids for p, sp in zip(prompts, params)]
+    together = [None] * 8
+    barrier = threading.Barrier(8)
+
+    def run(i):
+        barrier.wait()
+        together[i] = llm.chat(prompts[i], params[i]).token_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert together == alone
+    assert llm.stats()["steps"] > 0
+
+
+def test_bad_guides_are_rejected_with_the_reason(llm):
+    cases = [
+        ({"regex": "[a-"}, "invalid regex guide"),
+        ({"ebnf": "root ::= missing_rule"}, "invalid ebnf guide"),
+        (
+            {"json": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+            "'uniqueItems' at \\$",
+        ),
+        (
+            {"json": {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}},
+            "multipleOf",
+        ),
+    ]
+    for guide, message in cases:
+        with pytest.raises(ValueError, match=message):
+            llm.chat(PROMPT, guided(guide))
+    with pytest.raises(ValueError, match="exactly one of"):
+        GuidedDecodingParams(regex="a", choice=["b"])
+    with pytest.raises(ValueError, match=f"at most {MAX_GUIDE_BYTES}"):
+        GuidedDecodingParams(regex="a" * (MAX_GUIDE_BYTES + 1))
+    with pytest.raises(ValueError, match="unknown field"):
+        SamplingParams(guided_decoding={"regexp": "a"})
+    assert llm.stats()["engine_error"] is None and llm.stats()["active_requests"] == 0
+
+
+def test_compiled_grammars_are_cached_by_kind_and_text(llm):
+    guides = llm.engine.guides
+    llm.chat(PROMPT, guided({"regex": "[a-c]{4}"}, max_tokens=8))
+    compiled, hits = guides.num_compiled, guides.num_cache_hits
+    llm.chat(PROMPT, guided({"regex": "[a-c]{4}"}, max_tokens=8))
+    assert (guides.num_compiled, guides.num_cache_hits) == (compiled, hits + 1)
+
+
+def test_guided_generation_never_imports_transformers():
+    code = (
+        "import sys; from trtedge.runtime.checkpoint import resolve_checkpoint;"
+        "from trtedge.runtime.guided import GuidedDecoding;"
+        "from trtedge.runtime.sampling_params import GuidedDecodingParams as G;"
+        "tok = resolve_checkpoint(None).load_tokenizer(); g = GuidedDecoding(tok, tok.vocab_size);"
+        "m = g.matcher(g.compile(G(json={'type': 'object'}))); assert m.accept_string('{}');"
+        "print(sorted(k for k in sys.modules if k.split('.')[0] == 'transformers'))"
+    )
+    try:
+        embedded_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

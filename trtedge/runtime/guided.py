@@ -1,0 +1,231 @@
+"""Structured output with xgrammar: compiled-grammar cache, per-sequence matchers, token bitmasks.
+
+xgrammar is imported on the first guided request. Its tokenizer module imports ``transformers`` at
+module level for one constructor we never call, so the import runs with a placeholder module in its
+place; the runtime never imports transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import types
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from trtedge.runtime.sampling_params import GuidedDecodingParams
+from trtedge.runtime.sequence import Sequence
+
+INSTALL_HINT = "pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2"
+MAX_CACHED_GRAMMARS = 64
+
+# JSON Schema keywords that xgrammar 0.2.9 parses but does not enforce while generating.
+UNENFORCED_KEYWORDS = (
+    "multipleOf",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames", "contains", "not", "if", "then", "else")
+
+
+class GuideError(ValueError):
+    """A guide that cannot be compiled or enforced; the message names the problem."""
+
+
+class GuidedUnavailableError(RuntimeError):
+    """xgrammar is not installed."""
+
+
+_xgr = None
+_import_lock = threading.Lock()
+
+
+def import_xgrammar():
+    """The xgrammar module, imported once without importing transformers."""
+    global _xgr
+    with _import_lock:
+        if _xgr is None:
+            had = sys.modules.get("transformers")
+            if had is None:
+                sys.modules["transformers"] = _placeholder_transformers()
+            try:
+                import xgrammar
+            except ImportError as e:
+                raise GuidedUnavailableError(
+                    f"structured output needs xgrammar, which is not installed ({e}); install it with "
+                    f"`{INSTALL_HINT}`"
+                ) from None
+            finally:
+                if had is None:
+                    del sys.modules["transformers"]
+            _xgr = xgrammar
+    return _xgr
+
+
+def _placeholder_transformers() -> types.ModuleType:
+    module = types.ModuleType("transformers")
+    for name in ("PreTrainedTokenizerBase", "PreTrainedTokenizerFast", "LogitsProcessor"):
+        setattr(module, name, type(name, (), {}))
+    return module
+
+
+def check_schema(schema, path: str = "$") -> None:
+    """Raise GuideError naming the first keyword of ``schema`` that xgrammar would not enforce."""
+    if not isinstance(schema, dict):
+        return
+    for key in UNENFORCED_KEYWORDS:
+        if key in schema:
+            raise GuideError(
+                f"JSON schema keyword {key!r} at {path} is not enforced by the structured-output backend; "
+                "remove it or check the value yourself"
+            )
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                check_schema(sub, f"{path}.{key}.{name}")
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                check_schema(sub, f"{path}.{key}[{i}]")
+    for key in _SCHEMA_VALUES:
+        check_schema(schema.get(key), f"{path}.{key}")
+
+
+def _choice_grammar(choices: tuple[str, ...]) -> str:
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+class GuidedDecoding:
+    """One engine's structured-output state: the tokenizer description, the compiler and its cache."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._compiler = None
+        self._cache: OrderedDict[tuple[str, str], object] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self.num_compiled = 0
+        self.num_cache_hits = 0
+
+    # ---- any thread ---------------------------------------------------------------------------
+    def compile(self, guide: GuidedDecodingParams):
+        """The compiled grammar of ``guide``, cached by (kind, text). Raises GuideError with the
+        compiler's message for an invalid schema, regex or grammar."""
+        kind, text = guide.key
+        if kind in ("json", "json_strict"):
+            check_schema(json.loads(text))
+        with self._lock:
+            if (kind, text) in self._cache:
+                self._cache.move_to_end((kind, text))
+                self.num_cache_hits += 1
+                return self._cache[(kind, text)]
+            compiler = self._get_compiler()
+        try:
+            compiled = self._compile(compiler, kind, text)
+        except (RuntimeError, ValueError) as e:
+            raise GuideError(f"invalid {guide.kind} guide: {e}") from None
+        with self._lock:
+            self._cache[(kind, text)] = compiled
+            self.num_compiled += 1
+            while len(self._cache) > MAX_CACHED_GRAMMARS:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def matcher(self, compiled):
+        return import_xgrammar().GrammarMatcher(compiled)
+
+    def _compile(self, compiler, kind: str, text: str):
+        if kind in ("json", "json_strict"):
+            return compiler.compile_json_schema(text, any_whitespace=False, strict_mode=kind == "json_strict")
+        if kind == "regex":
+            return compiler.compile_regex(text)
+        if kind == "choice":
+            return compiler.compile_grammar(_choice_grammar(tuple(json.loads(text))))
+        if kind == "ebnf":
+            return compiler.compile_grammar(text)
+        if kind == "structural_tag":
+            return compiler.compile_structural_tag(text)
+        raise GuideError(f"unknown guide kind {kind!r}")
+
+    def _get_compiler(self):
+        if self._compiler is None:
+            xgr = import_xgrammar()
+            tok = self._tokenizer
+            vocab = tok.get_vocab()
+            encoded = [""] * self.vocab_size
+            for token, i in vocab.items():
+                if i < self.vocab_size:
+                    encoded[i] = token
+            meta = xgr.TokenizerInfo._detect_metadata_from_hf(tok.to_json())
+            info = xgr.TokenizerInfo(
+                encoded,
+                meta["vocab_type"],
+                vocab_size=self.vocab_size,
+                stop_token_ids=sorted(tok.eos_token_ids) or None,
+                add_prefix_space=meta["add_prefix_space"],
+            )
+            self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+        return self._compiler
+
+    # ---- the engine thread --------------------------------------------------------------------
+    def start_masks(self, seqs: list[Sequence]) -> GuideMasks | None:
+        """Begin filling the next-token bitmasks of the guided rows of ``seqs`` on a worker thread, so that
+        the fill overlaps the model forward; None when no row is guided."""
+        rows = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if not rows:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="trtedge-guided")
+        bitmask = torch.full((len(seqs), -(-self.vocab_size // 32)), -1, dtype=torch.int32)
+        matchers = [seqs[i].matcher for i in rows]
+        return GuideMasks(self._pool.submit(_fill, matchers, bitmask, rows), bitmask, rows, self.vocab_size)
+
+
+def _fill(matchers, bitmask: torch.Tensor, rows: list[int]) -> None:
+    for matcher, row in zip(matchers, rows):
+        matcher.fill_next_token_bitmask(bitmask, row)
+
+
+class GuideMasks:
+    """Bitmasks being filled for one batch; ``apply`` waits for them and masks the logits in place."""
+
+    def __init__(self, future: Future, bitmask: torch.Tensor, rows: list[int], vocab_size: int):
+        self._future = future
+        self.bitmask = bitmask
+        self.rows = rows
+        self.vocab_size = vocab_size
+
+    def apply(self, logits: torch.Tensor) -> None:
+        self._future.result()
+        apply_bitmask(logits, self.bitmask, self.rows)
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Set ``logits[row, t]`` to -inf where bit t of ``bitmask[row]`` is 0, for each row in ``rows``."""
+    vocab = logits.shape[-1]
+    index = torch.tensor(rows, dtype=torch.long)
+    packed = bitmask.index_select(0, index).to(logits.device, non_blocking=True)
+    allowed = (packed.unsqueeze(-1) >> _BITS.to(logits.device)) & 1
+    allowed = allowed.reshape(len(rows), -1)[:, :vocab].bool()
+    index = index.to(logits.device)
+    logits.index_copy_(0, index, logits.index_select(0, index).masked_fill(~allowed, float("-inf")))
