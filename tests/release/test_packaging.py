@@ -23,6 +23,8 @@ pytest.importorskip("build", reason="needs the `build` package (pip install buil
 
 
 def _run(args, **kw):
+    # A PYTHONPATH pointing at a source tree would make pip and the venv see that tree's trtedge.
+    kw.setdefault("env", {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     result = subprocess.run(args, capture_output=True, text=True, timeout=300, **kw)
     assert result.returncode == 0, f"{args}\n{result.stdout}\n{result.stderr}"
     return result.stdout

@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from trtedge.runtime.ops import triton_attention
+from trtedge.runtime.ops import triton_attention, triton_prefill
 from trtedge.runtime.ops.attention import AttentionBatch
 from trtedge.runtime.sampling import Sampler, TokenLogprobs
 from trtedge.runtime.scheduler import ScheduledBatch
@@ -90,16 +90,7 @@ class ModelRunner:
             logits = self.graphs.run(ids, positions, slots, tables, context_lens)
             tokens, infos = self.sampler(logits, sampled, masks)
             return sampled, tokens, infos
-        attn = AttentionBatch(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            query_lens=query_lens,
-            context_lens=context_lens,
-            block_tables=[torch.tensor(t, dtype=torch.long, device=device) for t in tables],
-            block_size=self.block_size,
-        )
-        if decode and self.on_cuda:
-            attn.tables_tensor = attn.padded_block_tables()
-            attn.context_lens_tensor = torch.tensor(context_lens, dtype=torch.long, device=device)
+        attn = self._attention_batch(slots, query_lens, context_lens, tables, decode)
         input_ids = torch.tensor(ids, dtype=torch.long, device=device)
         pos = torch.tensor(positions, dtype=torch.long, device=device)
         hidden = self.model.forward(input_ids, pos, self.kv_caches, attn)
@@ -109,3 +100,32 @@ class ModelRunner:
         logits = self.model.logits(hidden.index_select(0, rows))
         tokens, infos = self.sampler(logits, sampled, masks)
         return sampled, tokens, infos
+
+    def _attention_batch(self, slots, query_lens, context_lens, tables, decode: bool) -> AttentionBatch:
+        device = self.model.device
+        if not self.on_cuda:
+            return AttentionBatch(
+                slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+                query_lens=query_lens,
+                context_lens=context_lens,
+                block_tables=[torch.tensor(t, dtype=torch.long, device=device) for t in tables],
+                block_size=self.block_size,
+            )
+        # One host-to-device copy per tensor, not one per sequence.
+        width = max(len(t) for t in tables)
+        padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long).to(device)
+        attn = AttentionBatch(
+            slot_mapping=torch.tensor(slots, dtype=torch.long).to(device),
+            query_lens=query_lens,
+            context_lens=context_lens,
+            block_tables=[padded[i, : len(t)] for i, t in enumerate(tables)],
+            block_size=self.block_size,
+        )
+        if decode:
+            attn.tables_tensor = padded
+            attn.context_lens_tensor = torch.tensor(context_lens, dtype=torch.long).to(device)
+        elif triton_prefill.supported(self.model.cfg.head_dim):
+            tiles, seqs = triton_prefill.plan_tiles(query_lens, context_lens)
+            plan = torch.tensor(tiles + seqs, dtype=torch.int32).to(device)
+            attn.prefill_plan = (padded, plan[: len(tiles)].view(-1, 2), plan[len(tiles) :].view(-1, 3))
+        return attn

@@ -23,6 +23,8 @@ class AttentionBatch:
     # Device-side copies for kernels that must not read host lists (CUDA decode, graph replay):
     tables_tensor: torch.Tensor | None = None  # [num_seqs, max_blocks]
     context_lens_tensor: torch.Tensor | None = None  # [num_seqs]
+    # Prefill and mixed steps on CUDA: (padded tables, tiles, seqs) for the Triton varlen kernel.
+    prefill_plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -83,15 +85,19 @@ class TorchAttention:
 
 class CudaAttention(TorchAttention):
     """CUDA backend: decode steps run the Triton paged kernel (graph-capturable: no host reads);
-    prefill uses the reference path, whose per-sequence SDPA is flash attention on the GPU."""
+    prefill and mixed steps run the Triton varlen kernel over the paged cache when the runner
+    planned one, else the reference path."""
 
     def __call__(self, q, k, v, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
-        if batch.tables_tensor is None:
+        if batch.tables_tensor is None and batch.prefill_plan is None:
             return super().__call__(q, k, v, k_cache, v_cache, batch)
         from trtedge.runtime.ops.triton_attention import paged_decode_attention
+        from trtedge.runtime.ops.triton_prefill import paged_prefill_attention
 
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, batch.slot_mapping, k)
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, batch.slot_mapping, v)
+        if batch.tables_tensor is None:
+            return paged_prefill_attention(q, k_cache, v_cache, *batch.prefill_plan, self.scale)
         return paged_decode_attention(
             q, k_cache, v_cache, batch.tables_tensor, batch.context_lens_tensor, self.scale
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trtedge.runtime.ops import cpu_kernels
+from trtedge.runtime.ops import cpu_kernels, triton_gemv
 
 _KERNEL_MAX_ROWS = 256  # above this, dequantizing once for the BLAS product is faster
 
@@ -19,8 +19,12 @@ class DenseLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight = weight
         self.bias = bias
+        # CUDA decode (a few rows): a Triton split-K product that streams the weight at bandwidth.
+        self.skinny = triton_gemv.SkinnyLinear(weight, bias) if triton_gemv.usable(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.skinny is not None and x.numel() <= triton_gemv.MAX_ROWS * x.shape[-1]:
+            return self.skinny(x)
         return F.linear(x, self.weight, self.bias)
 
     @property
