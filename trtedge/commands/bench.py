@@ -83,6 +83,9 @@ def run(
     dtype: str = typer.Option("auto", "--dtype", help="Offline: auto|float32|bfloat16|float16."),
     device: str = typer.Option("auto", "--device", help="Offline: auto|cpu|cuda."),
     weights: str = typer.Option("auto", "--weights", help="Offline: auto|float|int8."),
+    load_format: str = typer.Option(
+        "auto", "--load-format", help="Offline: auto|dummy (random weights from config.json alone)."
+    ),
 ) -> None:
     from rich.console import Console
 
@@ -124,7 +127,9 @@ def run(
             env = {**suite.environment(), "url": url, "model": backend.model, "server": backend.server_info()}
             vocab = vocab_size or 32000
         else:
-            llm = _load(config, model, max_batch_size, max_kv_cache_capacity, dtype, device, weights, console)
+            llm = _load(
+                config, model, max_batch_size, max_kv_cache_capacity, dtype, device, weights, load_format, console
+            )
             from trtedge.bench.backends import OfflineBackend
 
             backend = OfflineBackend(llm, sampling)
@@ -186,7 +191,7 @@ def compare(
     report.print_tables(tables)
 
 
-def _load(config, model, max_batch_size, max_kv_cache_capacity, dtype, device, weights, console):
+def _load(config, model, max_batch_size, max_kv_cache_capacity, dtype, device, weights, load_format, console):
     from trtedge.llm import LLM
 
     batch = max_batch_size or config.max_concurrency or 8
@@ -205,6 +210,7 @@ def _load(config, model, max_batch_size, max_kv_cache_capacity, dtype, device, w
             dtype=dtype,
             device=device,
             weights=weights,
+            load_format=load_format,
         )
 
 

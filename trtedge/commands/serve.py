@@ -92,6 +92,11 @@ def serve(
     dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda."),
     weights: str = typer.Option("auto", "--weights", help="auto|float|int8."),
+    load_format: str = typer.Option(
+        "auto",
+        "--load-format",
+        help="auto|dummy. dummy: random weights from config.json alone, to measure a model's shape.",
+    ),
     config: str = typer.Option(
         None,
         "--config",
@@ -121,6 +126,7 @@ def _serve(print_config: bool, settings: dict) -> None:
     model = v["model"]
     launch_keys = ("cache_dir", "max_input_len", "max_kv_cache_capacity", "max_batch_size")
     launch_keys += ("enable_in_flight_batching", "dtype", "device", "weights", "min_request_priority")
+    launch_keys += ("load_format",)
     launch_kwargs = {"model": model, **{k: v[k] for k in launch_keys}}
     serve_keys = ("host", "port", "served_model_name", "api_key", "reasoning_parser", "tool_call_parser")
     serve_keys += ("enable_auto_tool_choice", "max_queued_requests", "queue_timeout")
