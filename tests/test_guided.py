@@ -120,8 +120,8 @@ def test_bad_guides_are_rejected_with_the_reason(llm):
             "'uniqueItems' at \\$",
         ),
         (
-            {"json": {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}}},
-            "multipleOf",
+            {"json": {"type": "object", "properties": {"d": {"type": "string", "format": "int32"}}}},
+            "'format' at \\$.properties.d",
         ),
     ]
     for guide, message in cases:

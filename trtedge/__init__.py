@@ -16,6 +16,8 @@ _EXPORTS = {
     "clear_engine_cache": "trtedge.runtime.bundle",
     "prune_engine_cache": "trtedge.runtime.bundle",
     "SamplingParams": "trtedge.runtime.sampling_params",
+    "GuidedDecodingParams": "trtedge.runtime.sampling_params",
+    "GuidedUnavailableError": "trtedge.runtime.guided",
     "CancellableIterator": "trtedge.runtime.stream",
     "CompletionOutput": "trtedge.runtime.stream",
     "GenerationMetrics": "trtedge.runtime.stream",

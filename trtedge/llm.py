@@ -10,8 +10,10 @@ from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
 from trtedge.runtime.bundle import BuildProfile, prepare_bundle
 from trtedge.runtime.checkpoint import config_only_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig
+from trtedge.runtime.guided import GuidedUnavailableError
+from trtedge.runtime.guided import available as structured_output_available
 from trtedge.runtime.models import load_model
-from trtedge.runtime.sampling_params import SamplingParams
+from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
 from trtedge.runtime.stream import CancellableIterator, CompletionOutput, GenerationMetrics, RequestOutput
 
 log = logging.getLogger("trtedge")
@@ -160,6 +162,12 @@ class LLM:
         bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad!r} is not in the vocabulary [0, {vocab})")
+
+    def compile_guide(self, guide: GuidedDecodingParams | dict) -> None:
+        """Compile a structured-output guide now (it is cached for the requests that use it). Raises
+        ``ValueError`` with the compiler's message for a bad guide, ``GuidedUnavailableError`` without
+        xgrammar."""
+        self.engine.guides.compile(GuidedDecodingParams.coerce(guide))
 
     # ---- generation ---------------------------------------------------------------------------
     def generate_stream(
@@ -321,4 +329,10 @@ def _engine_options(options: dict) -> dict:
     return {k: v for k, v in options.items() if k in ("priority", "request_id")}
 
 
-__all__ = ["LLM", "ConfigError", "PromptTooLongError"]
+__all__ = [
+    "LLM",
+    "ConfigError",
+    "GuidedUnavailableError",
+    "PromptTooLongError",
+    "structured_output_available",
+]

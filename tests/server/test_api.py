@@ -136,12 +136,12 @@ def test_prompt_plus_max_tokens_over_the_context_names_both_numbers(llm):
             "not supported",
         ),
         (
-            {"messages": PARIS, "response_format": {"type": "json_object"}},
+            {"messages": PARIS, "response_format": {"type": "json_object"}, "guided_regex": "a+"},
             400,
-            "response_format",
-            "not supported",
+            "guided_regex",
+            "set only one of response_format and guided_regex",
         ),
-        ({"messages": PARIS, "guided_regex": "a+"}, 400, "guided_regex", "not supported"),
+        ({"messages": PARIS, "guided_decoding": {"regex": "[a-"}}, 400, "guided_decoding", "Unclosed '['"),
         ({"messages": PARIS, "tool_choice": "required"}, 400, "tool_choice", "not supported"),
         ({"messages": [{"role": "user", "content": "x" * 4000}]}, 400, "messages", "max_input_len 512"),
     ],
@@ -343,7 +343,7 @@ def test_health_reports_capabilities_and_engine(llm):
         "in_flight_batching": False,
         "context_reuse": False,
         "speculative": None,
-        "structured_output": False,
+        "structured_output": True,
     }
     assert "scheduling" not in body
     assert body["engine"]["kv_blocks_free"] == body["engine"]["kv_blocks_total"] == 64

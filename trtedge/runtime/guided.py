@@ -7,7 +7,9 @@ place; the runtime never imports transformers.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import sys
 import threading
 import types
@@ -22,9 +24,9 @@ from trtedge.runtime.sequence import Sequence
 INSTALL_HINT = "pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2"
 MAX_CACHED_GRAMMARS = 64
 
-# JSON Schema keywords that xgrammar 0.2.9 parses but does not enforce while generating.
+# JSON Schema keywords that xgrammar 0.2.9 accepts but does not enforce while generating (each probed
+# with a violating instance that its matcher accepted), and the string formats it does enforce.
 UNENFORCED_KEYWORDS = (
-    "multipleOf",
     "uniqueItems",
     "contains",
     "minContains",
@@ -38,7 +40,14 @@ UNENFORCED_KEYWORDS = (
     "dependencies",
     "unevaluatedProperties",
     "unevaluatedItems",
+    "contentEncoding",
+    "contentMediaType",
 )
+ENFORCED_FORMATS = frozenset(
+    "date time date-time duration email hostname ipv4 ipv6 uri uri-reference uri-template json-pointer "
+    "relative-json-pointer uuid".split()
+)
+_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_VALUES = ("items", "additionalProperties", "propertyNames", "contains", "not", "if", "then", "else")
@@ -78,6 +87,11 @@ def import_xgrammar():
     return _xgr
 
 
+def available() -> bool:
+    """Whether xgrammar is installed (without importing it)."""
+    return importlib.util.find_spec("xgrammar") is not None
+
+
 def _placeholder_transformers() -> types.ModuleType:
     module = types.ModuleType("transformers")
     for name in ("PreTrainedTokenizerBase", "PreTrainedTokenizerFast", "LogitsProcessor"):
@@ -95,6 +109,11 @@ def check_schema(schema, path: str = "$") -> None:
                 f"JSON schema keyword {key!r} at {path} is not enforced by the structured-output backend; "
                 "remove it or check the value yourself"
             )
+    if isinstance(schema.get("format"), str) and schema["format"] not in ENFORCED_FORMATS:
+        raise GuideError(
+            f"JSON schema keyword 'format' at {path}: format {schema['format']!r} is not enforced by the "
+            f"structured-output backend (enforced: {', '.join(sorted(ENFORCED_FORMATS))})"
+        )
     for key in _SCHEMA_MAPS:
         if isinstance(schema.get(key), dict):
             for name, sub in schema[key].items():
@@ -140,7 +159,8 @@ class GuidedDecoding:
         try:
             compiled = self._compile(compiler, kind, text)
         except (RuntimeError, ValueError) as e:
-            raise GuideError(f"invalid {guide.kind} guide: {e}") from None
+            message = _LOG_PREFIX.sub("", str(e).strip().splitlines()[0] if str(e).strip() else repr(e))
+            raise GuideError(f"invalid {guide.kind} guide: {message}") from None
         with self._lock:
             self._cache[(kind, text)] = compiled
             self.num_compiled += 1

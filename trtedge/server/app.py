@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from trtedge.llm import LLM
+from trtedge.llm import LLM, structured_output_available
 from trtedge.server.admission import Admission
 from trtedge.server.auth import APIKeyMiddleware
 from trtedge.server.config import ServeConfig
@@ -114,7 +114,7 @@ def health_body(llm: LLM, config: ServeConfig, admission: Admission, model_name:
             "in_flight_batching": ifb,
             "context_reuse": launch.context_cache.enabled,
             "speculative": config.speculative_config.method if config.speculative_config else None,
-            "structured_output": False,
+            "structured_output": structured_output_available(),
         },
     }
     if stats["engine_error"] is not None:

@@ -11,6 +11,7 @@ _TYPES = {
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",
+    501: "not_implemented_error",
     503: "service_unavailable",
 }
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtedge.runtime.sampling_params import MAX_TOP_LOGPROBS
 from trtedge.server.errors import APIError, bad_request
+from trtedge.server.openai.structured import GuidedDecoding, ResponseFormat
 
 log = logging.getLogger("trtedge.server")
 
@@ -65,14 +66,14 @@ class _Sampling(_Model):
     reuse_context: bool = True
     cache_generated_tokens: bool = True
     skip_special_tokens: bool = True
-    # Structured output: served by its own issue; refused until then.
-    response_format: dict[str, Any] | None = None
-    guided_json: Any = None
+    # Structured output (at most one of these; see structured.py)
+    response_format: ResponseFormat | None = None
+    guided_decoding: GuidedDecoding | None = None
+    structured_outputs: GuidedDecoding | None = None
+    guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    guided_decoding: Any = None
-    structured_outputs: Any = None
 
 
 class ChatCompletionRequest(_Sampling):

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from trtedge.llm import LLM, PromptTooLongError
+from trtedge.llm import LLM, GuidedUnavailableError, PromptTooLongError
 from trtedge.runtime.sampling import TokenLogprobs
-from trtedge.runtime.sampling_params import SamplingParams
+from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
 from trtedge.server import sse
 from trtedge.server.admission import Admission
 from trtedge.server.config import ServeConfig
@@ -23,10 +23,10 @@ from trtedge.server.errors import APIError, bad_request, internal_error, not_sup
 from trtedge.server.generation import Choice, Generation
 from trtedge.server.metrics import ServerMetrics
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from trtedge.server.openai.structured import guide_from_request
 
 log = logging.getLogger("trtedge.server")
 
-_STRUCTURED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding")
 _TEXT_PARTS = ("text", "input_text")
 
 
@@ -85,7 +85,8 @@ class OpenAIServing:
         ids = self._chat_prompt_ids(req)
         max_tokens = req.max_completion_tokens or req.max_tokens
         top = (req.top_logprobs or 0) if req.logprobs else None
-        choices = [Choice(ids, self._params(req, len(ids), max_tokens, top, "messages"))]
+        guide = await self._guide(req)
+        choices = [Choice(ids, self._params(req, len(ids), max_tokens, top, "messages", guide=guide))]
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         gen, watcher = await self._start(req, choices, rid, request, arrival)
         if gen is None:
@@ -205,6 +206,7 @@ class OpenAIServing:
         prompts = req.prompt if isinstance(req.prompt, list) and req.prompt else [req.prompt]
         if isinstance(prompts[0], int):
             prompts = [req.prompt]
+        guide = await self._guide(req)
         choices, echoes = [], []
         for p, prompt in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt.{p}"
@@ -219,7 +221,8 @@ class OpenAIServing:
             echo = ""
             if req.echo:
                 echo = prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(ids, False)
-            choices.append(Choice(ids, self._params(req, len(ids), req.max_tokens, req.logprobs, param)))
+            params = self._params(req, len(ids), req.max_tokens, req.logprobs, param, guide=guide)
+            choices.append(Choice(ids, params))
             echoes += [echo] * req.n
         rid = f"cmpl-{uuid.uuid4().hex}"
         gen, watcher = await self._start(req, choices, rid, request, arrival)
@@ -307,11 +310,6 @@ class OpenAIServing:
     # ---- shared --------------------------------------------------------------------------------
     def _refuse_unserved(self, req: _Sampling) -> None:
         self.check_model(req.model)
-        if req.response_format is not None and req.response_format.get("type") != "text":
-            raise not_supported("structured output (response_format)", "response_format")
-        for name in (*_STRUCTURED, "structured_outputs"):
-            if getattr(req, name) is not None:
-                raise not_supported("structured output (guided decoding)", name)
         minimum = self.llm.config.min_request_priority
         if minimum is not None and req.priority < minimum:
             raise bad_request(
@@ -319,8 +317,28 @@ class OpenAIServing:
                 param="priority",
             )
 
+    async def _guide(self, req: _Sampling) -> GuidedDecodingParams | None:
+        """The request's structured-output guide, compiled now (off the event loop, cached by the engine) so
+        that a bad one is a 400 naming the field before the request takes a seat."""
+        guide, field = guide_from_request(req)
+        if guide is None:
+            return None
+        try:
+            await asyncio.to_thread(self.llm.compile_guide, guide)
+        except GuidedUnavailableError as e:
+            raise APIError(501, str(e), param=field, code="structured_output_unavailable") from None
+        except ValueError as e:
+            raise bad_request(str(e), param=field, code="invalid_guide") from None
+        return guide
+
     def _params(
-        self, req: _Sampling, num_prompt_tokens: int, max_tokens: int | None, logprobs: int | None, param: str
+        self,
+        req: _Sampling,
+        num_prompt_tokens: int,
+        max_tokens: int | None,
+        logprobs: int | None,
+        param: str,
+        guide: GuidedDecodingParams | None = None,
     ) -> SamplingParams:
         capacity = self.llm.config.max_kv_cache_capacity
         explicit = max_tokens is not None
@@ -360,6 +378,7 @@ class OpenAIServing:
                 reuse_context=req.reuse_context,
                 cache_generated_tokens=req.cache_generated_tokens,
                 skip_special_tokens=req.skip_special_tokens,
+                guided_decoding=guide,
                 **options,
             )
         except ValueError as e:
