@@ -1,5 +1,5 @@
 """Decode-sized matrix products on CUDA: cuBLAS (``F.linear``) against trtedge's Triton split-K
-product (``SkinnyLinear``) for the Qwen3-0.6B and Qwen3-8B projection shapes, bf16.
+product (``SkinnyLinear``, with the plan it picks by timing) for the Qwen3-0.6B and Qwen3-8B projection shapes, bf16.
 
 Each figure times 100 calls captured in one CUDA graph (no launch gaps from Python) and prints a
 JSON line with microseconds per call and the achieved weight-read bandwidth.
@@ -15,7 +15,6 @@ import json
 import torch
 import torch.nn.functional as F
 
-from trtedge.runtime.ops import triton_gemv
 from trtedge.runtime.ops.triton_gemv import SkinnyLinear
 
 SHAPES = {  # name -> (N, K) of the weight
@@ -53,14 +52,6 @@ def time_graph(fn) -> float:
     return start.elapsed_time(end) * 1000 / (5 * CALLS)
 
 
-def with_plan(lin: SkinnyLinear, block_n: int, block_k: int, split: int) -> SkinnyLinear:
-    n = lin.weight.shape[0]
-    lin.block_n, lin.block_k, lin.split = block_n, block_k, split
-    lin.partials = torch.empty(max(1, split * triton_gemv.MAX_ROWS * n), device=lin.weight.device)
-    lin.counts = torch.zeros(-(-n // block_n), dtype=torch.int32, device=lin.weight.device)
-    return lin
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
@@ -73,7 +64,7 @@ def main() -> None:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             lin = SkinnyLinear(w, None)
             cublas = time_graph(lambda: F.linear(x, w))
-            planned = time_graph(lambda: lin(x))
+            planned = time_graph(lambda: lin(x))  # the plan the layer picked by timing (None: cuBLAS)
             line = {
                 "shape": name,
                 "rows": rows,
@@ -81,7 +72,7 @@ def main() -> None:
                 "cublas_tbps": round(gbytes / cublas * 1e3, 2),
                 "triton_us": round(planned, 2),
                 "triton_tbps": round(gbytes / planned * 1e3, 2),
-                "plan": [lin.block_n, lin.block_k, lin.split],
+                "plan": lin.plan(rows),
             }
             if args.sweep and rows == 1:
                 best = (planned, line["plan"])
@@ -90,8 +81,9 @@ def main() -> None:
                         for split in (1, 2, 4, 8, 16):
                             if k // split < block_k or block_n * block_k > 32768:
                                 continue
-                            trial = with_plan(SkinnyLinear(w, None), block_n, block_k, split)
-                            us = time_graph(lambda trial=trial: trial(x))
+                            plan = (block_n, block_k, split)
+                            lin._reserve(plan)
+                            us = time_graph(lambda plan=plan: lin.launch(x, plan))
                             if us < best[0]:
                                 best = (us, [block_n, block_k, split])
                 line["best_us"] = round(best[0], 2)

@@ -1,19 +1,20 @@
 """Triton product for skinny activations (decode: at most 16 rows) with bf16/fp16 weights.
 
-At batch 1 cuBLAS picks small-tile kernels that read a 0.6B model's weights at about a quarter of
-the H200's bandwidth. Here each program streams one ``BLOCK_N x K/SPLIT_K`` slab of the weight
+At batch 1 cuBLAS reads some decode-sized weights far below the H200's bandwidth (a Qwen3-0.6B
+o_proj at 0.36 TB/s). Here each program streams one ``BLOCK_N x K/SPLIT_K`` slab of the weight
 once; with split-K the last program of a column tile (found through an atomic counter, which it
 resets for the next call or graph replay) sums the fp32 partials, adds the bias and stores.
-``F.linear`` is the oracle."""
+Which tiling wins depends on the shape, so each weight times a few plans (and cuBLAS) once per
+row bucket and keeps the fastest. ``F.linear`` is the oracle."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from trtedge.runtime.ops.triton_attention import available, triton
 
 MAX_ROWS = 16
-_TARGET_PROGRAMS = 264  # ~2 per SM on an H200; fewer programs leave bandwidth unused
 
 if triton is not None:
     import triton.language as tl
@@ -82,38 +83,99 @@ if triton is not None:
         tl.store(y_ptr + rm[:, None] * stride_y + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
-def plan(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, SPLIT_K) for an N x K weight: enough programs to keep every SM reading."""
-    block_n, block_k = (32, 256) if n >= 2048 else (16, 256)
-    tiles = -(-n // block_n)
-    split = 1
-    while tiles * split < _TARGET_PROGRAMS and k // (split * 2) >= block_k and split < 16:
-        split *= 2
-    return block_n, block_k, split
+# (BLOCK_N, BLOCK_K, SPLIT_K) candidates: the winners of `benchmarks/gpu_gemv.py --sweep` on the
+# H200 across the Qwen3-0.6B and 8B projection shapes.
+_CANDIDATES = ((32, 128, 1), (64, 128, 1), (64, 256, 1), (32, 128, 4), (32, 128, 8), (64, 128, 4), (128, 128, 4))
+_MAX_SPLIT_TILES = 512  # wider weights have programs enough without split-K
+# (N, K, rows bucket) -> the fastest plan measured in this process, or None where cuBLAS won.
+_plans: dict[tuple[int, int, int], tuple[int, int, int] | None] = {}
+
+
+def _bucket(rows: int) -> int:
+    return 1 if rows == 1 else 4 if rows <= 4 else MAX_ROWS
+
+
+def candidates(n: int, k: int) -> list[tuple[int, int, int]]:
+    return [
+        (bn, bk, split)
+        for bn, bk, split in _CANDIDATES
+        if k // split >= bk and (split == 1 or -(-n // bn) <= _MAX_SPLIT_TILES)
+    ]
+
+
+def _graph_time(fn, calls: int = 20) -> float:
+    """Seconds per call, replayed from a CUDA graph: eager timing would measure launch cost."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (3 * calls * 1000)
 
 
 class SkinnyLinear:
-    """Holds the split-K scratch of one weight; call with at most ``MAX_ROWS`` rows."""
+    """One weight's product for at most ``MAX_ROWS`` rows. The first call of each row bucket times
+    the candidate plans and cuBLAS (outside any graph capture) and keeps the fastest."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight = weight.contiguous()
         self.bias = bias
-        n, k = self.weight.shape
-        self.block_n, self.block_k, self.split = plan(n, k)
-        tiles = -(-n // self.block_n)
-        device = weight.device
-        self.partials = torch.empty(self.split * MAX_ROWS * n if self.split > 1 else 1, device=device)
-        self.counts = torch.zeros(tiles, dtype=torch.int32, device=device)
+        n = self.weight.shape[0]
+        self.partials = torch.empty(1, device=weight.device)
+        self.counts = torch.zeros(-(-n // 16), dtype=torch.int32, device=weight.device)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
+        plan = self.plan(rows.shape[0])
+        if plan is None:
+            out = F.linear(rows, self.weight, self.bias)
+        else:
+            out = self.launch(rows, plan)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def plan(self, rows: int) -> tuple[int, int, int] | None:
+        n, k = self.weight.shape
+        key = (n, k, _bucket(rows))
+        if key not in _plans:
+            if torch.cuda.is_current_stream_capturing():  # no timing inside a capture: a safe default
+                return (32, 128, 1)
+            _plans[key] = self._tune(key[2])
+        plan = _plans[key]
+        if plan is not None:
+            self._reserve(plan)
+        return plan
+
+    def _tune(self, rows: int) -> tuple[int, int, int] | None:
+        x = torch.randn(rows, self.weight.shape[1], device=self.weight.device, dtype=self.weight.dtype)
+        best, best_time = None, _graph_time(lambda: F.linear(x, self.weight, self.bias))
+        for plan in candidates(*self.weight.shape):
+            self._reserve(plan)
+            seconds = _graph_time(lambda plan=plan: self.launch(x, plan))
+            if seconds < best_time:
+                best, best_time = plan, seconds
+        return best
+
+    def _reserve(self, plan: tuple[int, int, int]) -> None:
+        need = plan[2] * MAX_ROWS * self.weight.shape[0] if plan[2] > 1 else 1
+        if self.partials.numel() < need:
+            self.partials = torch.empty(need, device=self.weight.device)
+
+    def launch(self, rows: torch.Tensor, plan: tuple[int, int, int]) -> torch.Tensor:
         m, k = rows.shape
         n = self.weight.shape[0]
-        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-        grid = (self.counts.numel(), self.split)
-        _skinny_kernel[grid](
+        block_n, block_k, split = plan
+        y = torch.empty(m, n, dtype=rows.dtype, device=rows.device)
+        _skinny_kernel[(-(-n // block_n), split)](
             rows,
             self.weight,
             self.bias if self.bias is not None else self.weight,
@@ -128,13 +190,13 @@ class SkinnyLinear:
             y.stride(0),
             HAS_BIAS=self.bias is not None,
             BLOCK_M=MAX_ROWS,
-            BLOCK_N=self.block_n,
-            BLOCK_K=self.block_k,
-            SPLIT_K=self.split,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            SPLIT_K=split,
             num_warps=4,
             num_stages=3,
         )
-        return y.view(*x.shape[:-1], n)
+        return y
 
 
 def usable(weight: torch.Tensor) -> bool:
