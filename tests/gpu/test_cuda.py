@@ -130,7 +130,9 @@ def test_fused_decode_step_matches_reference_path(tiny, dtype):
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16])
-@pytest.mark.parametrize("n,k,bias", [(4096, 1024, False), (1024, 2048, True), (6144, 1024, False), (200, 96, True)])
+@pytest.mark.parametrize(
+    "n,k,bias", [(4096, 1024, False), (1024, 2048, True), (6144, 1024, False), (200, 96, True)]
+)
 def test_skinny_linear_matches_dense_product(rows, n, k, bias):
     import torch.nn.functional as F
 

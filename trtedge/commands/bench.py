@@ -128,7 +128,15 @@ def run(
             vocab = vocab_size or 32000
         else:
             llm = _load(
-                config, model, max_batch_size, max_kv_cache_capacity, dtype, device, weights, load_format, console
+                config,
+                model,
+                max_batch_size,
+                max_kv_cache_capacity,
+                dtype,
+                device,
+                weights,
+                load_format,
+                console,
             )
             from trtedge.bench.backends import OfflineBackend
 

@@ -85,7 +85,15 @@ if triton is not None:
 
 # (BLOCK_N, BLOCK_K, SPLIT_K) candidates: the winners of `benchmarks/gpu_gemv.py --sweep` on the
 # H200 across the Qwen3-0.6B and 8B projection shapes.
-_CANDIDATES = ((32, 128, 1), (64, 128, 1), (64, 256, 1), (32, 128, 4), (32, 128, 8), (64, 128, 4), (128, 128, 4))
+_CANDIDATES = (
+    (32, 128, 1),
+    (64, 128, 1),
+    (64, 256, 1),
+    (32, 128, 4),
+    (32, 128, 8),
+    (64, 128, 4),
+    (128, 128, 4),
+)
 _MAX_SPLIT_TILES = 512  # wider weights have programs enough without split-K
 # (N, K, rows bucket) -> the fastest plan measured in this process, or None where cuBLAS won.
 _plans: dict[tuple[int, int, int], tuple[int, int, int] | None] = {}
