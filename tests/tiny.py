@@ -25,6 +25,21 @@ FAMILIES = {
     ),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", head_dim=32),
+    # Phi-3.5 style: fused qkv/gate_up, longrope (short factors within 256 positions), half the
+    # head rotated, every layer sliding over 48 keys.
+    "phi3": dict(
+        model_type="phi3",
+        pad_token_id=0,
+        original_max_position_embeddings=256,
+        max_position_embeddings=1024,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0 + 0.1 * i for i in range(4)],
+            "long_factor": [2.0 + 0.5 * i for i in range(4)],
+        },
+        partial_rotary_factor=0.5,
+        sliding_window=48,
+    ),
 }
 
 
@@ -42,12 +57,11 @@ def make_tiny_checkpoint(directory: Path, family: str, seed: int = 0) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
         initializer_range=0.1,
         rms_norm_eps=1e-6,
         bos_token_id=1,
         eos_token_id=2,
-        **spec,
+        **{"max_position_embeddings": 256, **spec},
     )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

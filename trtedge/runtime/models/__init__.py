@@ -11,7 +11,13 @@ from trtedge.runtime.models.llama import LlamaModel
 
 log = logging.getLogger("trtedge")
 
-ARCHITECTURES = {"llama": LlamaModel, "mistral": LlamaModel, "qwen2": LlamaModel, "qwen3": LlamaModel}
+ARCHITECTURES = {
+    "llama": LlamaModel,
+    "mistral": LlamaModel,
+    "qwen2": LlamaModel,
+    "qwen3": LlamaModel,
+    "phi3": LlamaModel,
+}
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 
 class UnsupportedModelError(ValueError):
@@ -14,11 +15,14 @@ class UnsupportedModelError(ValueError):
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    kind: str = "default"  # default | linear | llama3
+    kind: str = "default"  # default | linear | llama3 | longrope
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors up to / past the original length
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0  # multiplies cos and sin
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,38 @@ class ModelConfig:
     mlp_bias: bool
     qk_norm: bool
     torch_dtype: str
+    hidden_act: str = "silu"
+    partial_rotary_factor: float = 1.0
+    # Per layer: the number of most recent keys a query sees (0: the whole context).
+    sliding_windows: tuple[int, ...] = ()
+    local_rope: RopeConfig | None = None  # rope of the sliding-window layers, where it differs (Gemma 3)
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power (default: head_dim)
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    # Mixture of experts: which layers are sparse, and their routing.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    sparse_layers: tuple[bool, ...] = ()
+
+    def __post_init__(self):
+        if not self.sliding_windows:
+            object.__setattr__(self, "sliding_windows", (0,) * self.num_layers)
+        if not self.sparse_layers:
+            object.__setattr__(self, "sparse_layers", (False,) * self.num_layers)
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise UnsupportedModelError(
+                f"num_experts_per_tok {self.num_experts_per_tok} must be in 1..num_experts ({self.num_experts})"
+            )
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @classmethod
     def from_hf(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
@@ -48,39 +84,105 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
+        if model_type == "gemma3":  # the multimodal checkpoint: its text model
+            cfg = {**cfg.get("text_config", {}), "model_type": "gemma3_text"}
+            model_type = "gemma3_text"
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
+            num_layers = int(cfg["num_hidden_layers"])
             attention_bias = bool(cfg.get("attention_bias", False))
+            gemma = model_type == "gemma3_text"
             return cls(
                 model_type=model_type,
                 vocab_size=int(cfg["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
+                num_layers=num_layers,
                 num_heads=heads,
                 num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-                rope=_rope_config(cfg, source),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                rope=_rope_config(cfg, source, "full_attention"),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
                 qkv_bias=model_type == "qwen2" or attention_bias,
                 o_bias=model_type in ("llama", "mistral") and attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
-                qk_norm=model_type == "qwen3",
+                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
                 torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
+                hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
+                partial_rotary_factor=_partial_rotary_factor(cfg),
+                sliding_windows=_sliding_windows(cfg, num_layers),
+                local_rope=_rope_config(cfg, source, "sliding_attention") if gemma else None,
+                query_pre_attn_scalar=cfg.get("query_pre_attn_scalar") if gemma else None,
+                attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
+                final_logit_softcapping=cfg.get("final_logit_softcapping"),
+                **_moe_fields(cfg, model_type, num_layers),
             )
         except KeyError as e:
             raise UnsupportedModelError(f"{source}: missing required field {e.args[0]!r}") from None
 
 
-def _rope_config(cfg: dict, source: str) -> RopeConfig:
-    # transformers 5 keeps rope settings in `rope_parameters`; 4.x in `rope_theta` + `rope_scaling`.
+def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
+    window = int(cfg.get("sliding_window") or 0)
+    qwen = cfg.get("model_type") in ("qwen2", "qwen3", "qwen3_moe")
+    if not window or (qwen and not cfg.get("use_sliding_window")):
+        return (0,) * num_layers
+    types = cfg.get("layer_types")
+    if types is None and qwen:
+        first = int(cfg.get("max_window_layers") or 0)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if types is None and cfg.get("model_type") == "gemma3_text":
+        pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    if types is None:
+        return (window,) * num_layers
+    return tuple(window if t == "sliding_attention" else 0 for t in types[:num_layers])
+
+
+def _moe_fields(cfg: dict, model_type: str, num_layers: int) -> dict:
+    if model_type not in ("qwen3_moe", "mixtral"):
+        return {}
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if model_type == "mixtral":
+        sparse = (experts > 0,) * num_layers
+        size = int(cfg["intermediate_size"])
+    else:
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        dense = set(cfg.get("mlp_only_layers") or ())
+        sparse = tuple(experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(num_layers))
+        size = int(cfg["moe_intermediate_size"])
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+        moe_intermediate_size=size,
+        norm_topk_prob=model_type == "mixtral" or bool(cfg.get("norm_topk_prob", False)),
+        sparse_layers=sparse,
+    )
+
+
+def _partial_rotary_factor(cfg: dict) -> float:
+    params = cfg.get("rope_parameters") or {}
+    return float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
+
+
+def _rope_config(cfg: dict, source: str, layer_type: str) -> RopeConfig:
+    # transformers 5 keeps rope settings in `rope_parameters` (Gemma 3: one entry per layer type);
+    # 4.x in `rope_theta` + `rope_scaling` (Gemma 3: `rope_local_base_freq` for sliding layers).
     params = dict(cfg.get("rope_parameters") or {})
-    scaling = cfg.get("rope_scaling") or {}
+    if layer_type in params or "full_attention" in params:
+        params = dict(params.get(layer_type) or {})
+    scaling = {} if layer_type == "sliding_attention" else (cfg.get("rope_scaling") or {})
     merged = {**scaling, **params}
-    theta = float(merged.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    default_theta = 10000.0
+    if layer_type == "sliding_attention":
+        default_theta = cfg.get("rope_local_base_freq", 10000.0)
+    elif cfg.get("model_type") == "gemma3_text":
+        default_theta = 1000000.0
+    theta = float(merged.get("rope_theta", cfg.get("rope_theta", default_theta)))
+    if layer_type == "sliding_attention" and "rope_theta" not in merged:
+        theta = float(default_theta)
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
     if kind == "default":
         return RopeConfig(theta=theta)
@@ -95,6 +197,25 @@ def _rope_config(cfg: dict, source: str) -> RopeConfig:
             high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
             original_max_position_embeddings=int(merged.get("original_max_position_embeddings", 8192)),
         )
+    if kind in ("longrope", "su"):
+        original = int(
+            merged.get("original_max_position_embeddings")
+            or cfg.get("original_max_position_embeddings")
+            or 4096
+        )
+        factor = merged.get("factor") or int(cfg.get("max_position_embeddings", original)) / original
+        attention = merged.get("attention_factor")
+        if attention is None:
+            attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        return RopeConfig(
+            theta=theta,
+            kind="longrope",
+            factor=float(factor),
+            original_max_position_embeddings=original,
+            short_factor=tuple(float(f) for f in merged["short_factor"]),
+            long_factor=tuple(float(f) for f in merged["long_factor"]),
+            attention_factor=float(attention),
+        )
     raise UnsupportedModelError(
-        f"{source}: unsupported rope type {kind!r}; supported: default, linear, llama3"
+        f"{source}: unsupported rope type {kind!r}; supported: default, linear, llama3, longrope"
     )

@@ -36,10 +36,16 @@ class AttentionBatch:
 
 
 class TorchAttention:
-    """Reference backend: works on any device; the oracle the other backends are tested against."""
+    """Reference backend: works on any device; the oracle the other backends are tested against.
 
-    def __init__(self, scale: float):
+    ``window`` > 0 limits each query to the ``window`` most recent keys, itself included (sliding-
+    window layers); ``softcap`` squashes scores to (-softcap, softcap) with tanh before the softmax.
+    """
+
+    def __init__(self, scale: float, window: int = 0, softcap: float | None = None):
         self.scale = scale
+        self.window = window
+        self.softcap = softcap
 
     def __call__(
         self,
@@ -69,18 +75,38 @@ class TorchAttention:
 
     def _attend(self, q, k, v, offset: int) -> torch.Tensor:
         qlen, klen = q.shape[0], k.shape[0]
+        if self.window and klen - self.window > 0 and qlen == 1:
+            k, v, offset, klen = k[-self.window :], v[-self.window :], self.window - 1, self.window
         qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-        if qlen == 1:
+        if self.window and klen > self.window:
+            rows = torch.arange(qlen, device=q.device).unsqueeze(1) + offset
+            cols = torch.arange(klen, device=q.device).unsqueeze(0)
+            mask, causal = (cols <= rows) & (cols > rows - self.window), False
+        elif qlen == 1:
             mask, causal = None, False
         elif offset == 0:
             mask, causal = None, True
         else:
             rows = torch.arange(qlen, device=q.device).unsqueeze(1) + offset
             mask, causal = torch.arange(klen, device=q.device).unsqueeze(0) <= rows, False
+        if self.softcap is not None:
+            return self._attend_softcapped(qt, kt, vt, mask, causal).transpose(0, 1)
         o = F.scaled_dot_product_attention(
             qt, kt, vt, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
         )
         return o.transpose(0, 1)
+
+    def _attend_softcapped(self, qt, kt, vt, mask, causal: bool) -> torch.Tensor:
+        group = qt.shape[0] // kt.shape[0]
+        kt, vt = kt.repeat_interleave(group, 0), vt.repeat_interleave(group, 0)
+        scores = (
+            torch.tanh((qt.float() @ kt.float().transpose(1, 2)) * self.scale / self.softcap) * self.softcap
+        )
+        if causal:
+            mask = torch.ones(qt.shape[1], kt.shape[1], dtype=torch.bool, device=qt.device).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return (scores.softmax(-1) @ vt.float()).to(qt.dtype)
 
 
 class CudaAttention(TorchAttention):
@@ -99,5 +125,12 @@ class CudaAttention(TorchAttention):
         if batch.tables_tensor is None:
             return paged_prefill_attention(q, k_cache, v_cache, *batch.prefill_plan, self.scale)
         return paged_decode_attention(
-            q, k_cache, v_cache, batch.tables_tensor, batch.context_lens_tensor, self.scale
+            q,
+            k_cache,
+            v_cache,
+            batch.tables_tensor,
+            batch.context_lens_tensor,
+            self.scale,
+            window=self.window,
+            softcap=self.softcap,
         )

@@ -169,40 +169,42 @@ void qkv_rope_store(const float *qkv, int64_t B, int64_t H, int64_t Hkv, int64_t
     }
 }
 
-/* Decode attention over a paged cache. q: [B, H, D]; tables: [B, max_blocks]; out: [B, H, D]. */
+/* Decode attention over a paged cache. q: [B, H, D]; tables: [B, max_blocks]; out: [B, H, D].
+   window > 0: only the last `window` keys (sliding-window layers). */
 void paged_decode_attention(const float *q, const float *k_cache, const float *v_cache, const int64_t *tables,
                             int64_t max_blocks, const int64_t *context_lens, int64_t B, int64_t H, int64_t Hkv,
-                            int64_t D, int64_t block_size, float scale, float *out) {
+                            int64_t D, int64_t block_size, float scale, float *out, int64_t window) {
     int64_t group = H / Hkv;
     #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < H; h++) {
             int64_t ctx = context_lens[b], kvh = h / group;
+            int64_t first = window > 0 && ctx > window ? ctx - window : 0;
             const float *qh = q + (b * H + h) * D;
             const int64_t *table = tables + b * max_blocks;
-            float *scores = (float *)malloc(sizeof(float) * ctx);
+            float *scores = (float *)malloc(sizeof(float) * (ctx - first));
             float best = -INFINITY;
-            for (int64_t t = 0; t < ctx; t++) {
+            for (int64_t t = first; t < ctx; t++) {
                 int64_t slot = table[t / block_size] * block_size + t % block_size;
                 const float *kt = k_cache + (slot * Hkv + kvh) * D;
                 float s = 0.0f;
                 #pragma omp simd reduction(+:s)
                 for (int64_t i = 0; i < D; i++) s += qh[i] * kt[i];
                 s *= scale;
-                scores[t] = s;
+                scores[t - first] = s;
                 if (s > best) best = s;
             }
             float total = 0.0f;
-            for (int64_t t = 0; t < ctx; t++) {
-                scores[t] = expf(scores[t] - best);
-                total += scores[t];
+            for (int64_t t = first; t < ctx; t++) {
+                scores[t - first] = expf(scores[t - first] - best);
+                total += scores[t - first];
             }
             float *o = out + (b * H + h) * D;
             for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
-            for (int64_t t = 0; t < ctx; t++) {
+            for (int64_t t = first; t < ctx; t++) {
                 int64_t slot = table[t / block_size] * block_size + t % block_size;
                 const float *vt = v_cache + (slot * Hkv + kvh) * D;
-                float p = scores[t] / total;
+                float p = scores[t - first] / total;
                 for (int64_t i = 0; i < D; i++) o[i] += p * vt[i];
             }
             free(scores);
@@ -225,7 +227,7 @@ _SIGNATURES = {
     "int8_linear": [_P, _I, _I, _P, _P, _P, _P, _I],
     "add_rms_norm": [_P, _P, _P, _P, _I, _I, _F],
     "qkv_rope_store": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _P, _P],
-    "paged_decode_attention": [_P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _P],
+    "paged_decode_attention": [_P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _P, _I],
     "silu_mul": [_P, _P, _I, _I],
 }
 
@@ -332,7 +334,9 @@ def qkv_rope_store(
     )
 
 
-def paged_decode_attention(lib, q, k_cache, v_cache, tables, context_lens, block_size, scale, out) -> None:
+def paged_decode_attention(
+    lib, q, k_cache, v_cache, tables, context_lens, block_size, scale, out, window: int = 0
+) -> None:
     b, h, d = q.shape
     lib.paged_decode_attention(
         q.data_ptr(),
@@ -348,6 +352,7 @@ def paged_decode_attention(lib, q, k_cache, v_cache, tables, context_lens, block
         block_size,
         scale,
         out.data_ptr(),
+        window,
     )
 
 
@@ -388,9 +393,11 @@ class CpuDecodeKernels:
         qkv_rope_store(self.lib, *args)
 
     def paged_decode_attention(
-        self, q, k_cache, v_cache, tables, context_lens, block_size, scale, out
+        self, q, k_cache, v_cache, tables, context_lens, block_size, scale, out, window: int = 0
     ) -> None:
-        paged_decode_attention(self.lib, q, k_cache, v_cache, tables, context_lens, block_size, scale, out)
+        paged_decode_attention(
+            self.lib, q, k_cache, v_cache, tables, context_lens, block_size, scale, out, window
+        )
 
     def silu_mul(self, gate_up, out) -> None:
         silu_mul(self.lib, gate_up, out)

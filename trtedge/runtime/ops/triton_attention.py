@@ -38,6 +38,8 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         IEEE: tl.constexpr,
         NUM_SPLITS: tl.constexpr,
+        WINDOW: tl.constexpr,
+        SOFTCAP: tl.constexpr,
         part_m_ptr,
         part_l_ptr,
         part_acc_ptr,
@@ -49,8 +51,11 @@ if triton is not None:
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
         ctx = tl.load(context_lens_ptr + seq)
-        chunk = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        lo = split * chunk
+        first = 0
+        if WINDOW > 0:  # a sliding-window layer sees only the WINDOW most recent keys
+            first = tl.maximum(ctx - WINDOW, 0)
+        chunk = tl.cdiv(tl.cdiv(ctx - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = first + split * chunk
         hi = tl.minimum(lo + chunk, ctx)
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -74,6 +79,8 @@ if triton is not None:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             else:
                 s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            if SOFTCAP > 0:  # SOFTCAP * tanh(s / SOFTCAP)
+                s = SOFTCAP * (2.0 * tl.sigmoid(2.0 * s / SOFTCAP) - 1.0)
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])
@@ -126,7 +133,10 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # [B] int32/int64
     scale: float,
     out: torch.Tensor | None = None,
+    window: int = 0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
+    """``window`` > 0: attend to the last ``window`` keys only; ``softcap``: tanh-capped scores."""
     b, h, d = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     group = h // hkv
@@ -156,6 +166,8 @@ def paged_decode_attention(
         BLOCK_N=64,
         IEEE=q.dtype == torch.float32,
         NUM_SPLITS=splits,
+        WINDOW=window,
+        SOFTCAP=float(softcap or 0.0),
         part_m_ptr=part_m,
         part_l_ptr=part_l,
         part_acc_ptr=part_acc,

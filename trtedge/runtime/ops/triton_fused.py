@@ -173,11 +173,11 @@ class TritonDecodeKernels:
         )
 
     def paged_decode_attention(
-        self, q, k_cache, v_cache, tables, context_lens, block_size, scale, out
+        self, q, k_cache, v_cache, tables, context_lens, block_size, scale, out, window: int = 0
     ) -> None:
         from trtedge.runtime.ops.triton_attention import paged_decode_attention
 
-        paged_decode_attention(q, k_cache, v_cache, tables, context_lens, scale, out)
+        paged_decode_attention(q, k_cache, v_cache, tables, context_lens, scale, out, window=window)
 
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
         rows, inter = out.shape

@@ -1,0 +1,59 @@
+"""Family-specific behaviour against HF transformers: sliding windows past the window, longrope past
+the original context, and the error for an unsupported model_type."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.runtime.test_models import prefill_logits
+from tests.tiny import make_tiny_checkpoint
+from trtedge.runtime.checkpoint import resolve_checkpoint
+from trtedge.runtime.models import SUPPORTED_MODEL_TYPES, UnsupportedModelError, load_model
+from trtedge.runtime.models.config import ModelConfig
+
+transformers = pytest.importorskip("transformers")
+
+
+def compare_prefill(path, num_tokens: int, max_positions: int = 256) -> float:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.randint(3, 500, (num_tokens,), generator=torch.Generator().manual_seed(3)).tolist()
+    model = load_model(
+        resolve_checkpoint(str(path)),
+        dtype="float32",
+        device="cpu",
+        weights="float",
+        max_positions=max_positions,
+    )
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    return (prefill_logits(model, ids) - ref).abs().max().item()
+
+
+@pytest.mark.parametrize("family", ["phi3"])
+def test_prompt_longer_than_the_sliding_window_matches_transformers(family, tmp_path):
+    path = make_tiny_checkpoint(tmp_path, family)
+    cfg = json.loads((path / "config.json").read_text())
+    window = cfg["sliding_window"]
+    diff = compare_prefill(path, 3 * window)
+    print(f"{family}: {3 * window} tokens, window {window}: max |logit difference| = {diff:.2e}")
+    assert diff < 1e-4
+
+
+def test_longrope_uses_long_factors_past_the_original_context(tmp_path):
+    path = make_tiny_checkpoint(tmp_path, "phi3")
+    # 300 tokens > original_max_position_embeddings (256): HF rotates with the long factors, as we do
+    # when the engine's context (max_positions) goes past the original length.
+    assert compare_prefill(path, 300, max_positions=512) < 1e-4
+
+
+def test_unsupported_model_type_lists_the_supported_ones():
+    with pytest.raises(UnsupportedModelError) as e:
+        ModelConfig.from_hf({"model_type": "gpt_neox", "hidden_size": 8})
+    message = str(e.value)
+    assert "'gpt_neox'" in message
+    for model_type in SUPPORTED_MODEL_TYPES:
+        assert model_type in message
+    assert "phi3" in SUPPORTED_MODEL_TYPES
