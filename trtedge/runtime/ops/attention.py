@@ -123,7 +123,9 @@ class CudaAttention(TorchAttention):
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, batch.slot_mapping, k)
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, batch.slot_mapping, v)
         if batch.tables_tensor is None:
-            return paged_prefill_attention(q, k_cache, v_cache, *batch.prefill_plan, self.scale)
+            return paged_prefill_attention(
+                q, k_cache, v_cache, *batch.prefill_plan, self.scale, self.window, self.softcap
+            )
         return paged_decode_attention(
             q,
             k_cache,

@@ -34,6 +34,8 @@ if triton is not None:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         IEEE: tl.constexpr,
+        WINDOW: tl.constexpr,
+        SOFTCAP: tl.constexpr,
     ):
         tile = tl.program_id(0)
         head = tl.program_id(1)
@@ -57,7 +59,10 @@ if triton is not None:
         denom = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         hi = tl.minimum(ctx, ctx - q_len + row0 + BLOCK_M)  # keys past the tile's last row stay unread
-        for start in range(0, hi, BLOCK_N):
+        lo = 0
+        if WINDOW > 0:  # keys before the first row's window are invisible to the whole tile
+            lo = tl.maximum(ctx - q_len + row0 - WINDOW + 1, 0)
+        for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             keys_valid = offs_n < hi
             block = tl.load(tables_ptr + seq * tables_stride + offs_n // BLOCK_SIZE, mask=keys_valid, other=0)
@@ -69,11 +74,16 @@ if triton is not None:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             else:
                 s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            if SOFTCAP > 0:  # SOFTCAP * tanh(s / SOFTCAP)
+                s = SOFTCAP * (2.0 * tl.sigmoid(2.0 * s / SOFTCAP) - 1.0)
             visible = keys_valid[None, :] & (offs_n[None, :] <= positions[:, None])
+            if WINDOW > 0:
+                visible = visible & (offs_n[None, :] > positions[:, None] - WINDOW)
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m - m_safe)
             denom = denom * alpha + tl.sum(p, 1)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
@@ -114,7 +124,10 @@ def paged_prefill_attention(
     tiles: torch.Tensor,  # [num_tiles, 2] int32 from plan_tiles
     seqs: torch.Tensor,  # [num_seqs, 3] int32 from plan_tiles
     scale: float,
+    window: int = 0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
+    """``window`` > 0: each row sees its ``window`` most recent keys; ``softcap``: tanh-capped scores."""
     t, h, d = q.shape
     out = torch.empty_like(q)
     _paged_prefill_kernel[(tiles.shape[0], h)](
@@ -134,6 +147,8 @@ def paged_prefill_attention(
         BLOCK_M=BLOCK_M,
         BLOCK_N=64 if q.dtype != torch.float32 else 32,
         IEEE=q.dtype == torch.float32,
+        WINDOW=window,
+        SOFTCAP=float(softcap or 0.0),
         num_warps=4,
         num_stages=2,
     )
