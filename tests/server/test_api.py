@@ -132,9 +132,10 @@ def test_prompt_plus_max_tokens_over_the_context_names_both_numbers(llm):
         (
             {"messages": PARIS, "tools": [{"type": "function", "function": {"name": "f"}}]},
             400,
-            "tools",
-            "not supported",
+            "tool_choice",
+            "--enable-auto-tool-choice",
         ),
+        ({"messages": PARIS, "tools": [{"type": "code"}], "tool_choice": "none"}, 400, "tools.0.type", ""),
         (
             {"messages": PARIS, "response_format": {"type": "json_object"}, "guided_regex": "a+"},
             400,
@@ -142,7 +143,17 @@ def test_prompt_plus_max_tokens_over_the_context_names_both_numbers(llm):
             "set only one of response_format and guided_regex",
         ),
         ({"messages": PARIS, "guided_decoding": {"regex": "[a-"}}, 400, "guided_decoding", "Unclosed '['"),
-        ({"messages": PARIS, "tool_choice": "required"}, 400, "tool_choice", "not supported"),
+        ({"messages": PARIS, "tool_choice": "required"}, 400, "tool_choice", "needs tools"),
+        (
+            {
+                "messages": PARIS,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": "required",
+            },
+            400,
+            "tool_choice",
+            "structured output",
+        ),
         ({"messages": [{"role": "user", "content": "x" * 4000}]}, 400, "messages", "max_input_len 512"),
     ],
 )
@@ -178,7 +189,7 @@ def test_internal_error_is_500_without_internals(llm, monkeypatch):
     def boom(*args, **kwargs):
         raise KeyError("secret internal detail")
 
-    monkeypatch.setattr(app.state.serving, "_chat_prompt_ids", boom)
+    monkeypatch.setattr(app.state.serving, "_params", boom)
     r = request(app, "POST", CHAT, json={"messages": PARIS})
     error = assert_error(r, 500)
     assert "secret" not in r.text and "Traceback" not in r.text and error["type"] == "internal_error"
@@ -391,7 +402,9 @@ def test_openapi_document_describes_what_the_server_validates(llm):
     components = doc["components"]["schemas"]
 
     def validator(name):
-        return jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}", "components": doc["components"]})
+        return jsonschema.Draft202012Validator(
+            {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+        )
 
     chat = validator("ChatCompletionRequest")
     assert chat.is_valid({"model": "m", "messages": PARIS, "max_tokens": 4})
@@ -399,7 +412,12 @@ def test_openapi_document_describes_what_the_server_validates(llm):
     assert not chat.is_valid({"model": "m"})  # messages required
     assert validator("CompletionRequest").is_valid({"model": "m", "prompt": [1, 2, 3]})
     # the server refuses what the document refuses, naming the same field
-    bad = request(app, "POST", CHAT, json={"model": "m", "messages": PARIS, "max_tokens": "four"},
-                  headers={"Authorization": "Bearer k"})
+    bad = request(
+        app,
+        "POST",
+        CHAT,
+        json={"model": "m", "messages": PARIS, "max_tokens": "four"},
+        headers={"Authorization": "Bearer k"},
+    )
     assert_error(bad, 400, param="max_tokens")
     assert "Error" in components

@@ -21,7 +21,6 @@ runner = CliRunner()
         ({"log_level": "loud"}, "--log-level"),
         ({"reasoning_parser": "nope"}, "--reasoning-parser"),
         ({"tool_call_parser": "nope"}, "--tool-call-parser"),
-        ({"enable_auto_tool_choice": True}, "--enable-auto-tool-choice"),
         ({"allowed_local_media_path": "/does/not/exist"}, "--allowed-local-media-path"),
         ({"engine_cache_max_size_gb": -1.0}, "--engine-cache-max-size-gb"),
         ({"api_key": ""}, "--api-key"),
@@ -64,7 +63,8 @@ def test_api_key_from_environment(monkeypatch):
         (["--log-level", "shout"], "--log-level"),
         (["--context-cache-max-records", "-1"], "--context-cache-max-records"),
         (["--speculative-config", '{"method": "mtp"}'], "--speculative-config"),
-        (["--reasoning-parser", "qwen3"], "--reasoning-parser"),
+        (["--reasoning-parser", "granite"], "--reasoning-parser"),
+        (["--tool-call-parser", "pythonic"], "--tool-call-parser"),
     ],
 )
 def test_cli_bad_flag_is_one_line_exit_2(args, flag):

@@ -35,15 +35,21 @@ def serve(
         None, "--api-key", envvar="TRTEDGE_API_KEY", help="Require this key on /v1/* (also $TRTEDGE_API_KEY)."
     ),
     reasoning_parser: str = typer.Option(
-        None, "--reasoning-parser", help="Split reasoning into reasoning_content (not available yet)."
+        "auto",
+        "--reasoning-parser",
+        help="auto|none|qwen3|deepseek_r1|nemotron: split <think> reasoning into reasoning_content "
+        "when a request enables thinking.",
     ),
     tool_call_parser: str = typer.Option(
-        None,
+        "auto",
         "--tool-call-parser",
-        help="Parse tool calls from the output (tool calling is not available yet).",
+        help="auto|hermes|qwen3_xml|llama3_json|mistral|nemotron|generic: how tool calls are read "
+        "from the output (auto: from the chat template).",
     ),
     enable_auto_tool_choice: bool = typer.Option(
-        False, "--enable-auto-tool-choice", help='Let the model choose tools (tool_choice="auto").'
+        False,
+        "--enable-auto-tool-choice",
+        help='Let the model choose tools (tool_choice="auto", the default when tools are sent).',
     ),
     max_queued_requests: int = typer.Option(
         16, "--max-queued-requests", help="Requests that may wait beyond those generating; more get 429."
@@ -146,8 +152,6 @@ def _serve(print_config: bool, settings: dict) -> None:
     # Flags validated now whose features land later: refuse rather than run without them.
     if config.speculative_config is not None:
         _fail("--speculative-config: speculative decoding is not available yet in this version")
-    if config.reasoning_parser is not None:
-        _fail("--reasoning-parser: reasoning output parsing is not available yet in this version")
 
     logging.basicConfig(
         level=logging.DEBUG if config.log_level == "trace" else config.log_level.upper(),

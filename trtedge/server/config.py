@@ -8,9 +8,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtedge.server.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-REASONING_PARSERS = ("deepseek_r1", "qwen3", "granite", "gpt_oss")
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic", "gpt_oss")
 SPECULATIVE_METHODS = ("draft", "eagle", "mtp", "ngram")
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -67,8 +67,8 @@ class ServeConfig:
     port: int = 8000
     served_model_name: str | None = None
     api_key: str | None = None
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
+    reasoning_parser: str = "auto"
+    tool_call_parser: str = "auto"
     enable_auto_tool_choice: bool = False
     max_queued_requests: int = 16
     queue_timeout: float = 600.0
@@ -90,8 +90,6 @@ class ServeConfig:
             raise ServerConfigError("--api-key (or TRTEDGE_API_KEY) must not be empty")
         _choice("--reasoning-parser", self.reasoning_parser, REASONING_PARSERS)
         _choice("--tool-call-parser", self.tool_call_parser, TOOL_CALL_PARSERS)
-        if self.enable_auto_tool_choice and self.tool_call_parser is None:
-            raise ServerConfigError("--enable-auto-tool-choice needs --tool-call-parser")
         q = self.max_queued_requests
         if isinstance(q, bool) or not isinstance(q, int) or q < 0:
             raise ServerConfigError(f"--max-queued-requests must be a non-negative integer, got {q!r}")

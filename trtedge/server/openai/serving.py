@@ -16,18 +16,19 @@ from starlette.responses import JSONResponse, Response
 from trtedge.llm import LLM, GuidedUnavailableError, PromptTooLongError
 from trtedge.runtime.sampling import TokenLogprobs
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
+from trtedge.runtime.stream import StreamDelta
 from trtedge.server import sse
 from trtedge.server.admission import Admission
 from trtedge.server.config import ServeConfig
+from trtedge.server.core import call_id, plan_chat
 from trtedge.server.errors import APIError, bad_request, internal_error, not_supported
 from trtedge.server.generation import Choice, Generation
 from trtedge.server.metrics import ServerMetrics
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from trtedge.server.openai.structured import guide_from_request
+from trtedge.server.parsers.output import merge
 
 log = logging.getLogger("trtedge.server")
-
-_TEXT_PARTS = ("text", "input_text")
 
 
 @dataclass
@@ -74,82 +75,56 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
         self._refuse_unserved(req)
-        if req.tools or req.functions:
-            raise not_supported("tool calling (tools)", "tools" if req.tools else "functions")
-        if req.tool_choice not in (None, "none", "auto") or req.function_call not in (None, "none", "auto"):
-            raise not_supported(
-                "tool calling (tool_choice)", "tool_choice" if req.tool_choice else "function_call"
-            )
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
-        ids = self._chat_prompt_ids(req)
-        max_tokens = req.max_completion_tokens or req.max_tokens
-        top = (req.top_logprobs or 0) if req.logprobs else None
         guide = await self._guide(req)
-        choices = [Choice(ids, self._params(req, len(ids), max_tokens, top, "messages", guide=guide))]
+        plan = plan_chat(self, req, guide)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        gen, watcher = await self._start(req, choices, rid, request, arrival)
+        gen, watcher = await self._start(req, plan.choices, rid, request, arrival)
         if gen is None:
             return Response(status_code=499)
         created = int(time.time())
         if req.stream:
-            return sse.SSEResponse(self._chat_chunks(gen, req, rid, created), on_close=_closer(gen, watcher))
+            return sse.SSEResponse(
+                self._chat_chunks(gen, req, plan, rid, created), on_close=_closer(gen, watcher)
+            )
         outputs = await self._collect(gen, watcher)
+        choices = []
+        for i, o in enumerate(outputs):
+            reader = plan.reader()
+            parsed = merge(reader.feed(StreamDelta("".join(o.text), [], o.finish_reason)))
+            message: dict = {"role": "assistant", "content": parsed.content}
+            if plan.reasoning is not None:
+                message["reasoning_content"] = parsed.reasoning or None
+            if parsed.calls:
+                message["content"] = parsed.content if parsed.content.strip() else None
+                message["tool_calls"] = [
+                    {
+                        "id": call_id(),
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
+                    for c in parsed.calls
+                ]
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": {"content": self._chat_logprobs(o.logprobs)} if req.logprobs else None,
+                    "finish_reason": reader.finish_reason(o.finish_reason),
+                }
+            )
         body = {
             "id": rid,
             "object": "chat.completion",
             "created": created,
             "model": self.model_name,
-            "choices": [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": "".join(o.text)},
-                    "logprobs": {"content": self._chat_logprobs(o.logprobs)} if req.logprobs else None,
-                    "finish_reason": o.finish_reason,
-                }
-                for i, o in enumerate(outputs)
-            ],
+            "choices": choices,
             "usage": _usage(outputs[0].prompt_tokens, sum(o.completion_tokens for o in outputs)),
         }
         return JSONResponse(body)
 
-    def _chat_prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
-        messages = []
-        for i, m in enumerate(req.messages):
-            if m.tool_calls or m.role == "tool":
-                raise not_supported("tool calling (tool messages)", f"messages.{i}")
-            content = m.content
-            if isinstance(content, list):
-                texts = []
-                for j, part in enumerate(content):
-                    if part.type not in _TEXT_PARTS:
-                        raise not_supported(f"{part.type!r} content", f"messages.{i}.content.{j}")
-                    if part.text is None:
-                        raise bad_request("a text part needs 'text'", param=f"messages.{i}.content.{j}.text")
-                    texts.append(part.text)
-                content = "\n".join(texts)
-            role = "system" if m.role == "developer" else m.role
-            message = {"role": role, "content": content or ""}
-            if m.name is not None:
-                message["name"] = m.name
-            if m.reasoning_content is not None:
-                message["reasoning_content"] = m.reasoning_content
-            messages.append(message)
-        try:
-            if not req.apply_chat_template:
-                raw = "\n".join(m["content"] for m in messages)
-                return self.llm.encode_prompt(raw, apply_chat_template=False)
-            return self.llm.encode_prompt(
-                messages,
-                add_generation_prompt=req.add_generation_prompt,
-                chat_template_kwargs=req.chat_template_kwargs,
-                enable_thinking=req.enable_thinking,
-                reasoning_effort=req.reasoning_effort,
-            )
-        except ValueError as e:
-            raise bad_request(f"cannot apply the chat template: {e}", param="messages") from None
-
-    async def _chat_chunks(self, gen: Generation, req, rid: str, created: int) -> AsyncIterator[bytes]:
+    async def _chat_chunks(self, gen: Generation, req, plan, rid: str, created: int) -> AsyncIterator[bytes]:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         if include_usage:
@@ -160,17 +135,22 @@ class OpenAIServing:
             return sse.event({**head, "choices": [choice]})
 
         try:
+            readers = [plan.reader() for _ in range(gen.num_choices)]
+            ids: list[dict[int, str]] = [{} for _ in range(gen.num_choices)]
             for i in range(gen.num_choices):
                 yield chunk(i, {"role": "assistant", "content": ""})
             prompt_tokens, completion = 0, [0] * gen.num_choices
             async for i, d in gen.deltas():
                 if gen.cancelled:
                     return  # the client hung up
+                deltas = [_chat_delta(e, ids[i]) for e in readers[i].feed(d)]
                 infos = self._visible_logprobs(d) if req.logprobs else []
-                if not d.text and not d.finish_reason and not infos:
-                    continue
-                lp = {"content": self._chat_logprobs(infos)} if req.logprobs else None
-                yield chunk(i, {"content": d.text} if d.text else {}, lp, d.finish_reason)
+                finish = readers[i].finish_reason(d.finish_reason)
+                if not deltas and (finish or infos):
+                    deltas = [{}]
+                for k, delta in enumerate(deltas):
+                    lp = {"content": self._chat_logprobs(infos if k == 0 else [])} if req.logprobs else None
+                    yield chunk(i, delta, lp, finish if k == len(deltas) - 1 else None)
                 prompt_tokens, completion[i] = d.prompt_tokens, d.completion_tokens
             if include_usage:
                 yield sse.event({**head, "choices": [], "usage": _usage(prompt_tokens, sum(completion))})
@@ -457,6 +437,21 @@ class OpenAIServing:
         else:
             raw = self.llm.tokenizer.decode([token_id], skip_special_tokens=False).encode()
         return raw.decode("utf-8", errors="replace"), raw
+
+
+def _chat_delta(event: tuple, ids: dict[int, str]) -> dict:
+    kind = event[0]
+    if kind == "reasoning":
+        return {"reasoning_content": event[1]}
+    if kind == "content":
+        return {"content": event[1]}
+    if kind == "call":
+        ids[event[1]] = call_id()
+        function = {"name": event[2], "arguments": ""}
+        return {
+            "tool_calls": [{"index": event[1], "id": ids[event[1]], "type": "function", "function": function}]
+        }
+    return {"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]}
 
 
 def _closer(gen: Generation, watcher: sse.DisconnectWatcher):

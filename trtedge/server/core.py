@@ -1,0 +1,230 @@
+"""The translation core shared by /v1/chat/completions, /v1/messages and /v1/responses.
+
+Every surface turns its request into an OpenAI ``ChatCompletionRequest`` (messages, tools, tool_choice,
+sampling); ``plan_chat`` renders it through the chat template into one engine request and picks the
+output parsers; ``ChoiceReader`` turns each choice's deltas into reasoning, content and tool-call events
+that each surface writes in its own wire format."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from trtedge.runtime.stream import StreamDelta
+from trtedge.runtime.tokenizer import TemplateError
+from trtedge.server.errors import bad_request, not_supported
+from trtedge.server.generation import Choice
+from trtedge.server.openai.protocol import ChatCompletionRequest
+from trtedge.server.parsers import Format, OutputParser, reasoning_parser, tool_call_guide, tool_format
+
+if TYPE_CHECKING:
+    from trtedge.server.openai.serving import OpenAIServing
+
+_TEXT_PARTS = ("text", "input_text", "output_text")
+
+
+@dataclass
+class ChatPlan:
+    """One chat request ready for the engine, and how to read what comes back."""
+
+    choices: list[Choice]
+    prompt_text: str
+    tool_format: Format | None = None  # None: tool calls are not parsed
+    tools: dict[str, dict] = field(default_factory=dict)  # name -> JSON schema of the arguments
+    reasoning: str | None = None
+    opened: bool = False  # the prompt ends inside a <think> block
+    parallel_tool_calls: bool = True
+
+    def reader(self) -> ChoiceReader:
+        return ChoiceReader(
+            OutputParser(self.reasoning, self.tool_format, self.tools, self.opened), self.parallel_tool_calls
+        )
+
+
+class ChoiceReader:
+    """One choice's deltas -> events ("reasoning", text), ("content", text), ("call", index, name),
+    ("arguments", index, fragment); ``finish_reason`` says "tool_calls" once a call was made."""
+
+    def __init__(self, parser: OutputParser, parallel: bool):
+        self.parser = parser
+        self.parallel = parallel
+        self.num_calls = 0
+
+    def feed(self, delta: StreamDelta) -> list[tuple]:
+        events = self.parser.feed(delta.text, final=delta.finish_reason is not None)
+        if not self.parallel:
+            events = [e for e in events if e[0] not in ("call", "arguments") or e[1] == 0]
+        self.num_calls += sum(1 for e in events if e[0] == "call")
+        return events
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return "tool_calls" if reason == "stop" and self.num_calls else reason
+
+
+def call_id(prefix: str = "call_") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def plan_chat(serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = None) -> ChatPlan:
+    """Validate tools and tool_choice, render the conversation, and build the engine request; ``guide`` is
+    the request's own structured-output guide (response_format), if any."""
+    tokenizer = serving.llm.tokenizer
+    config = serving.config
+    tools = _tools(req)
+    choice = _tool_choice(req, tools)
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or ()}
+    template = (
+        tokenizer.chat_templates.get("tool_use" if tools else "default") or tokenizer.chat_template or ""
+    )
+    fmt = tool_format(config.tool_call_parser, template) if tools and choice != "none" else None
+    if choice == "auto" and not config.enable_auto_tool_choice:
+        raise bad_request(
+            'tool_choice "auto" (the default when tools are given) needs the server flag '
+            '--enable-auto-tool-choice; or send tool_choice "none"',
+            param="tool_choice",
+        )
+    if choice not in ("auto", "none"):
+        tool_guide = tool_call_guide(tools, choice, fmt)
+        if tool_guide is None:
+            raise not_supported(
+                f"tool_choice {json.dumps(choice)} (it needs structured output to enforce the call)",
+                "tool_choice",
+            )
+    kwargs = dict(req.chat_template_kwargs or {})
+    thinking = req.enable_thinking if req.enable_thinking is not None else kwargs.get("enable_thinking")
+    messages = _template_messages(req)
+    try:
+        if not req.apply_chat_template:
+            text = "\n".join(m.get("content") or "" for m in messages)
+            ids = tokenizer.encode(text, add_special_tokens=True)
+        else:
+            text = tokenizer.apply_chat_template(
+                messages,
+                add_generation_prompt=req.add_generation_prompt,
+                tools=tools,
+                enable_thinking=req.enable_thinking,
+                reasoning_effort=req.reasoning_effort,
+                chat_template_kwargs=req.chat_template_kwargs,
+            )
+            ids = tokenizer.encode(text, add_special_tokens=False)
+    except (TemplateError, ValueError) as e:
+        raise bad_request(f"cannot apply the chat template: {e}", param="messages") from None
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    params = serving._params(req, len(ids), max_tokens, top, "messages", guide=guide)
+    if fmt is not None and fmt.keep_special_tokens and params.skip_special_tokens:
+        params = replace(params, skip_special_tokens=False)
+    reasoning = reasoning_parser(config.reasoning_parser, template) if thinking is True else None
+    return ChatPlan(
+        choices=[Choice(ids, params)],
+        prompt_text=text,
+        tool_format=fmt,
+        tools=schemas,
+        reasoning=reasoning,
+        opened=text.rstrip().endswith("<think>"),
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+    )
+
+
+def _tools(req: ChatCompletionRequest) -> list[dict] | None:
+    tools = req.tools
+    param = "tools"
+    if tools is None and req.functions is not None:
+        tools, param = [{"type": "function", "function": f} for f in req.functions], "functions"
+    if not tools:
+        return None
+    for i, tool in enumerate(tools):
+        where = f"{param}.{i}"
+        if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise bad_request(
+                'only function tools are served: {"type": "function", "function": {...}}',
+                param=f"{where}.type",
+            )
+        function = tool["function"]
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise bad_request("a function tool needs a name", param=f"{where}.function.name")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise bad_request("parameters must be a JSON schema object", param=f"{where}.function.parameters")
+    names = [t["function"]["name"] for t in tools]
+    if len(set(names)) != len(names):
+        raise bad_request("tool names must be unique", param=param)
+    return tools
+
+
+def _tool_choice(req: ChatCompletionRequest, tools: list[dict] | None) -> str | dict:
+    choice = req.tool_choice if req.tool_choice is not None else req.function_call
+    param = "tool_choice" if req.tool_choice is not None else "function_call"
+    if choice is None:
+        return "auto" if tools else "none"
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise bad_request('tool_choice must be "none", "auto", "required" or a function', param=param)
+        if choice != "none" and not tools:
+            raise bad_request(f'tool_choice "{choice}" needs tools', param=param)
+        return choice
+    function = choice.get("function") if "function" in choice else choice
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise bad_request(
+            'a named tool_choice is {"type": "function", "function": {"name": ...}}', param=param
+        )
+    if name not in [t["function"]["name"] for t in tools or ()]:
+        raise bad_request(f"tool_choice names {name!r}, which is not among the tools", param=param)
+    return {"type": "function", "function": {"name": name}}
+
+
+def _template_messages(req: ChatCompletionRequest) -> list[dict]:
+    messages = []
+    for i, m in enumerate(req.messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type not in _TEXT_PARTS:
+                    raise not_supported(f"{part.type!r} content", f"messages.{i}.content.{j}")
+                if part.text is None:
+                    raise bad_request("a text part needs 'text'", param=f"messages.{i}.content.{j}.text")
+                texts.append(part.text)
+            content = "\n".join(texts)
+        role = "system" if m.role == "developer" else m.role
+        message: dict[str, Any] = {"role": role, "content": content or ""}
+        if m.name is not None:
+            message["name"] = m.name
+        if m.reasoning_content is not None:
+            message["reasoning_content"] = m.reasoning_content
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise bad_request(
+                    "only assistant messages carry tool_calls", param=f"messages.{i}.tool_calls"
+                )
+            message["tool_calls"] = [
+                _template_call(c, f"messages.{i}.tool_calls.{k}") for k, c in enumerate(m.tool_calls)
+            ]
+        if m.role == "tool":
+            if m.tool_call_id is None:
+                raise bad_request("a tool message needs tool_call_id", param=f"messages.{i}.tool_call_id")
+            message["tool_call_id"] = m.tool_call_id
+        messages.append(message)
+    return messages
+
+
+def _template_call(call: dict, param: str) -> dict:
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise bad_request("a tool call is {id, type: function, function: {name, arguments}}", param=param)
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except ValueError:
+            raise bad_request(
+                "arguments must be a JSON object", param=f"{param}.function.arguments"
+            ) from None
+    # Chat templates read the arguments as a mapping (transformers' convention).
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+    }

@@ -1,0 +1,76 @@
+"""One choice's output read as it streams: reasoning, content and tool calls, as events.
+
+Events: ("reasoning", text), ("content", text), ("call", index, name), ("arguments", index, fragment).
+A whole output read in one ``feed(text, final=True)`` gives the same events, merged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trtedge.server.parsers.formats import Format
+from trtedge.server.parsers.reasoning import split_reasoning
+from trtedge.server.parsers.tool_calls import ToolCall, ToolCallStream
+
+
+@dataclass
+class ParsedOutput:
+    reasoning: str = ""
+    content: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+class OutputParser:
+    def __init__(
+        self,
+        reasoning_parser: str | None = None,
+        tool_format: Format | None = None,
+        tools: dict | None = None,
+        opened: bool = False,
+    ):
+        self.reasoning_parser = reasoning_parser
+        self.opened = opened
+        self.tools = ToolCallStream(tool_format, tools) if tool_format is not None else None
+        self._text = ""
+        self._reasoning = 0
+        self._content = ""
+
+    def feed(self, delta: str, final: bool = False) -> list[tuple]:
+        self._text += delta
+        events: list[tuple] = []
+        if self.reasoning_parser is None:
+            content_delta = delta
+        else:
+            reasoning, content = split_reasoning(self.reasoning_parser, self._text, final, self.opened)
+            if len(reasoning) > self._reasoning:
+                events.append(("reasoning", reasoning[self._reasoning :]))
+                self._reasoning = len(reasoning)
+            content_delta = content[len(self._content) :] if content.startswith(self._content) else ""
+            self._content += content_delta
+        if self.tools is None:
+            if content_delta:
+                events.append(("content", content_delta))
+        else:
+            events += self.tools.feed(content_delta, final)
+        return events
+
+    def parse(self, text: str) -> ParsedOutput:
+        """The whole output at once."""
+        return merge(self.feed(text, final=True))
+
+
+def merge(events: list[tuple]) -> ParsedOutput:
+    out = ParsedOutput()
+    names: dict[int, str] = {}
+    args: dict[int, list[str]] = {}
+    for event in events:
+        if event[0] == "reasoning":
+            out.reasoning += event[1]
+        elif event[0] == "content":
+            out.content += event[1]
+        elif event[0] == "call":
+            names[event[1]] = event[2]
+            args[event[1]] = []
+        else:
+            args[event[1]].append(event[2])
+    out.calls = [ToolCall(names[i], "".join(args[i])) for i in sorted(names)]
+    return out
