@@ -26,9 +26,18 @@ feature is not available yet (`tool_choice` "required" or a named function) is r
 | GET | `/v1/models`, `/v1/models/{model}` | none |
 | POST | `/v1/chat/completions` | [chat completion request](#post-v1chatcompletions) |
 | POST | `/v1/completions` | [completion request](#post-v1completions) |
+| POST | `/v1/messages` | [Anthropic messages request](#post-v1messages) |
+| POST | `/v1/messages/count_tokens` | [Anthropic token count request](#post-v1messagescount_tokens) |
 """
 
+_CLAUDE_HELLO = {
+    "model": "SmolLM2-135M-Instruct",
+    "system": "Answer in one word.",
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+}
 EXAMPLES = {
+    "/v1/messages": {**_CLAUDE_HELLO, "max_tokens": 16, "stream": True},
+    "/v1/messages/count_tokens": _CLAUDE_HELLO,
     "/v1/chat/completions": {
         "model": "SmolLM2-135M-Instruct",
         "messages": [
@@ -49,12 +58,15 @@ EXAMPLES = {
 
 
 def render() -> str:
+    from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
     from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 
     parts = [HEADER]
     for path, model in (
         ("/v1/chat/completions", ChatCompletionRequest),
         ("/v1/completions", CompletionRequest),
+        ("/v1/messages", MessagesRequest),
+        ("/v1/messages/count_tokens", CountTokensRequest),
     ):
         model.model_validate(EXAMPLES[path])  # an example that no longer validates fails the generation
         schema = model.model_json_schema()

@@ -1,18 +1,23 @@
-"""Tool calling end to end: `trtedge serve` on a scripted tiny model (tests/server/scripted.py) whose
-greedy output is a hermes tool call when tools are offered and "Sunny in Paris." after a tool result,
-driven by the official SDKs."""
+"""Chat completions tools, Anthropic Messages and OpenAI Responses end to end: `trtedge serve` on a
+scripted tiny model (tests/server/scripted.py) whose greedy output is a hermes tool call when tools are
+offered and "Sunny in Paris." after a tool result, driven by the official SDKs. The server wants an
+API key: the anthropic SDK sends it as x-api-key, the openai SDK as a bearer token."""
 
 from __future__ import annotations
 
 import json
+import time
 
+import httpx
 import pytest
 
 from tests.serve_process import ServeProcess
 from tests.server.scripted import make_scripted_checkpoint
 
 openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
 
+KEY = "agents-key"
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -29,7 +34,7 @@ def server(tmp_path_factory):
     model = make_scripted_checkpoint(tmp_path_factory.mktemp("scripted") / "model")
     args = [
         str(model), "--max-kv-cache-capacity", "4096", "--max-input-len", "2048", "--max-queued-requests", "0",
-        "--enable-auto-tool-choice", "--served-model-name", "scripted", "--log-level", "warning",
+        "--enable-auto-tool-choice", "--served-model-name", "scripted", "--log-level", "warning", "--api-key", KEY,
     ]  # fmt: skip
     server = ServeProcess(tmp_path_factory, args)
     yield server
@@ -38,7 +43,12 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=60)
 
 
 def test_chat_tool_call_round_trip(client):
@@ -126,3 +136,102 @@ def test_reasoning_is_split_when_thinking_is_on(client):
     assert "".join(t for k, t in kinds if k == "reasoning_content").strip() == "hmm"
     assert "".join(t for k, t in kinds if k == "content") == "Hello world"
     assert kinds[0][0] == "reasoning_content" and kinds[-1][0] == "content"
+
+
+# ---- Anthropic Messages ------------------------------------------------------------------------------
+CLAUDE_TOOL = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+HI = [{"role": "user", "content": "hi"}]
+
+
+def test_messages_text_usage_and_count_tokens(claude):
+    r = claude.messages.create(model="scripted", max_tokens=20, messages=HI, system="Be brief.")
+    assert r.type == "message" and r.role == "assistant" and r.model == "scripted"
+    assert [b.type for b in r.content] == ["text"] and r.content[0].text.strip() == "Hello world"
+    assert r.stop_reason == "end_turn" and r.stop_sequence is None
+    counted = claude.messages.count_tokens(model="scripted", messages=HI, system="Be brief.")
+    assert r.usage.input_tokens == counted.input_tokens > 0
+    assert r.usage.output_tokens == 3  # Hello, world, end of sequence
+    stopped = claude.messages.create(model="scripted", max_tokens=20, messages=HI, stop_sequences=["world"])
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "world"
+    assert stopped.content[0].text.strip() == "Hello"
+    short = claude.messages.create(model="scripted", max_tokens=1, messages=HI)
+    assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 1
+
+
+def test_messages_stream(claude, server):
+    with claude.messages.stream(model="scripted", max_tokens=20, messages=HI) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text.strip() == "Hello world" and final.content[0].text == text
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3
+    body = {"model": "scripted", "max_tokens": 20, "messages": HI, "stream": True}
+    raw = httpx.post(f"{server.url}/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=60)
+    names = [line[7:] for line in raw.text.splitlines() if line.startswith("event: ")]
+    assert names[:3] == ["message_start", "ping", "content_block_start"]
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(names[3:-3]) == {"content_block_delta"}
+
+
+def test_messages_thinking_block(claude):
+    r = claude.messages.create(
+        model="scripted", max_tokens=20, messages=HI, thinking={"type": "enabled", "budget_tokens": 1024}
+    )
+    assert [b.type for b in r.content] == ["thinking", "text"]
+    assert r.content[0].thinking.strip() == "hmm" and r.content[1].text == "Hello world"
+
+
+def test_messages_tool_use_round_trip(claude):
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = claude.messages.create(model="scripted", max_tokens=50, messages=ask, tools=[CLAUDE_TOOL])
+    assert first.stop_reason == "tool_use"
+    [use] = [b for b in first.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.input == {"city": "Paris"} and use.id.startswith("toolu_")
+    with claude.messages.stream(model="scripted", max_tokens=50, messages=ask, tools=[CLAUDE_TOOL]) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "tool_use" and streamed.content[-1].input == {"city": "Paris"}
+    history = [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny, 24 C"}],
+        },
+    ]
+    second = claude.messages.create(model="scripted", max_tokens=50, messages=history, tools=[CLAUDE_TOOL])
+    assert second.stop_reason == "end_turn"
+    assert [b.type for b in second.content] == ["text"] and second.content[
+        0
+    ].text.strip() == "Sunny in Paris."
+
+
+def test_messages_errors_in_anthropic_shape(claude, server):
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(
+            model="scripted", max_tokens=5, messages=[{"role": "user", "content": [image]}]
+        )
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
+    assert "no vision component" in e.value.body["error"]["message"]
+    with pytest.raises(anthropic.NotFoundError) as e:
+        claude.messages.create(model="not-served", max_tokens=5, messages=HI)
+    assert e.value.body["error"]["type"] == "not_found_error"
+
+
+def test_overload_is_529_overloaded_error(claude, server):
+    # one request generates, none may queue (--max-queued-requests 0): the next is refused at once
+    count = [{"role": "user", "content": "count"}]
+    with claude.messages.stream(model="scripted", max_tokens=3000, messages=count) as busy:
+        next(iter(busy.text_stream))
+        with pytest.raises(anthropic.APIStatusError) as e:
+            claude.messages.create(model="scripted", max_tokens=5, messages=HI)
+    assert e.value.status_code == 529
+    assert e.value.body["error"]["type"] == "overloaded_error"
+    deadline = time.monotonic() + 30
+    while server.health()["active_requests"] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the hang-up cancels the busy request; its seat comes back
+    r = claude.messages.create(model="scripted", max_tokens=5, messages=HI)
+    assert r.stop_reason == "end_turn"

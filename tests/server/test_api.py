@@ -411,6 +411,15 @@ def test_openapi_document_describes_what_the_server_validates(llm):
     assert not chat.is_valid({"model": "m", "messages": PARIS, "max_tokens": "four"})
     assert not chat.is_valid({"model": "m"})  # messages required
     assert validator("CompletionRequest").is_valid({"model": "m", "prompt": [1, 2, 3]})
+    messages = validator("MessagesRequest")
+    assert {"/v1/messages", "/v1/messages/count_tokens"} <= set(doc["paths"])
+    assert messages.is_valid({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert not messages.is_valid(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    )  # max_tokens
+    assert validator("CountTokensRequest").is_valid(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    )
     # the server refuses what the document refuses, naming the same field
     bad = request(
         app,

@@ -14,8 +14,8 @@ import typer
 from trtedge.commands.completion import cached_models
 
 HELP = (
-    "Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
-    "/v1/models, /health, /metrics). Ctrl-C or SIGTERM drains the requests in flight, then stops."
+    "Serve a model over OpenAI- and Anthropic-compatible HTTP APIs (/v1/chat/completions, "
+    "/v1/completions, /v1/messages, /v1/models, /health, /metrics). Ctrl-C or SIGTERM drains the requests in flight, then stops."
 )
 
 

@@ -12,6 +12,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtedge.llm import LLM, structured_output_available
 from trtedge.server.admission import Admission
+from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+from trtedge.server.anthropic.serving import AnthropicServing, anthropic_error
 from trtedge.server.auth import APIKeyMiddleware
 from trtedge.server.config import ServeConfig
 from trtedge.server.errors import APIError, internal_error
@@ -30,6 +32,8 @@ ENDPOINTS = (
     "/v1/models",
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
 )
 
 
@@ -45,6 +49,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
     )
     metrics = ServerMetrics(llm.stats, lambda: admission.num_waiting)
     serving = OpenAIServing(llm, config, admission, metrics)
+    anthropic = AnthropicServing(serving)
 
     async def health(request: Request) -> Response:
         body = health_body(llm, config, admission, serving.model_name)
@@ -80,6 +85,14 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         body = parse_request(await read_body(request, config.max_body_bytes), CompletionRequest)
         return await serving.completion(body, request)
 
+    async def messages(request: Request) -> Response:
+        body = parse_request(await read_body(request, config.max_body_bytes), MessagesRequest)
+        return await anthropic.messages(body, request)
+
+    async def count_tokens(request: Request) -> Response:
+        body = parse_request(await read_body(request, config.max_body_bytes), CountTokensRequest)
+        return await anthropic.count_tokens(body)
+
     routes = [
         Route("/health", _guard(health)),
         Route("/health/ready", _guard(ready)),
@@ -89,6 +102,8 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         Route("/v1/models/{model_id:path}", _guard(model)),
         Route("/v1/chat/completions", _guard(chat), methods=["POST"]),
         Route("/v1/completions", _guard(completions), methods=["POST"]),
+        Route("/v1/messages", _guard(messages, anthropic_error), methods=["POST"]),
+        Route("/v1/messages/count_tokens", _guard(count_tokens, anthropic_error), methods=["POST"]),
     ]
     app = Starlette(routes=routes)
     app.state.admission = admission
@@ -161,17 +176,18 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def _guard(handler):
-    """APIError -> its OpenAI-shaped response; anything else -> 500 without internals (logged here)."""
+def _guard(handler, render=APIError.response):
+    """APIError -> its response (OpenAI's shape unless ``render`` says otherwise); anything else -> 500
+    without internals (logged here)."""
 
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
         except APIError as e:
-            return e.response()
+            return render(e)
         except Exception:
             log.exception("internal error on %s %s", request.method, request.url.path)
-            return internal_error().response()
+            return render(internal_error())
 
     return endpoint
 

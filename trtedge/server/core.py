@@ -67,33 +67,25 @@ def call_id(prefix: str = "call_") -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
-def plan_chat(serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = None) -> ChatPlan:
-    """Validate tools and tool_choice, render the conversation, and build the engine request; ``guide`` is
-    the request's own structured-output guide (response_format), if any."""
+@dataclass(frozen=True)
+class Prompt:
+    """A chat request rendered through the chat template."""
+
+    text: str
+    ids: list[int]
+    tools: list[dict] | None
+    tool_choice: str | dict
+    template: str
+
+
+def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest) -> Prompt:
+    """Validate tools and tool_choice and render the conversation into prompt tokens."""
     tokenizer = serving.llm.tokenizer
-    config = serving.config
     tools = _tools(req)
     choice = _tool_choice(req, tools)
-    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or ()}
     template = (
         tokenizer.chat_templates.get("tool_use" if tools else "default") or tokenizer.chat_template or ""
     )
-    fmt = tool_format(config.tool_call_parser, template) if tools and choice != "none" else None
-    if choice == "auto" and not config.enable_auto_tool_choice:
-        raise bad_request(
-            'tool_choice "auto" (the default when tools are given) needs the server flag '
-            '--enable-auto-tool-choice; or send tool_choice "none"',
-            param="tool_choice",
-        )
-    if choice not in ("auto", "none"):
-        tool_guide = tool_call_guide(tools, choice, fmt)
-        if tool_guide is None:
-            raise not_supported(
-                f"tool_choice {json.dumps(choice)} (it needs structured output to enforce the call)",
-                "tool_choice",
-            )
-    kwargs = dict(req.chat_template_kwargs or {})
-    thinking = req.enable_thinking if req.enable_thinking is not None else kwargs.get("enable_thinking")
     messages = _template_messages(req)
     try:
         if not req.apply_chat_template:
@@ -111,19 +103,44 @@ def plan_chat(serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = N
             ids = tokenizer.encode(text, add_special_tokens=False)
     except (TemplateError, ValueError) as e:
         raise bad_request(f"cannot apply the chat template: {e}", param="messages") from None
+    return Prompt(text, ids, tools, choice, template)
+
+
+def plan_chat(serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = None) -> ChatPlan:
+    """Render the conversation and build the engine request and its output parsers; ``guide`` is the
+    request's own structured-output guide (response_format), if any."""
+    config = serving.config
+    prompt = render_prompt(serving, req)
+    tools, choice = prompt.tools, prompt.tool_choice
+    fmt = tool_format(config.tool_call_parser, prompt.template) if tools and choice != "none" else None
+    if choice == "auto" and not config.enable_auto_tool_choice:
+        raise bad_request(
+            'tool_choice "auto" (the default when tools are given) needs the server flag '
+            '--enable-auto-tool-choice; or send tool_choice "none"',
+            param="tool_choice",
+        )
+    if choice not in ("auto", "none"):
+        tool_guide = tool_call_guide(tools, choice, fmt)
+        if tool_guide is None:
+            raise not_supported(
+                f"tool_choice {json.dumps(choice)} (it needs structured output to enforce the call)",
+                "tool_choice",
+            )
+    kwargs = dict(req.chat_template_kwargs or {})
+    thinking = req.enable_thinking if req.enable_thinking is not None else kwargs.get("enable_thinking")
     max_tokens = req.max_completion_tokens or req.max_tokens
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = serving._params(req, len(ids), max_tokens, top, "messages", guide=guide)
+    params = serving._params(req, len(prompt.ids), max_tokens, top, "messages", guide=guide)
     if fmt is not None and fmt.keep_special_tokens and params.skip_special_tokens:
         params = replace(params, skip_special_tokens=False)
-    reasoning = reasoning_parser(config.reasoning_parser, template) if thinking is True else None
+    reasoning = reasoning_parser(config.reasoning_parser, prompt.template) if thinking is True else None
     return ChatPlan(
-        choices=[Choice(ids, params)],
-        prompt_text=text,
+        choices=[Choice(prompt.ids, params)],
+        prompt_text=prompt.text,
         tool_format=fmt,
-        tools=schemas,
+        tools={t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or ()},
         reasoning=reasoning,
-        opened=text.rstrip().endswith("<think>"),
+        opened=prompt.text.rstrip().endswith("<think>"),
         parallel_tool_calls=req.parallel_tool_calls is not False,
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from trtedge._version import __version__
+from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 _REF = "#/components/schemas/{model}"
@@ -28,7 +29,21 @@ _ERROR = {
 }
 
 
-def _errors(*statuses: int) -> dict:
+_ANTHROPIC_ERROR = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
+
+
+def _errors(*statuses: int, shape: str = "Error") -> dict:
     reasons = {
         400: "invalid request (param names the field)",
         401: "missing or wrong API key",
@@ -37,15 +52,18 @@ def _errors(*statuses: int) -> dict:
         429: "overloaded (Retry-After says when to retry)",
         500: "internal error",
         503: "engine failed or shutting down",
+        529: "overloaded_error: the queue is full (Retry-After says when to retry)",
     }
-    content = {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}}
+    content = {"application/json": {"schema": {"$ref": _REF.format(model=shape)}}}
     return {str(s): {"description": reasons[s], "content": content} for s in statuses}
 
 
-def _post(model: type[BaseModel], summary: str) -> dict:
+def _post(model: type[BaseModel], summary: str, errors: dict | None = None, stream: str = "") -> dict:
     json_or_sse = {
         "application/json": {"schema": {"type": "object"}},
-        "text/event-stream": {"schema": {"type": "string", "description": "SSE chunks, then data: [DONE]"}},
+        "text/event-stream": {
+            "schema": {"type": "string", "description": stream or "SSE chunks, then data: [DONE]"}
+        },
     }
     return {
         "post": {
@@ -60,7 +78,7 @@ def _post(model: type[BaseModel], summary: str) -> dict:
                     "description": "the completion, or a stream when stream is true",
                     "content": json_or_sse,
                 },
-                **_errors(400, 401, 404, 413, 429, 500, 503),
+                **(errors or _errors(400, 401, 404, 413, 429, 500, 503)),
             },
         }
     }
@@ -80,8 +98,8 @@ def _get(summary: str, content_type: str = "application/json", secured: bool = F
 
 
 def openapi_schema() -> dict:
-    schemas: dict = {"Error": _ERROR}
-    for model in (ChatCompletionRequest, CompletionRequest):
+    schemas: dict = {"Error": _ERROR, "AnthropicError": _ANTHROPIC_ERROR}
+    for model in (ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest):
         schema = model.model_json_schema(ref_template=_REF)
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -101,6 +119,18 @@ def openapi_schema() -> dict:
             },
             "/v1/chat/completions": _post(ChatCompletionRequest, "OpenAI chat completions"),
             "/v1/completions": _post(CompletionRequest, "OpenAI completions"),
+            "/v1/messages": _post(
+                MessagesRequest,
+                "Anthropic Messages",
+                _errors(400, 401, 404, 413, 500, 503, 529, shape="AnthropicError"),
+                "Anthropic events: message_start, content_block_start/delta/stop, ping, message_delta, "
+                "message_stop",
+            ),
+            "/v1/messages/count_tokens": _post(
+                CountTokensRequest,
+                "Anthropic token count",
+                _errors(400, 401, 404, 413, shape="AnthropicError"),
+            ),
         },
         "components": {
             "schemas": schemas,

@@ -1,0 +1,42 @@
+"""Anthropic Messages request models (pydantic v2). Content blocks stay plain dicts here and are checked
+one by one in the translation (serving.py), so that an error names the exact block."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class AnthropicMessage(_Model):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class _Conversation(_Model):
+    model: str
+    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+
+class CountTokensRequest(_Conversation):
+    """POST /v1/messages/count_tokens."""
+
+
+class MessagesRequest(_Conversation):
+    """POST /v1/messages."""
+
+    max_tokens: Annotated[int, Field(ge=1)]
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    metadata: dict[str, Any] | None = None

@@ -1,0 +1,223 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic requests through the shared translation
+core (one model, one admission controller, one path into the engine), answered in Anthropic's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from trtedge.runtime.stream import StreamDelta
+from trtedge.server import sse
+from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+from trtedge.server.anthropic.translate import error_body, to_chat_request
+from trtedge.server.core import ChatPlan, ChoiceReader, call_id, plan_chat, render_prompt
+from trtedge.server.errors import APIError, internal_error
+from trtedge.server.generation import Generation
+from trtedge.server.openai.serving import OpenAIServing
+from trtedge.server.parsers.output import merge
+
+PING_SECONDS = 5.0
+
+
+class AnthropicServing:
+    def __init__(self, openai: OpenAIServing, ping_seconds: float = PING_SECONDS):
+        self.openai = openai
+        self.ping_seconds = ping_seconds
+
+    async def count_tokens(self, req: CountTokensRequest) -> Response:
+        self.openai.check_model(req.model)
+        prompt = render_prompt(self.openai, to_chat_request(req))
+        return JSONResponse({"input_tokens": len(prompt.ids)})
+
+    async def messages(self, req: MessagesRequest, request: Request) -> Response:
+        arrival = time.monotonic()
+        serving = self.openai
+        serving.check_model(req.model)
+        chat = to_chat_request(req)
+        plan = plan_chat(serving, chat)
+        rid = f"msg_{uuid.uuid4().hex[:24]}"
+        gen, watcher = await serving._start(chat, plan.choices, rid, request, arrival)
+        if gen is None:
+            return Response(status_code=499)
+        stops = tuple(req.stop_sequences or ())
+        if req.stream:
+            return sse.SSEResponse(self._events(gen, plan, rid, stops), on_close=_closer(gen, watcher))
+        [out] = await serving._collect(gen, watcher)
+        reader = plan.reader()
+        text = "".join(out.text)
+        parsed = merge(reader.feed(StreamDelta(text, [], out.finish_reason)))
+        content: list[dict] = []
+        if parsed.reasoning:
+            content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
+        if parsed.content and (parsed.content.strip() or not parsed.calls):
+            content.append({"type": "text", "text": parsed.content})
+        for call in parsed.calls:
+            content.append(_tool_use(call_id("toolu_"), call.name, json.loads(call.arguments)))
+        reason, stop = self._stop_reason(reader, out.finish_reason, out.token_ids, text, stops)
+        return JSONResponse(
+            {
+                "id": rid,
+                "type": "message",
+                "role": "assistant",
+                "model": serving.model_name,
+                "content": content,
+                "stop_reason": reason,
+                "stop_sequence": stop,
+                "usage": {"input_tokens": out.prompt_tokens, "output_tokens": out.completion_tokens},
+            }
+        )
+
+    def _stop_reason(
+        self,
+        reader: ChoiceReader,
+        finish: str | None,
+        token_ids: list[int],
+        text: str,
+        stops: tuple[str, ...],
+    ) -> tuple[str, str | None]:
+        if reader.finish_reason(finish) == "tool_calls":
+            return "tool_use", None
+        if finish == "length":
+            return "max_tokens", None
+        tokenizer = self.openai.llm.tokenizer
+        if stops and token_ids and token_ids[-1] not in tokenizer.eos_token_ids:
+            full = tokenizer.decode(token_ids)
+            found = [(full.find(s), s) for s in stops if s in full]
+            if found:
+                return "stop_sequence", min(found)[1]
+        return "end_turn", None
+
+    async def _events(
+        self, gen: Generation, plan: ChatPlan, rid: str, stops: tuple[str, ...]
+    ) -> AsyncIterator[bytes]:
+        def event(name: str, data: dict) -> bytes:
+            return sse.event({"type": name, **data}, name=name)
+
+        prompt_tokens = len(plan.choices[0].prompt_ids)
+        message = {
+            "id": rid,
+            "type": "message",
+            "role": "assistant",
+            "model": self.openai.model_name,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+        }
+        yield event("message_start", {"message": message})
+        yield event("ping", {})
+        reader = plan.reader()
+        blocks = _Blocks(event)
+        text, token_ids, completion, finish = [], [], 0, None
+        deltas = gen.deltas().__aiter__()
+        pending: asyncio.Future | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(deltas.__anext__())
+                done, _ = await asyncio.wait({pending}, timeout=self.ping_seconds)
+                if not done:
+                    yield event("ping", {})
+                    continue
+                try:
+                    _, d = pending.result()
+                except StopAsyncIteration:
+                    break
+                pending = None
+                if gen.cancelled:
+                    return  # the client hung up
+                text.append(d.text)
+                token_ids += d.token_ids
+                completion, finish = d.completion_tokens, d.finish_reason
+                for e in reader.feed(d):
+                    for chunk in blocks.add(e):
+                        yield chunk
+                if finish is not None:
+                    break
+            for chunk in blocks.close(final=True):
+                yield chunk
+            reason, stop = self._stop_reason(reader, finish, token_ids, "".join(text), stops)
+            delta = {"stop_reason": reason, "stop_sequence": stop}
+            yield event("message_delta", {"delta": delta, "usage": {"output_tokens": completion}})
+            yield event("message_stop", {})
+        except Exception as e:
+            if gen.cancelled:
+                return
+            error = e if isinstance(e, APIError) else internal_error()
+            yield sse.event(error_body(error)[1], name="error")
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+
+class _Blocks:
+    """Content blocks of a streamed message: one open at a time, each opened and closed once."""
+
+    def __init__(self, event):
+        self.event = event
+        self.index = -1
+        self.open: tuple | None = None  # ("text",) | ("thinking",) | ("tool_use", call index)
+
+    def add(self, e: tuple) -> list[bytes]:
+        kind = e[0]
+        out: list[bytes] = []
+        if kind in ("content", "reasoning"):
+            block = "thinking" if kind == "reasoning" else "text"
+            if self.open != (block,):
+                out += self.close()
+                empty = (
+                    {"type": "thinking", "thinking": "", "signature": ""}
+                    if block == "thinking"
+                    else {"type": "text", "text": ""}
+                )
+                out += self._start((block,), empty)
+            delta = (
+                {"type": "thinking_delta", "thinking": e[1]}
+                if block == "thinking"
+                else {"type": "text_delta", "text": e[1]}
+            )
+            out.append(self.event("content_block_delta", {"index": self.index, "delta": delta}))
+        elif kind == "call":
+            out += self.close()
+            out += self._start(("tool_use", e[1]), _tool_use(call_id("toolu_"), e[2], {}))
+        elif self.open == ("tool_use", e[1]):
+            delta = {"type": "input_json_delta", "partial_json": e[2]}
+            out.append(self.event("content_block_delta", {"index": self.index, "delta": delta}))
+        return out
+
+    def _start(self, key: tuple, block: dict) -> list[bytes]:
+        self.index += 1
+        self.open = key
+        return [self.event("content_block_start", {"index": self.index, "content_block": block})]
+
+    def close(self, final: bool = False) -> list[bytes]:
+        out: list[bytes] = []
+        if final and self.index < 0:
+            out += self._start(("text",), {"type": "text", "text": ""})
+        if self.open is not None:
+            out.append(self.event("content_block_stop", {"index": self.index}))
+            self.open = None
+        return out
+
+
+def _tool_use(block_id: str, name: str, arguments: dict) -> dict:
+    return {"type": "tool_use", "id": block_id, "name": name, "input": arguments}
+
+
+def _closer(gen: Generation, watcher: sse.DisconnectWatcher):
+    def close() -> None:
+        watcher.stop()
+        gen.close()
+
+    return close
+
+
+def anthropic_error(error: APIError) -> JSONResponse:
+    status, body = error_body(error)
+    return JSONResponse(body, status_code=status, headers=error.headers)
