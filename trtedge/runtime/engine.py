@@ -19,6 +19,7 @@ from trtedge.runtime.sampling import Sampler, TokenLogprobs, mix_seed
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.speculative import SpecStats, SpeculativeConfig, build_decoder
 from trtedge.runtime.stream import CancellableIterator, GenerationMetrics, StreamDelta
 from trtedge.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -38,6 +39,7 @@ class EngineConfig:
     context_cache_max_records: int = 1024
     num_blocks: int | None = None  # default: max_batch_size x max_kv_cache_capacity tokens
     cuda_graphs: bool = True  # capture decode steps as CUDA graphs on a GPU
+    speculative: SpeculativeConfig | None = None
 
 
 @dataclass
@@ -90,7 +92,8 @@ def _split_decode(batch: ScheduledBatch) -> list[ScheduledBatch]:
 
 
 class Engine:
-    def __init__(self, model, tokenizer: Tokenizer, config: EngineConfig):
+    def __init__(self, model, tokenizer: Tokenizer, config: EngineConfig, draft=None):
+        """``draft``: the loaded draft model or EAGLE-3 head when ``config.speculative`` needs one."""
         self.config = config
         self.tokenizer = tokenizer
         bs = config.block_size
@@ -123,6 +126,16 @@ class Engine:
             cuda_graphs=config.cuda_graphs,
             guides=self.guides,
         )
+        self.speculative = None
+        if config.speculative is not None:
+            self.speculative = build_decoder(
+                config.speculative,
+                draft,
+                self.runner,
+                self.blocks,
+                sched.max_num_batched_tokens,
+                config.max_kv_cache_capacity,
+            )
         log.info(
             "engine: %s, max_batch_size %d, %d tokens per step, context reuse %s",
             "in-flight batching" if config.enable_in_flight_batching else "one request at a time",
@@ -261,11 +274,28 @@ class Engine:
             request = self._choices[seq.seq_id].request
             if request.first_scheduled is None:
                 request.first_scheduled = now
+        if self.speculative is not None:
+            batch = self._speculate(batch)
         for part in _split_decode(batch):
+            if part.is_empty:
+                continue
             seqs, tokens, infos = self.runner.run(part)
+            if self.speculative is not None:
+                self.speculative.observe(part)
             for seq, token, info in zip(seqs, tokens, infos):
                 self._append(self._choices[seq.seq_id], token, info)
         return True
+
+    def _speculate(self, batch: ScheduledBatch) -> ScheduledBatch:
+        """Draft, verify and emit the batch's speculative decode rows; return the rows left to run."""
+        results, rest = self.speculative.step(batch)
+        for seq, tokens in results:
+            choice = self._choices[seq.seq_id]
+            for token in tokens:
+                if seq.is_finished:
+                    break
+                self._append(choice, token, None)
+        return rest
 
     def _append(self, choice: _Choice, token: int, info: TokenLogprobs | None) -> None:
         seq, request = choice.seq, choice.request
@@ -352,6 +382,8 @@ class Engine:
         seq, request = choice.seq, choice.request
         self.blocks.publish(seq)
         self.scheduler.finish(seq, reason)
+        if self.speculative is not None:
+            self.speculative.release(seq)
         self._choices.pop(seq.seq_id, None)
         if delta is None:
             delta = StreamDelta(
@@ -373,6 +405,8 @@ class Engine:
         for choice in request.choices:
             if not choice.seq.is_finished:
                 self.scheduler.finish(choice.seq, "error")
+            if self.speculative is not None:
+                self.speculative.release(choice.seq)
             self._choices.pop(choice.seq.seq_id, None)
         self._requests.discard(request)
         request.finish_reason = "error"
@@ -389,6 +423,10 @@ class Engine:
         decoded = sum(max(c.seq.num_output_tokens - 1, 0) for c in request.choices)
         generation_time = end - first if first is not None else 0.0
         leader = request.choices[0].seq
+        spec = SpecStats()
+        for choice in request.choices:
+            if choice.seq.spec_stats is not None:
+                spec.add(choice.seq.spec_stats)
         metrics = GenerationMetrics(
             prompt_tokens=leader.num_prompt_tokens,
             generated_tokens=generated,
@@ -399,6 +437,13 @@ class Engine:
             decode_tokens_per_second=decoded / generation_time if decoded and generation_time > 0 else 0.0,
             reused_tokens=leader.num_cached_tokens,
             finish_reason=request.finish_reason,
+            spec_draft_tokens=spec.draft_tokens,
+            spec_accepted_tokens=spec.accepted_tokens,
+            spec_steps=spec.steps,
+            spec_acceptance_rate=spec.acceptance_rate,
+            spec_mean_accepted_length=spec.mean_accepted_length,
+            spec_proposal_time=spec.proposal_time,
+            spec_verification_time=spec.verification_time,
         )
         try:
             request.on_metrics(metrics)

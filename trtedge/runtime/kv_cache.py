@@ -102,6 +102,20 @@ class BlockManager:
             self.blocks[block_id].ref_count = 1
             seq.block_table.append(block_id)
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Roll a sequence back to ``num_tokens`` computed tokens (rejected speculative tokens): blocks
+        past them go back to the free list; slots past them in the last block are rewritten later."""
+        keep = self.blocks_needed(num_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+                if block.hash is None:  # nothing to reuse in it: hand it out first
+                    self.free.move_to_end(block_id, last=False)
+        del seq.block_table[keep:]
+        seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
+
     def publish(self, seq: Sequence) -> None:
         """Record the sequence's computed full blocks so later requests can reuse them."""
         if not (self.enable_reuse and seq.params.reuse_context) or self.max_records == 0:
@@ -124,15 +138,7 @@ class BlockManager:
             parent = block.hash
 
     def release(self, seq: Sequence) -> None:
-        for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free[block_id] = None
-                if block.hash is None:  # nothing to reuse in it: hand it out first
-                    self.free.move_to_end(block_id, last=False)
-        seq.block_table = []
-        seq.num_computed_tokens = 0
+        self.truncate(seq, 0)
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

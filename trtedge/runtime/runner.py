@@ -86,7 +86,7 @@ class ModelRunner:
             seq.num_computed_tokens += n
         masks = self.guides.start_masks(sampled) if self.guides is not None and sampled else None
         decode = all(q == 1 for q in query_lens)
-        if decode and self.graphs is not None and self.graphs.fits(len(ids)):
+        if decode and self.graphs is not None and self.graphs.fits(len(ids)) and not self.model.aux_layers:
             logits = self.graphs.run(ids, positions, slots, tables, context_lens)
             tokens, infos = self.sampler(logits, sampled, masks)
             return sampled, tokens, infos
@@ -129,3 +129,15 @@ class ModelRunner:
             plan = torch.tensor(tiles + seqs, dtype=torch.int32).to(device)
             attn.prefill_plan = (padded, plan[: len(tiles)].view(-1, 2), plan[len(tiles) :].view(-1, 3))
         return attn
+
+    def copy_slots(self, src: list[int], dst: list[int]) -> None:
+        """Copy KV of every layer from flat slots ``src`` to ``dst`` (accepted token-tree nodes)."""
+        flat = self.kv.view(*self.kv.shape[:2], -1, *self.kv.shape[4:])
+        device = self.kv.device
+        src_t = torch.tensor(src, dtype=torch.long, device=device)
+        flat[:, :, torch.tensor(dst, dtype=torch.long, device=device)] = flat[:, :, src_t]
+
+    def rollback(self, seq: Sequence, num_computed: int) -> None:
+        """Speculative tokens past ``num_computed`` were rejected. Paged KV needs nothing beyond the
+        block-table truncation the caller did; state that is not paged by position (recurrent layers)
+        must be restored to what it was after ``num_computed`` tokens here."""

@@ -102,6 +102,14 @@ def _adjust(row: torch.Tensor, seq: Sequence) -> None:
 
 def _sample_rows(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Batched temperature / top-k / top-p / min-p sampling; returns one token id per row."""
+    probs = sampling_probs(logits, seqs)
+    keys = [mix_seed(s.seed, s.num_tokens) for s in seqs]
+    return (probs / exponential_noise(keys, logits.shape[-1], logits.device)).argmax(dim=-1)
+
+
+def sampling_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """The distribution each row samples from (temperature, top-k, top-p, min-p); rows may be
+    unnormalised after min-p."""
     device, vocab = logits.device, logits.shape[-1]
     params = [s.params for s in seqs]
     temperature = torch.tensor([p.temperature for p in params], device=device)
@@ -122,8 +130,7 @@ def _sample_rows(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     if any(p.min_p > 0.0 for p in params):
         min_p = torch.tensor([p.min_p for p in params], device=device)
         probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), 0.0)
-    keys = [mix_seed(s.seed, s.num_tokens) for s in seqs]
-    return (probs / exponential_noise(keys, vocab, device)).argmax(dim=-1)
+    return probs
 
 
 _M32 = 0xFFFFFFFF

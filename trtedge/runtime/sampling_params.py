@@ -122,6 +122,7 @@ class SamplingParams:
     cache_generated_tokens: bool = True
     skip_special_tokens: bool = True
     guided_decoding: GuidedDecodingParams | None = None
+    disable_spec_decode: bool = False  # generate this request without speculative decoding
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "guided_decoding", GuidedDecodingParams.coerce(self.guided_decoding))

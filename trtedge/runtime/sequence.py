@@ -36,6 +36,7 @@ class Sequence:
         self.num_preemptions = 0
         self.seed = params.seed if params.seed is not None else 0
         self.matcher = None  # an xgrammar GrammarMatcher when the request is guided
+        self.spec_stats = None  # speculative.SpecStats once a draft of this sequence was verified
 
     @property
     def num_tokens(self) -> int:

@@ -37,6 +37,15 @@ class GenerationMetrics:
     decode_tokens_per_second: float = 0.0
     reused_tokens: int = 0
     finish_reason: str | None = None
+    # speculative decoding (zero without it): draft tokens scored, accepted, verification steps,
+    # accepted / drafted, tokens emitted per step (accepted + bonus), seconds drafting and verifying
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_steps: int = 0
+    spec_acceptance_rate: float = 0.0
+    spec_mean_accepted_length: float = 0.0
+    spec_proposal_time: float = 0.0
+    spec_verification_time: float = 0.0
 
 
 @dataclass

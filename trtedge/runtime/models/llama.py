@@ -122,6 +122,10 @@ class LlamaModel:
         # Decode steps run through fused kernels (native C on the CPU in float32, Triton on CUDA): a
         # few calls per layer instead of dozens of small ops, whose dispatch cost dominates decode.
         self.decode_kernels = _decode_kernels(device, dtype) if self.fused_decode else None
+        # Layers whose input hidden states a draft head reads (EAGLE-3); the last forward's are kept
+        # in aux_hidden, concatenated along the feature dimension (index num_layers: the final state).
+        self.aux_layers: tuple[int, ...] = ()
+        self.aux_hidden: torch.Tensor | None = None
 
     def _tables(self, rope, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = rope_tables(rope, self.cfg.head_dim, self.cfg.rotary_dim, max_positions)
@@ -134,15 +138,21 @@ class LlamaModel:
         return F.embedding(input_ids, self.embed)
 
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
-        if self.decode_kernels is not None and batch.is_decode:
+        if self.decode_kernels is not None and batch.is_decode and not self.aux_layers:
             return self._decode_fused(input_ids, positions, kv_caches, batch)
         x = self.embed_tokens(input_ids)
         rope = {
             k: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
             for k, (cos, sin) in self.rope.items()
         }
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        aux = {}
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            if i in self.aux_layers:
+                aux[i] = x
             x = layer(x, *rope[layer.rope], k_cache, v_cache, batch)
+        if self.aux_layers:
+            aux[len(self.layers)] = x
+            self.aux_hidden = torch.cat([aux[i] for i in self.aux_layers], dim=-1)
         return self.layers[0].norm(x, self.norm)
 
     def _decode_fused(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:

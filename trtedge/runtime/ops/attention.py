@@ -25,6 +25,9 @@ class AttentionBatch:
     context_lens_tensor: torch.Tensor | None = None  # [num_seqs]
     # Prefill and mixed steps on CUDA: (padded tables, tiles, seqs) for the Triton varlen kernel.
     prefill_plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # Per sequence an explicit [query_len, context_len] bool mask (True = may attend), or None for
+    # causal: token-tree verification, where a draft node sees the prefix and its ancestors only.
+    masks: list[torch.Tensor | None] | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -62,23 +65,26 @@ class TorchAttention:
         flat_v.index_copy_(0, batch.slot_mapping, v)
         out = torch.empty_like(q)
         start = 0
-        for qlen, ctx, table in zip(batch.query_lens, batch.context_lens, batch.block_tables):
+        masks = batch.masks or [None] * len(batch.query_lens)
+        for qlen, ctx, table, mask in zip(batch.query_lens, batch.context_lens, batch.block_tables, masks):
             end = start + qlen
-            if qlen == ctx:
+            if qlen == ctx and mask is None:
                 keys, values = k[start:end], v[start:end]
             else:
                 keys = k_cache[table].flatten(0, 1)[:ctx]
                 values = v_cache[table].flatten(0, 1)[:ctx]
-            out[start:end] = self._attend(q[start:end], keys, values, ctx - qlen)
+            out[start:end] = self._attend(q[start:end], keys, values, ctx - qlen, mask)
             start = end
         return out
 
-    def _attend(self, q, k, v, offset: int) -> torch.Tensor:
+    def _attend(self, q, k, v, offset: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         qlen, klen = q.shape[0], k.shape[0]
         if self.window and klen - self.window > 0 and qlen == 1:
             k, v, offset, klen = k[-self.window :], v[-self.window :], self.window - 1, self.window
         qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-        if self.window and klen > self.window:
+        if mask is not None:
+            causal = False
+        elif self.window and klen > self.window:
             rows = torch.arange(qlen, device=q.device).unsqueeze(1) + offset
             cols = torch.arange(klen, device=q.device).unsqueeze(0)
             mask, causal = (cols <= rows) & (cols > rows - self.window), False

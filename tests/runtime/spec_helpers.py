@@ -1,0 +1,53 @@
+"""Shared setup for the speculative decoding tests: a tiny target, engines, and prompts."""
+
+from __future__ import annotations
+
+import random
+
+from trtedge.runtime.checkpoint import resolve_checkpoint
+from trtedge.runtime.engine import Engine, EngineConfig
+from trtedge.runtime.models import load_model
+from trtedge.runtime.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def load(path, max_positions: int = 512):
+    checkpoint = resolve_checkpoint(str(path))
+    model = load_model(checkpoint, dtype="float32", device="cpu", weights="auto", max_positions=max_positions)
+    return model, checkpoint.load_tokenizer()
+
+
+def generate(
+    model, tokenizer, prompts, params=GREEDY, speculative=None, draft=None, batch=8, rounds=1, **engine
+):
+    """Token ids per prompt, all submitted at once (``rounds`` times, one round after the other); and
+    the engine (shut down) for its stats."""
+    config = EngineConfig(
+        max_batch_size=batch,
+        max_kv_cache_capacity=256,
+        enable_in_flight_batching=batch > 1,
+        speculative=speculative,
+        **engine,
+    )
+    eng = Engine(model, tokenizer, config, draft=draft)
+    try:
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        outs = []
+        for _ in range(rounds):
+            streams = [eng.submit(p, sp) for p, sp in zip(prompts, params)]
+            outs += [[t for delta in s for t in delta.token_ids] for s in streams]
+    finally:
+        eng.shutdown()
+    assert eng.blocks.num_free_blocks == eng.blocks.num_blocks  # nothing leaked, rollbacks included
+    return outs, eng
+
+
+def repetitive_prompts(count: int = 8, vocab: int = 512, seed: int = 0) -> list[list[int]]:
+    """Prompts that repeat a phrase, so n-gram lookup finds drafts."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        phrase = [rng.randrange(3, vocab) for _ in range(5 + i % 3)]
+        prompts.append(phrase * 3 + phrase[:2])
+    return prompts

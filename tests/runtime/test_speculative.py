@@ -1,0 +1,234 @@
+"""Speculative decoding: config validation, n-gram lookup, linear and tree verification in the
+engine (greedy output identical to plain decoding, KV rolled back), and exactness of the sampler."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.runtime.spec_helpers import generate, load, repetitive_prompts
+from tests.tiny import make_tiny_checkpoint
+from trtedge.runtime.sampling_params import SamplingParams
+from trtedge.runtime.speculative import Draft, SpeculativeConfig, SpeculativeConfigError
+from trtedge.runtime.speculative.ngram import lookup
+from trtedge.runtime.speculative.verifier import accept_greedy, accept_sampled
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return load(make_tiny_checkpoint(tmp_path_factory.mktemp("spec") / "t", "qwen3"))
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ({"method": "ngram", "k": 1}, "unknown key.*k"),
+        ({"method": "draft_model"}, "needs model"),
+        ({"method": "eagle3", "num_speculative_tokens": 3}, "needs model"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"method": "ngram", "verify_tokens": -1}, "verify_tokens"),
+        ({"method": "eagle3", "model": "x", "draft_top_k": 0}, "draft_top_k"),
+        ({"method": "ngram", "draft_top_k": 2}, "draft_top_k"),
+        ({"method": "medusa"}, "method must be one of"),
+        ({"num_speculative_tokens": 2}, "needs method"),
+        ('{"method": ', "not valid JSON"),
+    ],
+)
+def test_config_errors_name_the_key(value, match):
+    with pytest.raises(SpeculativeConfigError, match=match):
+        SpeculativeConfig.coerce(value)
+
+
+def test_config_defaults_and_json():
+    config = SpeculativeConfig.coerce('{"method": "eagle3", "model": "d", "draft_top_k": 4}')
+    assert (config.num_speculative_tokens, config.verify_tokens, config.is_tree) == (4, 16, True)
+    assert SpeculativeConfig.coerce(None) is None
+    assert config.replace(num_speculative_tokens=2, verify_tokens=None).num_speculative_tokens == 2
+
+
+def test_ngram_lookup_prefers_longest_latest_match():
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    assert lookup(tokens, 3, 1, 4) == [7, 8, 5]  # "2 3" last followed by 7 8 5 ... ("1 2 3" absent at end)
+    assert lookup([4, 5, 6], 2, 1, 3) == []
+
+
+def test_tree_masks_and_depths():
+    draft = Draft([10, 11, 12, 13], [0, 0, 1, 2])
+    assert draft.depths() == [0, 1, 1, 2, 2]
+    mask = draft.ancestor_mask()
+    assert mask[3].tolist() == [True, True, False, True, False]
+    assert mask[4].tolist() == [True, False, True, False, True]
+    assert not draft.is_chain and Draft.chain([1, 2]).is_chain
+
+
+def test_greedy_acceptance_walks_the_tree():
+    draft = Draft([5, 6, 7, 8], [0, 0, 2, 3])  # root -> {5, 6}; 6 -> 7 -> 8
+    target = [6, 0, 7, 9, 0]  # argmax after each node
+    verdict = accept_greedy(target, draft)
+    assert verdict.path == [2, 3] and verdict.tokens == [6, 7, 9]
+
+
+def test_ngram_greedy_matches_plain_alone_and_in_batch_of_8(target):
+    model, tok = target
+    prompts = repetitive_prompts(8)
+    plain, _ = generate(model, tok, prompts)
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4)
+    batched, eng = generate(model, tok, prompts, speculative=spec)
+    assert batched == plain
+    stats = eng.speculative.stats
+    assert stats.steps > 0 and stats.accepted_tokens > 0
+    alone, _ = generate(model, tok, prompts[:1], speculative=spec, batch=1)
+    assert alone == plain[:1]
+
+
+class OracleTree:
+    """Proposes a tree whose first child at every level is wrong and whose second child continues the
+    known greedy output: verification must take the second branch and move its KV."""
+
+    def __init__(self, references: dict[tuple, list[int]], depth: int):
+        self.references = references
+        self.depth = depth
+
+    def propose(self, seqs, limits):
+        drafts = []
+        for seq, limit in zip(seqs, limits):
+            prompt = tuple(seq.token_ids[: seq.num_prompt_tokens])
+            ref = self.references[prompt]
+            done = seq.num_output_tokens
+            follow = ref[done : done + min(limit, self.depth)]
+            tokens, parents, node = [], [], 0
+            for i, token in enumerate(follow):
+                wrong = (token + 1) % 500 + 3
+                tokens += [wrong, token if i != 2 else wrong + 1]  # level 3 has no right answer
+                parents += [node, node]
+                node = len(tokens)
+                if i == 2:
+                    break
+            drafts.append(Draft(tokens, parents) if tokens else None)
+        return drafts
+
+    def verified(self, seq, draft, path, aux):
+        pass
+
+    def observe(self, seqs, num_tokens, aux):
+        pass
+
+    def release(self, seq):
+        pass
+
+
+def test_tree_verification_matches_plain_and_rolls_back(target):
+    model, tok = target
+    prompts = repetitive_prompts(8, seed=1)
+    plain, _ = generate(model, tok, prompts)
+    spec = SpeculativeConfig("ngram", num_speculative_tokens=4, verify_tokens=8)
+    from trtedge.runtime.engine import Engine
+
+    original = Engine.__init__
+
+    def patched(self, *a, **kw):
+        original(self, *a, **kw)
+        self.speculative.proposer = OracleTree({tuple(p): o for p, o in zip(prompts, plain)}, 4)
+
+    Engine.__init__ = patched
+    try:
+        tree, eng = generate(model, tok, prompts, speculative=spec)
+    finally:
+        Engine.__init__ = original
+    assert tree == plain
+    stats = eng.speculative.stats
+    assert stats.accepted_tokens >= 2 * stats.steps - 8  # two right answers per step (bar the end)
+
+
+def test_disable_spec_decode_and_penalties_take_the_plain_path(target):
+    model, tok = target
+    prompts = repetitive_prompts(2)
+    params = [
+        SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, disable_spec_decode=True),
+        SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, repetition_penalty=1.3),
+    ]
+    plain, _ = generate(model, tok, prompts, params)
+    outs, eng = generate(model, tok, prompts, params, speculative=SpeculativeConfig("ngram"))
+    assert outs == plain and eng.speculative.stats.steps == 0
+
+
+def test_context_reuse_with_speculation(target):
+    model, tok = target
+    prompts = repetitive_prompts(4, seed=2)
+    shared = [prompts[0] * 3 + p for p in prompts]  # a 48+ token shared prefix: full blocks reused
+    plain, _ = generate(model, tok, shared)
+    spec = SpeculativeConfig("ngram")
+    outs, eng = generate(model, tok, shared, speculative=spec, rounds=2, enable_context_reuse=True)
+    assert outs == plain + plain and eng.blocks.stats.reused_tokens > 0
+
+
+def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    expected = probs * counts.sum()
+    keep = expected > 5
+    stat = float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+    return stat, int(keep.sum()) - 1
+
+
+@pytest.mark.parametrize("draft", [Draft.chain([2, 0]), Draft([2, 5, 0, 1], [0, 0, 1, 2])])
+def test_rejection_sampling_preserves_the_target_distribution(draft):
+    """Chi-square of the first two emitted tokens against the target's own joint distribution."""
+    torch.manual_seed(0)
+    vocab, samples = 6, 6000
+    probs = torch.softmax(torch.randn(len(draft) + 1, vocab) * 1.5, dim=-1)
+    depth = draft.depths()
+    kids = draft.children()
+
+    # the target's next-token distribution after emitting token t at the root: the matching child's node
+    # if the draft has that child, else no draft information (any distribution: take node 0's)
+    def after(token):
+        child = next((c for c in kids[0] if draft.tokens[c - 1] == token), None)
+        return probs[child] if child is not None else probs[0]
+
+    joint = torch.stack([probs[0][a] * after(a) for a in range(vocab)])  # [first, second]
+    counts = torch.zeros(vocab, vocab)
+    for seed in range(samples):
+        verdict = accept_sampled(probs, draft, seed, 100)
+        tokens = verdict.tokens
+        if len(tokens) < 2:  # rejected at the root: the second token would come from a later step
+            second_probs = after(tokens[0])
+            second = int(torch.multinomial(second_probs, 1, generator=torch.Generator().manual_seed(seed)))
+            tokens = tokens + [second]
+        counts[tokens[0], tokens[1]] += 1
+    stat, dof = _chi_square(counts.flatten(), joint.flatten())
+    assert dof > 5
+    # 99.9% quantile of chi-square with dof degrees of freedom (Wilson-Hilferty)
+    z = 3.09
+    limit = dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+    assert stat < limit, (stat, limit, dof)
+    assert depth[-1] >= 1
+
+
+@pytest.fixture(scope="module")
+def random_draft(tmp_path_factory):
+    return load(make_tiny_checkpoint(tmp_path_factory.mktemp("spec") / "d", "llama", seed=7))[0]
+
+
+def test_draft_model_greedy_matches_plain_alone_and_in_batch_of_8(target, random_draft):
+    model, tok = target
+    prompts = repetitive_prompts(8, seed=3)
+    plain, _ = generate(model, tok, prompts)
+    spec = SpeculativeConfig("draft_model", model="tiny-draft", num_speculative_tokens=3)
+    batched, eng = generate(model, tok, prompts, speculative=spec, draft=random_draft)
+    assert batched == plain
+    assert eng.speculative.stats.steps > 0
+    assert not eng.speculative.proposer.cache.states  # released with their sequences
+    alone, _ = generate(model, tok, prompts[:1], speculative=spec, draft=random_draft, batch=1)
+    assert alone == plain[:1]
+
+
+def test_draft_equal_to_target_accepts_everything(tmp_path_factory, target):
+    model, tok = target
+    twin = load(make_tiny_checkpoint(tmp_path_factory.mktemp("spec") / "t", "qwen3"))[0]  # same weights
+    prompts = repetitive_prompts(4, seed=4)
+    plain, _ = generate(model, tok, prompts)
+    spec = SpeculativeConfig("draft_model", model="twin", num_speculative_tokens=4)
+    outs, eng = generate(model, tok, prompts, speculative=spec, draft=twin)
+    stats = eng.speculative.stats
+    assert outs == plain
+    assert stats.acceptance_rate > 0.95, stats
+    assert stats.mean_accepted_length > 4.5

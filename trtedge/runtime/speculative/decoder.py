@@ -1,0 +1,206 @@
+"""The engine's speculative step: propose drafts for decode rows, score them with the target in one
+forward (linear chains causally, token trees under an ancestor mask with per-node positions), accept,
+and roll the rejected tokens' KV back."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from trtedge.runtime.ops.attention import AttentionBatch
+from trtedge.runtime.scheduler import ScheduledBatch
+from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.speculative.config import SpeculativeConfig
+from trtedge.runtime.speculative.tree import Draft, span_mask
+from trtedge.runtime.speculative.verifier import Verdict, verify
+
+
+@dataclass
+class SpecStats:
+    """Speculative counters of one sequence (or, summed, of the engine)."""
+
+    steps: int = 0  # verification steps
+    draft_tokens: int = 0  # draft tokens scored by the target
+    accepted_tokens: int = 0  # draft tokens accepted
+    emitted_tokens: int = 0  # accepted + bonus tokens
+    proposal_time: float = 0.0
+    verification_time: float = 0.0
+
+    def add(self, other: SpecStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification step (accepted drafts + the bonus token)."""
+        return self.emitted_tokens / self.steps if self.steps else 0.0
+
+
+def eligible(seq: Sequence) -> bool:
+    """Decode rows of requests whose sampler the verifier reproduces exactly."""
+    p = seq.params
+    return (
+        not p.disable_spec_decode
+        and p.logprobs is None
+        and p.repetition_penalty == 1.0
+        and p.frequency_penalty == 0.0
+        and p.presence_penalty == 0.0
+        and seq.num_output_tokens >= 1
+        and seq.num_computed_tokens == seq.num_tokens - 1
+    )
+
+
+class SpeculativeDecoder:
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        proposer,
+        runner,
+        blocks,
+        max_num_batched_tokens: int,
+        max_kv_cache_capacity: int,
+    ):
+        self.config = config
+        self.proposer = proposer
+        self.runner = runner
+        self.blocks = blocks
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_kv_cache_capacity = max_kv_cache_capacity
+        self.stats = SpecStats()
+
+    def _limit(self, seq: Sequence) -> int:
+        left = min(
+            seq.params.max_tokens - seq.num_output_tokens,
+            self.max_kv_cache_capacity - seq.num_tokens,
+        )
+        return max(0, min(self.config.num_speculative_tokens, left - 1))
+
+    def step(self, batch: ScheduledBatch) -> tuple[list[tuple[Sequence, list[int]]], ScheduledBatch]:
+        """Verify drafts for the batch's eligible decode rows; return (sequence, new tokens) for them
+        and the rows left for the plain path."""
+        rows = [s for s, n in zip(batch.seqs, batch.num_tokens) if n == 1 and eligible(s)]
+        rows = [s for s in rows if self._limit(s) > 0]
+        if not rows:
+            return [], batch
+        started = time.perf_counter()
+        drafts = self.proposer.propose(rows, [self._limit(s) for s in rows])
+        proposed = time.perf_counter()
+        spare = self.max_num_batched_tokens - sum(batch.num_tokens)
+        kept: list[tuple[Sequence, Draft]] = []
+        for seq, draft in zip(rows, drafts):
+            if draft is None:
+                continue
+            size = min(len(draft), self.config.verify_tokens, spare, self._slots_left(seq))
+            if size <= 0:
+                self.proposer.verified(seq, draft, [], None)
+                continue
+            draft = draft.truncate(size)
+            self.blocks.grow(seq, seq.num_computed_tokens + 1 + size)
+            spare -= size
+            kept.append((seq, draft))
+        if not kept:
+            return [], batch
+        logits, aux = self._score(kept)
+        results = []
+        offset = 0
+        for seq, draft in kept:
+            rows_logits = logits[offset : offset + len(draft) + 1]
+            verdict = verify(_with_bias(rows_logits, seq), seq, draft)
+            seq_aux = None
+            if aux is not None:
+                keep = torch.tensor([offset] + [offset + n for n in verdict.path], device=aux.device)
+                seq_aux = aux.index_select(0, keep)
+            offset += len(draft) + 1
+            self._commit(seq, draft, verdict)
+            self.proposer.verified(seq, draft, verdict.path, seq_aux)
+            results.append((seq, verdict.tokens))
+        done = time.perf_counter()
+        step = SpecStats(1, 0, 0, 0, proposed - started, done - proposed)
+        for (seq, draft), (_, tokens) in zip(kept, results):
+            mine = SpecStats(
+                1, len(draft), len(tokens) - 1, len(tokens), step.proposal_time, step.verification_time
+            )
+            if seq.spec_stats is None:
+                seq.spec_stats = SpecStats()
+            seq.spec_stats.add(mine)
+            self.stats.add(mine)
+        verified = {seq.seq_id for seq, _ in kept}
+        rest = [(s, n) for s, n in zip(batch.seqs, batch.num_tokens) if s.seq_id not in verified]
+        return results, ScheduledBatch([s for s, _ in rest], [n for _, n in rest])
+
+    def _slots_left(self, seq: Sequence) -> int:
+        """Draft tokens whose KV slots fit in the pool and the request's capacity."""
+        start = seq.num_computed_tokens
+        free_tokens = (len(seq.block_table) + self.blocks.num_free_blocks) * self.blocks.block_size
+        return min(free_tokens, self.max_kv_cache_capacity) - start - 1
+
+    @torch.inference_mode()
+    def _score(self, kept: list[tuple[Sequence, Draft]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One target forward over every row's root + draft nodes; logits for every node."""
+        runner = self.runner
+        model, bs, device = runner.model, runner.block_size, runner.model.device
+        ids, positions, slots, query_lens, context_lens, tables, masks = [], [], [], [], [], [], []
+        for seq, draft in kept:
+            start = seq.num_computed_tokens
+            count = len(draft) + 1
+            ids.extend([seq.token_ids[start]] + draft.tokens)
+            positions.extend(start + d for d in draft.depths())
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + count))
+            query_lens.append(count)
+            context_lens.append(start + count)
+            tables.append(torch.tensor(table[: -(-(start + count) // bs)], dtype=torch.long, device=device))
+            masks.append(None if draft.is_chain else span_mask(start, draft.ancestor_mask(device)))
+        attn = AttentionBatch(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            query_lens=query_lens,
+            context_lens=context_lens,
+            block_tables=tables,
+            block_size=bs,
+            masks=masks if any(m is not None for m in masks) else None,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=device)
+        hidden = model.forward(
+            input_ids, torch.tensor(positions, dtype=torch.long, device=device), runner.kv_caches, attn
+        )
+        return model.logits(hidden), getattr(model, "aux_hidden", None)
+
+    def _commit(self, seq: Sequence, draft: Draft, verdict: Verdict) -> None:
+        """Keep the root and the accepted path's KV (moved next to each other for a tree), drop the rest."""
+        start = seq.num_computed_tokens
+        bs, table = self.runner.block_size, seq.block_table
+        moves = [(start + node, start + depth) for depth, node in enumerate(verdict.path, 1) if node != depth]
+        if moves:
+
+            def slot(p):
+                return table[p // bs] * bs + p % bs
+
+            self.runner.copy_slots([slot(s) for s, _ in moves], [slot(d) for _, d in moves])
+        num_computed = start + 1 + len(verdict.path)
+        seq.num_computed_tokens = num_computed
+        self.blocks.truncate(seq, num_computed)
+        self.runner.rollback(seq, num_computed)
+
+    def observe(self, batch: ScheduledBatch) -> None:
+        """After a plain forward: proposers that read the target's hidden states (eagle3) take theirs."""
+        aux = getattr(self.runner.model, "aux_hidden", None)
+        self.proposer.observe(batch.seqs, batch.num_tokens, aux)
+
+    def release(self, seq: Sequence) -> None:
+        self.proposer.release(seq)
+
+
+def _with_bias(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    bias = seq.params.logit_bias
+    if not bias:
+        return logits
+    logits = logits.clone()
+    ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
+    logits[:, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+    return logits

@@ -1,0 +1,105 @@
+"""A proposer's own paged KV cache: a separate block pool (same block size as the target's) and,
+per sequence, how many of its tokens the draft has computed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trtedge.runtime.kv_cache import BlockManager
+from trtedge.runtime.ops.attention import AttentionBatch
+from trtedge.runtime.sequence import Sequence
+
+
+@dataclass
+class DraftState:
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # draft KV rows valid for the sequence's real tokens
+    num_preemptions: int = 0
+    extra: dict = field(default_factory=dict)  # proposer-specific (eagle3: pending target hiddens)
+
+
+@dataclass
+class Row:
+    """One sequence's query rows in a draft forward: tokens at ``positions`` written to storage
+    ``storage_start`` onwards; keys are storage ``[0, storage_start + len(ids))`` under ``mask``."""
+
+    state: DraftState
+    ids: list[int]
+    positions: list[int]
+    storage_start: int
+    mask: torch.Tensor | None = None
+
+
+class DraftCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.block_size = block_size
+        self.device = device
+        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(num_layers)]
+        self.states: dict[int, DraftState] = {}
+
+    def state(self, seq: Sequence) -> DraftState:
+        st = self.states.get(seq.seq_id)
+        if st is None or st.num_preemptions != seq.num_preemptions:  # recomputed target: start over
+            if st is not None:
+                self.blocks.release(st)
+            st = self.states[seq.seq_id] = DraftState(num_preemptions=seq.num_preemptions)
+        return st
+
+    def reserve(self, st: DraftState, num_tokens: int) -> bool:
+        if not self.blocks.can_grow(st, num_tokens):
+            return False
+        self.blocks.grow(st, num_tokens)
+        return True
+
+    def release(self, seq: Sequence) -> None:
+        st = self.states.pop(seq.seq_id, None)
+        if st is not None:
+            self.blocks.release(st)
+
+    def attention_batch(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
+        """(input ids, positions, attention batch) for ``rows``."""
+        bs, device = self.block_size, self.device
+        ids, positions, slots, query_lens, context_lens, tables, masks = [], [], [], [], [], [], []
+        for row in rows:
+            table = row.state.block_table
+            end = row.storage_start + len(row.ids)
+            ids.extend(row.ids)
+            positions.extend(row.positions)
+            slots.extend(table[p // bs] * bs + p % bs for p in range(row.storage_start, end))
+            query_lens.append(len(row.ids))
+            context_lens.append(end)
+            tables.append(torch.tensor(table[: -(-end // bs)], dtype=torch.long, device=device))
+            masks.append(row.mask)
+        attn = AttentionBatch(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            query_lens=query_lens,
+            context_lens=context_lens,
+            block_tables=tables,
+            block_size=bs,
+            masks=masks if any(m is not None for m in masks) else None,
+        )
+        as_tensor = torch.tensor
+        return as_tensor(ids, dtype=torch.long, device=device), as_tensor(positions, device=device), attn
+
+
+def last_rows(rows: list[Row]) -> list[int]:
+    """Flat index of every row's last token."""
+    out, end = [], 0
+    for row in rows:
+        end += len(row.ids)
+        out.append(end - 1)
+    return out
