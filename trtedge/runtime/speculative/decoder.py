@@ -51,6 +51,7 @@ def eligible(seq: Sequence) -> bool:
         and p.repetition_penalty == 1.0
         and p.frequency_penalty == 0.0
         and p.presence_penalty == 0.0
+        and seq.matcher is None
         and seq.num_output_tokens >= 1
         and seq.num_computed_tokens == seq.num_tokens - 1
     )
