@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-from trtedge.runtime.ops.attention import AttentionBatch
 from trtedge.runtime.scheduler import ScheduledBatch
 from trtedge.runtime.sequence import Sequence
 from trtedge.runtime.speculative.config import SpeculativeConfig
@@ -156,16 +155,12 @@ class SpeculativeDecoder:
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + count))
             query_lens.append(count)
             context_lens.append(start + count)
-            tables.append(torch.tensor(table[: -(-(start + count) // bs)], dtype=torch.long, device=device))
+            tables.append(table[: -(-(start + count) // bs)])
             masks.append(None if draft.is_chain else span_mask(start, draft.ancestor_mask(device)))
-        attn = AttentionBatch(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            query_lens=query_lens,
-            context_lens=context_lens,
-            block_tables=tables,
-            block_size=bs,
-            masks=masks if any(m is not None for m in masks) else None,
-        )
+        attn = runner._attention_batch(slots, query_lens, context_lens, tables, decode=False)
+        if any(m is not None for m in masks):
+            # the Triton varlen kernel is causal only: token trees take the torch reference path
+            attn.masks, attn.prefill_plan = masks, None
         input_ids = torch.tensor(ids, dtype=torch.long, device=device)
         hidden = model.forward(
             input_ids, torch.tensor(positions, dtype=torch.long, device=device), runner.kv_caches, attn
