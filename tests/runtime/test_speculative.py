@@ -232,3 +232,43 @@ def test_draft_equal_to_target_accepts_everything(tmp_path_factory, target):
     assert outs == plain
     assert stats.acceptance_rate > 0.95, stats
     assert stats.mean_accepted_length > 4.5
+
+
+@pytest.fixture(scope="module")
+def eagle_dir(tmp_path_factory, target):
+    from tests.runtime.eagle3_tiny import make_eagle3_head
+
+    model, _ = target
+    return make_eagle3_head(
+        tmp_path_factory.mktemp("spec") / "e", model.cfg.hidden_size, model.cfg.vocab_size
+    )
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_eagle3_random_head_greedy_matches_plain_alone_and_in_batch_of_8(target, eagle_dir, top_k):
+    from trtedge.runtime.speculative.eagle3 import load_eagle3
+
+    model, tok = target
+    prompts = repetitive_prompts(8, seed=5)
+    plain, _ = generate(model, tok, prompts)
+    head = load_eagle3(eagle_dir, model)
+    spec = SpeculativeConfig("eagle3", model=str(eagle_dir), num_speculative_tokens=3, draft_top_k=top_k)
+    try:
+        batched, eng = generate(model, tok, prompts, speculative=spec, draft=head)
+        assert batched == plain
+        stats = eng.speculative.stats
+        assert stats.steps > 0 and stats.draft_tokens > stats.steps * (2 if top_k == 1 else 3)
+        alone, _ = generate(model, tok, prompts[:1], speculative=spec, draft=head, batch=1)
+        assert alone == plain[:1]
+    finally:
+        model.aux_layers, model.aux_hidden = (), None
+
+
+def test_eagle3_layout_is_checked(tmp_path, target):
+    from tests.runtime.eagle3_tiny import make_eagle3_head
+    from trtedge.runtime.speculative.eagle3 import load_eagle3
+
+    model, _ = target
+    path = make_eagle3_head(tmp_path / "bad", model.cfg.hidden_size + 8, model.cfg.vocab_size)
+    with pytest.raises(ValueError, match="fc.weight"):
+        load_eagle3(path, model)
