@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from trtedge.runtime.models.config import RopeConfig
-from trtedge.runtime.models.llama import rms_norm, rope_inv_freq, rotate
+from trtedge.runtime.models.layers import rms_norm, rotate
+from trtedge.runtime.models.rope import rope_tables
 from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
 from trtedge.runtime.sequence import Sequence
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, last_rows
@@ -78,12 +79,8 @@ class Eagle3Head:
         theta = float(
             config.get("rope_theta", (config.get("rope_parameters") or {}).get("rope_theta", 10000.0))
         )
-        freqs = torch.outer(
-            torch.arange(max_positions, dtype=torch.float32),
-            rope_inv_freq(RopeConfig(theta=theta), self.head_dim),
-        )
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos, self.sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+        cos, sin = rope_tables(RopeConfig(theta=theta), self.head_dim, self.head_dim, max_positions)
+        self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
         self.attention = TorchAttention(self.head_dim**-0.5)
 
     def forward(
