@@ -26,6 +26,7 @@ feature is not available yet (`tool_choice` "required" or a named function) is r
 | GET | `/v1/models`, `/v1/models/{model}` | none |
 | POST | `/v1/chat/completions` | [chat completion request](#post-v1chatcompletions) |
 | POST | `/v1/completions` | [completion request](#post-v1completions) |
+| POST | `/v1/responses` | [responses request](#post-v1responses) |
 | POST | `/v1/messages` | [Anthropic messages request](#post-v1messages) |
 | POST | `/v1/messages/count_tokens` | [Anthropic token count request](#post-v1messagescount_tokens) |
 """
@@ -36,6 +37,13 @@ _CLAUDE_HELLO = {
     "messages": [{"role": "user", "content": "What is the capital of France?"}],
 }
 EXAMPLES = {
+    "/v1/responses": {
+        "model": "SmolLM2-135M-Instruct",
+        "instructions": "Answer in one word.",
+        "input": "What is the capital of France?",
+        "max_output_tokens": 16,
+        "stream": True,
+    },
     "/v1/messages": {**_CLAUDE_HELLO, "max_tokens": 16, "stream": True},
     "/v1/messages/count_tokens": _CLAUDE_HELLO,
     "/v1/chat/completions": {
@@ -60,11 +68,13 @@ EXAMPLES = {
 def render() -> str:
     from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
     from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from trtedge.server.responses.protocol import ResponsesRequest
 
     parts = [HEADER]
     for path, model in (
         ("/v1/chat/completions", ChatCompletionRequest),
         ("/v1/completions", CompletionRequest),
+        ("/v1/responses", ResponsesRequest),
         ("/v1/messages", MessagesRequest),
         ("/v1/messages/count_tokens", CountTokensRequest),
     ):

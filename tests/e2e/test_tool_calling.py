@@ -235,3 +235,75 @@ def test_overload_is_529_overloaded_error(claude, server):
         time.sleep(0.05)  # the hang-up cancels the busy request; its seat comes back
     r = claude.messages.create(model="scripted", max_tokens=5, messages=HI)
     assert r.stop_reason == "end_turn"
+
+
+# ---- OpenAI Responses --------------------------------------------------------------------------------
+RESPONSES_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def test_responses_create_plain_and_usage(client):
+    r = client.responses.create(model="scripted", input="hi", instructions="Be brief.", max_output_tokens=20)
+    assert r.object == "response" and r.status == "completed" and r.id.startswith("resp_")
+    assert r.output_text.strip() == "Hello world"
+    [message] = r.output
+    assert message.type == "message" and message.role == "assistant" and message.status == "completed"
+    assert r.usage.output_tokens == 3 and r.usage.total_tokens == r.usage.input_tokens + 3
+    short = client.responses.create(model="scripted", input="hi", max_output_tokens=1)
+    assert short.status == "incomplete" and short.incomplete_details.reason == "max_output_tokens"
+    thought = client.responses.create(model="scripted", input="hi", reasoning={"effort": "low"})
+    assert [item.type for item in thought.output] == ["reasoning", "message"]
+    assert thought.output[0].content[0].text.strip() == "hmm" and thought.output_text == "Hello world"
+
+
+def test_responses_stream_events(client):
+    events = list(client.responses.create(model="scripted", input="hi", max_output_tokens=20, stream=True))
+    types = [e.type for e in events]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text.strip() == "Hello world" and events[-1].response.output_text == text
+    with client.responses.stream(model="scripted", input="hi", max_output_tokens=20) as stream:
+        final = stream.get_final_response()
+    assert final.output_text.strip() == "Hello world"
+
+
+def test_responses_function_call_round_trip(client):
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = client.responses.create(model="scripted", input=ask, tools=[RESPONSES_TOOL])
+    [call] = first.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
+    assert json.loads(call.arguments) == {"city": "Paris"}
+    streamed = list(client.responses.create(model="scripted", input=ask, tools=[RESPONSES_TOOL], stream=True))
+    fragments = [e.delta for e in streamed if e.type == "response.function_call_arguments.delta"]
+    assert len(fragments) >= 2 and json.loads("".join(fragments)) == {"city": "Paris"}
+    [done] = [e for e in streamed if e.type == "response.function_call_arguments.done"]
+    assert done.arguments == "".join(fragments)
+    history = [
+        *ask,
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 24 C"},
+    ]
+    second = client.responses.create(model="scripted", input=history, tools=[RESPONSES_TOOL])
+    assert second.output_text.strip() == "Sunny in Paris." and second.status == "completed"
+
+
+def test_responses_refuse_previous_response_id(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="scripted", input="hi", previous_response_id="resp_123")
+    assert e.value.body["param"] == "previous_response_id" and "does not store" in e.value.body["message"]

@@ -417,6 +417,8 @@ def test_openapi_document_describes_what_the_server_validates(llm):
     assert not messages.is_valid(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     )  # max_tokens
+    assert validator("ResponsesRequest").is_valid({"model": "m", "input": "hi", "max_output_tokens": 4})
+    assert not validator("ResponsesRequest").is_valid({"model": "m", "input": "hi", "max_output_tokens": 0})
     assert validator("CountTokensRequest").is_valid(
         {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     )

@@ -1,5 +1,6 @@
 """A tool conversation renders through the model's own chat template: the full prompt trtedge builds
-equals transformers' rendering of the same conversation with the same template."""
+equals transformers' rendering of the same conversation with the same template, whichever API it came
+through. Bad Messages and Responses input is a 400 naming the part."""
 
 from __future__ import annotations
 
@@ -80,3 +81,144 @@ def test_tool_conversation_prompt_matches_the_template(serving, model_dir):
     assert '"description": "The weather in a city"' in expected and expected.endswith("<answer> ")
     assert plan.choices[0].prompt_ids == serving.llm.tokenizer.encode(expected, add_special_tokens=False)
     assert plan.tool_format.name == "hermes"  # auto: the template shows <tool_call>
+
+
+def test_anthropic_and_responses_render_the_same_prompt(serving, model_dir):
+    from trtedge.server.anthropic.protocol import MessagesRequest
+    from trtedge.server.anthropic.translate import to_chat_request as from_anthropic
+    from trtedge.server.responses.protocol import ResponsesRequest
+    from trtedge.server.responses.translate import to_chat_request as from_responses
+
+    expected = reference(model_dir, CONVERSATION, TOOLS)
+    function = TOOLS[0]["function"]
+    claude = MessagesRequest.model_validate(
+        {
+            "model": "m",
+            "max_tokens": 8,
+            "system": [{"type": "text", "text": "Be brief."}],
+            "tools": [
+                {
+                    "name": function["name"],
+                    "description": function["description"],
+                    "input_schema": function["parameters"],
+                }
+            ],
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {
+                            "type": "tool_use",
+                            "id": "call_1",
+                            "name": "get_weather",
+                            "input": {"city": "Paris"},
+                        }
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "sunny, 24 C"}],
+                },
+            ],
+        }
+    )
+    assert plan_chat(serving, from_anthropic(claude)).prompt_text == expected
+    responses = ResponsesRequest.model_validate(
+        {
+            "instructions": "Be brief.",
+            "tools": [{"type": "function", **function}],
+            "input": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {
+                    "type": "function_call",
+                    "call_id": "call_1",
+                    "name": "get_weather",
+                    "arguments": '{"city": "Paris"}',
+                },
+                {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 24 C"},
+            ],
+        }
+    )
+    assert plan_chat(serving, from_responses(responses)).prompt_text == expected
+
+
+@pytest.mark.parametrize(
+    "path,body,status,where,text",
+    [
+        (
+            "/v1/messages",
+            {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            400,
+            "max_tokens",
+            "required",
+        ),
+        (
+            "/v1/messages",
+            {
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}],
+            },
+            400,
+            "messages.0.content.0",
+            "not supported",
+        ),
+        (
+            "/v1/messages",
+            {
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "web_search_20250305", "name": "w"}],
+            },
+            400,
+            "tools.0.type",
+            "server tool",
+        ),
+        (
+            "/v1/messages",
+            {"max_tokens": 4, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5},
+            400,
+            "temperature",
+            "",
+        ),
+        ("/v1/responses", {"input": [{"type": "local_shell_call"}]}, 400, "input.0.type", "not supported"),
+        (
+            "/v1/responses",
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            400,
+            "input.0.content.0",
+            "no vision component",
+        ),
+        (
+            "/v1/responses",
+            {"input": "x", "tools": [{"type": "web_search"}]},
+            400,
+            "tools.0.type",
+            "only function tools",
+        ),
+        ("/v1/responses", {"input": "x", "reasoning": {"effort": "max"}}, 400, "reasoning.effort", ""),
+    ],
+)
+def test_bad_agent_requests_name_the_part(serving, path, body, status, where, text):
+    import asyncio
+
+    import httpx
+
+    if path == "/v1/messages":
+        body = {"model": serving.model_name, **body}
+
+    async def main():
+        app = build_app(serving.llm, ServeConfig(enable_auto_tool_choice=True))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post(path, json=body)
+
+    r = asyncio.run(main())
+    assert r.status_code == status, r.text
+    if path == "/v1/messages":
+        error = r.json()["error"]
+        assert r.json()["type"] == "error" and error["type"] == "invalid_request_error"
+        assert where in error["message"] and text in error["message"]
+    else:
+        error = r.json()["error"]
+        assert error["param"] == where and text in error["message"], error

@@ -21,6 +21,8 @@ from trtedge.server.metrics import ServerMetrics
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from trtedge.server.openai.serving import OpenAIServing
 from trtedge.server.openapi import openapi_schema
+from trtedge.server.responses.protocol import ResponsesRequest
+from trtedge.server.responses.serving import ResponsesServing
 
 log = logging.getLogger("trtedge.server")
 
@@ -34,6 +36,7 @@ ENDPOINTS = (
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
 )
 
 
@@ -50,6 +53,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
     metrics = ServerMetrics(llm.stats, lambda: admission.num_waiting)
     serving = OpenAIServing(llm, config, admission, metrics)
     anthropic = AnthropicServing(serving)
+    responses = ResponsesServing(serving)
 
     async def health(request: Request) -> Response:
         body = health_body(llm, config, admission, serving.model_name)
@@ -93,6 +97,10 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         body = parse_request(await read_body(request, config.max_body_bytes), CountTokensRequest)
         return await anthropic.count_tokens(body)
 
+    async def create_response(request: Request) -> Response:
+        body = parse_request(await read_body(request, config.max_body_bytes), ResponsesRequest)
+        return await responses.create(body, request)
+
     routes = [
         Route("/health", _guard(health)),
         Route("/health/ready", _guard(ready)),
@@ -104,6 +112,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         Route("/v1/completions", _guard(completions), methods=["POST"]),
         Route("/v1/messages", _guard(messages, anthropic_error), methods=["POST"]),
         Route("/v1/messages/count_tokens", _guard(count_tokens, anthropic_error), methods=["POST"]),
+        Route("/v1/responses", _guard(create_response), methods=["POST"]),
     ]
     app = Starlette(routes=routes)
     app.state.admission = admission

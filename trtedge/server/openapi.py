@@ -8,6 +8,7 @@ from pydantic import BaseModel
 from trtedge._version import __version__
 from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from trtedge.server.responses.protocol import ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
 
@@ -99,7 +100,13 @@ def _get(summary: str, content_type: str = "application/json", secured: bool = F
 
 def openapi_schema() -> dict:
     schemas: dict = {"Error": _ERROR, "AnthropicError": _ANTHROPIC_ERROR}
-    for model in (ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest):
+    for model in (
+        ChatCompletionRequest,
+        CompletionRequest,
+        ResponsesRequest,
+        MessagesRequest,
+        CountTokensRequest,
+    ):
         schema = model.model_json_schema(ref_template=_REF)
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -119,6 +126,12 @@ def openapi_schema() -> dict:
             },
             "/v1/chat/completions": _post(ChatCompletionRequest, "OpenAI chat completions"),
             "/v1/completions": _post(CompletionRequest, "OpenAI completions"),
+            "/v1/responses": _post(
+                ResponsesRequest,
+                "OpenAI Responses (not stored: previous_response_id is refused)",
+                stream="Responses events: response.created, response.output_item.added, response.output_text.delta, "
+                "response.function_call_arguments.delta, response.output_item.done, response.completed",
+            ),
             "/v1/messages": _post(
                 MessagesRequest,
                 "Anthropic Messages",

@@ -169,6 +169,8 @@ class _Blocks:
         out: list[bytes] = []
         if kind in ("content", "reasoning"):
             block = "thinking" if kind == "reasoning" else "text"
+            if self.open != (block,) and not e[1].strip():
+                return out  # layout between blocks opens no block
             if self.open != (block,):
                 out += self.close()
                 empty = (

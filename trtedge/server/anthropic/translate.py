@@ -122,9 +122,10 @@ def _tool(tool: dict, param: str) -> dict:
     schema = tool.get("input_schema")
     if not isinstance(schema, dict):
         raise bad_request("input_schema must be a JSON schema object", param=f"{param}.input_schema")
-    function = {"name": _string(tool, "name", param), "parameters": schema}
+    function = {"name": _string(tool, "name", param)}
     if isinstance(tool.get("description"), str):
         function["description"] = tool["description"]
+    function["parameters"] = schema
     return {"type": "function", "function": function}
 
 

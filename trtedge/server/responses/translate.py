@@ -1,0 +1,135 @@
+"""OpenAI Responses input -> the OpenAI chat request the translation core serves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from trtedge.server.errors import bad_request, not_supported
+from trtedge.server.openai.protocol import ChatCompletionRequest
+from trtedge.server.responses.protocol import ResponsesRequest
+
+NO_VISION = "this model has no vision component; image inputs cannot be served"
+_TEXT = ("input_text", "output_text", "text", "refusal")
+_EFFORTS = ("none", "minimal", "low", "medium", "high")
+
+
+def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
+    if req.previous_response_id is not None:
+        raise bad_request(
+            "trtedge does not store responses: send the whole conversation in input instead of "
+            "previous_response_id",
+            param="previous_response_id",
+        )
+    messages: list[dict[str, Any]] = []
+    if req.instructions:
+        messages.append({"role": "system", "content": req.instructions})
+    items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+    for i, item in enumerate(items):
+        _add_item(messages, item, f"input.{i}" if isinstance(req.input, list) else "input")
+    body: dict[str, Any] = {"messages": messages, "priority": req.priority}
+    if req.tools:
+        body["tools"] = [_tool(t, f"tools.{i}") for i, t in enumerate(req.tools)]
+    if req.tool_choice is not None:
+        body["tool_choice"] = _tool_choice(req.tool_choice)
+    for name in ("parallel_tool_calls", "temperature", "top_p", "user"):
+        if getattr(req, name) is not None:
+            body[name] = getattr(req, name)
+    if req.max_output_tokens is not None:
+        body["max_tokens"] = req.max_output_tokens
+    effort = (req.reasoning or {}).get("effort")
+    if effort is not None:
+        if effort not in _EFFORTS:
+            raise bad_request(
+                f"reasoning.effort must be one of {', '.join(_EFFORTS)}", param="reasoning.effort"
+            )
+        body["reasoning_effort"] = effort
+        body["enable_thinking"] = effort != "none"
+    fmt = (req.text or {}).get("format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+        if fmt["type"] == "json_object":
+            body["response_format"] = {"type": "json_object"}
+        else:
+            schema = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        error = e.errors(include_url=False)[0]
+        raise bad_request(f"{'.'.join(map(str, error['loc']))}: {error['msg']}") from None
+
+
+def _add_item(messages: list[dict], item: dict, param: str) -> None:
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "system", "developer", "assistant"):
+            raise bad_request("role must be user, system, developer or assistant", param=f"{param}.role")
+        messages.append({"role": "system" if role == "developer" else role, "content": _content(item, param)})
+    elif kind == "function_call":
+        call = {
+            "id": _string(item, "call_id", param),
+            "type": "function",
+            "function": {
+                "name": _string(item, "name", param),
+                "arguments": _string(item, "arguments", param),
+            },
+        }
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == "assistant":
+            last.setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif kind == "function_call_output":
+        output = item.get("output")
+        text = output if isinstance(output, str) else _content({"content": output}, f"{param}.output")
+        messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", param), "content": text})
+    elif kind == "reasoning":
+        return  # earlier reasoning is not sent back to the model (chat templates drop it too)
+    else:
+        raise not_supported(f"an input item of type {kind!r}", f"{param}.type")
+
+
+def _content(item: dict, param: str) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request("content must be a string or a list of parts", param=f"{param}.content")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image":
+            raise bad_request(NO_VISION, param=f"{param}.content.{j}")
+        if kind not in _TEXT:
+            raise not_supported(f"a {kind!r} content part", f"{param}.content.{j}")
+        texts.append(_string(part, "refusal" if kind == "refusal" else "text", f"{param}.content.{j}"))
+    return "\n".join(texts)
+
+
+def _string(item: dict, key: str, param: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise bad_request(f"{key} must be a string", param=f"{param}.{key}")
+    return value
+
+
+def _tool(tool: dict, param: str) -> dict:
+    if tool.get("type") != "function":
+        raise not_supported(
+            f"the tool type {tool.get('type')!r} (only function tools are served)", f"{param}.type"
+        )
+    function = {"name": _string(tool, "name", param)}
+    if isinstance(tool.get("description"), str):
+        function["description"] = tool["description"]
+    function["parameters"] = tool.get("parameters") or {}
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: str | dict) -> str | dict:
+    if isinstance(choice, str):
+        return choice
+    if choice.get("type") == "function":
+        return {"type": "function", "function": {"name": _string(choice, "name", "tool_choice")}}
+    raise not_supported(f"tool_choice of type {choice.get('type')!r}", "tool_choice.type")
