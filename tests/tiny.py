@@ -40,6 +40,17 @@ FAMILIES = {
         partial_rotary_factor=0.5,
         sliding_window=48,
     ),
+    # Six experts, top-2 without renormalising; layer 1 dense (mlp_only_layers).
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        head_dim=32,
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        norm_topk_prob=False,
+        mlp_only_layers=[1],
+    ),
+    "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=48),
 }
 
 

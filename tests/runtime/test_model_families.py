@@ -32,7 +32,7 @@ def compare_prefill(path, num_tokens: int, max_positions: int = 256) -> float:
     return (prefill_logits(model, ids) - ref).abs().max().item()
 
 
-@pytest.mark.parametrize("family", ["phi3"])
+@pytest.mark.parametrize("family", ["phi3", "mixtral"])
 def test_prompt_longer_than_the_sliding_window_matches_transformers(family, tmp_path):
     path = make_tiny_checkpoint(tmp_path, family)
     cfg = json.loads((path / "config.json").read_text())
@@ -57,3 +57,24 @@ def test_unsupported_model_type_lists_the_supported_ones():
     for model_type in SUPPORTED_MODEL_TYPES:
         assert model_type in message
     assert "phi3" in SUPPORTED_MODEL_TYPES
+
+
+def test_int8_weights_quantize_the_experts(tmp_path):
+    from trtedge.runtime.models.moe import SparseMoE
+    from trtedge.runtime.ops.linear import Int8Linear, int8_available
+
+    if not int8_available():
+        pytest.skip("no native int8 kernels on this machine")
+    path = make_tiny_checkpoint(tmp_path, "qwen3_moe")
+    checkpoint = resolve_checkpoint(str(path))
+    ids = list(range(3, 40))
+    models = {
+        w: load_model(checkpoint, dtype="float32", device="cpu", weights=w, max_positions=256)
+        for w in ("float", "int8")
+    }
+    moe = models["int8"].layers[0].mlp
+    assert isinstance(moe, SparseMoE)
+    assert all(isinstance(m, Int8Linear) for m in moe.linears)
+    assert models["int8"].weight_bytes < models["float"].weight_bytes / 2
+    ref, ours = (prefill_logits(models[w], ids) for w in ("float", "int8"))
+    assert ((ours - ref).norm() / ref.norm()).item() < 0.05

@@ -8,6 +8,7 @@ import torch
 
 from trtedge.runtime.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, UnsupportedModelError
 from trtedge.runtime.models.llama import LlamaModel
+from trtedge.runtime.models.moe import MoeModel, expert_names
 
 log = logging.getLogger("trtedge")
 
@@ -17,6 +18,8 @@ ARCHITECTURES = {
     "qwen2": LlamaModel,
     "qwen3": LlamaModel,
     "phi3": LlamaModel,
+    "qwen3_moe": MoeModel,
+    "mixtral": MoeModel,
 }
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,8 +73,7 @@ def dummy_tensors(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         shapes = {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
-                  "self_attn.o_proj": (h, q), "mlp.gate_proj": (cfg.intermediate_size, h),
-                  "mlp.up_proj": (cfg.intermediate_size, h), "mlp.down_proj": (h, cfg.intermediate_size)}
+                  "self_attn.o_proj": (h, q), **_mlp_shapes(cfg, i)}
         for name, shape in shapes.items():
             yield p + name + ".weight", rand(*shape)
         if cfg.qkv_bias:
@@ -82,6 +84,19 @@ def dummy_tensors(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
         if cfg.qk_norm:
             for name in ("q_norm", "k_norm"):
                 yield p + f"self_attn.{name}.weight", torch.ones(cfg.head_dim, dtype=dtype, device=device)
+
+
+def _mlp_shapes(cfg: ModelConfig, index: int) -> dict[str, tuple[int, int]]:
+    h = cfg.hidden_size
+    if not cfg.sparse_layers[index]:
+        n = cfg.intermediate_size
+        return {"mlp.gate_proj": (n, h), "mlp.up_proj": (n, h), "mlp.down_proj": (h, n)}
+    n = cfg.moe_intermediate_size
+    router, experts = expert_names(cfg)
+    shapes = {router: (cfg.num_experts, h)}
+    for gate, up, down in experts:
+        shapes.update({gate: (n, h), up: (n, h), down: (h, n)})
+    return shapes
 
 
 def load_model(checkpoint, *, dtype: str, device: str, weights: str, max_positions: int, load_format: str = "auto"):

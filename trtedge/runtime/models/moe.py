@@ -1,0 +1,109 @@
+"""Mixture-of-experts decoders: Qwen3-MoE and Mixtral. Attention is the llama family's; the MLP of
+sparse layers is a router that picks ``num_experts_per_tok`` experts per token and a weighted sum
+of those experts' gated MLPs.
+
+Routing (both families): softmax over all experts in float32, top-k, then (Mixtral always,
+Qwen3-MoE when ``norm_topk_prob``) divide by the sum of the k selected probabilities.
+
+Experts run grouped: tokens sorted by expert, one matmul pair per expert that has tokens (the
+torch path, on the CPU and the oracle), or one Triton grouped-matmul launch over all experts on
+CUDA (no host synchronisation, so decode steps stay capturable in CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trtedge.runtime.models.layers import ACTIVATIONS, GatedMLP, require
+from trtedge.runtime.models.llama import LlamaModel
+from trtedge.runtime.ops import triton_attention
+from trtedge.runtime.ops.linear import make_linear
+
+# Per family: where the sparse block lives, its router, and each expert's (gate, up, down) names.
+_NAMES = {
+    "qwen3_moe": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
+    "mixtral": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
+}
+
+
+def expert_names(cfg) -> tuple[str, list[tuple[str, str, str]]]:
+    """Names inside a layer (without ".weight"): the router, and (gate, up, down) of each expert."""
+    block, router, (gate, up, down) = _NAMES[cfg.model_type]
+    experts = [f"{block}experts.{e}." for e in range(cfg.num_experts)]
+    return block + router, [(p + gate, p + up, p + down) for p in experts]
+
+
+class SparseMoE:
+    def __init__(self, cfg, w: dict[str, torch.Tensor], weight_format: str):
+        if cfg.hidden_act not in ACTIVATIONS:
+            raise ValueError(
+                f"unsupported hidden_act {cfg.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}"
+            )
+        self.act = cfg.hidden_act
+        self.top_k = cfg.num_experts_per_tok
+        self.normalize = cfg.norm_topk_prob
+        router, experts = expert_names(cfg)
+        self.router = require(w, router + ".weight")
+        # Stacked [E, 2I, H] and [E, H, I]: the grouped kernel's operands; per-expert linear layers are
+        # views of them (or their int8 form), so a quantized build quantizes experts like any layer.
+        self.w_gate_up = torch.stack(
+            [torch.cat([require(w, g + ".weight"), require(w, u + ".weight")]) for g, u, _ in experts]
+        )
+        self.w_down = torch.stack([require(w, d + ".weight") for _, _, d in experts])
+        self.gate_up = [make_linear(t, None, weight_format) for t in self.w_gate_up]
+        self.down = [make_linear(t, None, weight_format) for t in self.w_down]
+        self.grouped_kernel = (
+            weight_format == "float" and self.w_down.is_cuda and triton_attention.available()
+        )
+        if not self.grouped_kernel:
+            self.w_gate_up = self.w_down = None  # the per-expert layers hold the weights
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] in h's dtype, expert ids [T, k])."""
+        probs = F.linear(h, self.router).float().softmax(dim=-1)
+        weights, ids = probs.topk(self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(h.dtype), ids
+
+    def __call__(self, h: torch.Tensor, kernels=None) -> torch.Tensor:
+        weights, ids = self.route(h)
+        if self.grouped_kernel:
+            from trtedge.runtime.ops.triton_moe import fused_experts
+
+            return fused_experts(h, self.w_gate_up, self.w_down, weights, ids, ACTIVATIONS[self.act])
+        return self.grouped_reference(h, weights, ids)
+
+    def grouped_reference(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Sort (token, slot) pairs by expert; one gate_up/down matmul pair per expert with tokens."""
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=len(self.down)).tolist()
+        scale = weights.flatten()
+        out = torch.zeros_like(h)
+        start = 0
+        for e, count in enumerate(counts):
+            if count == 0:
+                continue
+            pairs = order[start : start + count]
+            start += count
+            rows = pairs // self.top_k
+            gate, up = self.gate_up[e](h[rows]).chunk(2, dim=-1)
+            y = self.down[e](ACTIVATIONS[self.act](gate) * up)
+            out.index_add_(0, rows, y * scale[pairs, None])
+        return out
+
+    @property
+    def linears(self) -> list:
+        return [*self.gate_up, *self.down]
+
+
+class MoeModel(LlamaModel):
+    """Qwen3-MoE and Mixtral: sparse layers get a SparseMoE; the others (mlp_only_layers,
+    decoder_sparse_step) keep a dense gated MLP."""
+
+    def make_mlp(self, index: int, w: dict[str, torch.Tensor], weight_format: str):
+        if self.cfg.sparse_layers[index]:
+            return SparseMoE(self.cfg, w, weight_format)
+        return GatedMLP.from_layer(w, self.cfg.hidden_act, weight_format)
