@@ -37,13 +37,13 @@ def serve(
     reasoning_parser: str = typer.Option(
         "auto",
         "--reasoning-parser",
-        help="auto|none|qwen3|deepseek_r1|nemotron: split <think> reasoning into reasoning_content "
+        help="auto|none|qwen3|deepseek_r1|nemotron|openai: split <think> reasoning into reasoning_content "
         "when a request enables thinking.",
     ),
     tool_call_parser: str = typer.Option(
         "auto",
         "--tool-call-parser",
-        help="auto|hermes|qwen3_xml|llama3_json|mistral|nemotron|generic: how tool calls are read "
+        help="auto|hermes|qwen3_xml|llama3_json|mistral|nemotron|generic|openai: how tool calls are read "
         "from the output (auto: from the chat template).",
     ),
     enable_auto_tool_choice: bool = typer.Option(

@@ -18,6 +18,7 @@ from trtedge.server.errors import bad_request, not_supported
 from trtedge.server.generation import Choice
 from trtedge.server.openai.protocol import ChatCompletionRequest
 from trtedge.server.parsers import Format, OutputParser, reasoning_parser, tool_call_guide, tool_format
+from trtedge.server.parsers.reasoning import HARMONY
 
 if TYPE_CHECKING:
     from trtedge.server.openai.serving import OpenAIServing
@@ -126,14 +127,24 @@ def plan_chat(serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = N
                 f"tool_choice {json.dumps(choice)} (it needs structured output to enforce the call)",
                 "tool_choice",
             )
+        if guide is not None:
+            raise bad_request(
+                "a forced tool_choice cannot be combined with response_format", param="tool_choice"
+            )
+        guide = tool_guide
     kwargs = dict(req.chat_template_kwargs or {})
     thinking = req.enable_thinking if req.enable_thinking is not None else kwargs.get("enable_thinking")
     max_tokens = req.max_completion_tokens or req.max_tokens
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = serving._params(req, len(prompt.ids), max_tokens, top, "messages", guide=guide)
-    if fmt is not None and fmt.keep_special_tokens and params.skip_special_tokens:
+    reasoning = reasoning_parser(config.reasoning_parser, prompt.template)
+    if reasoning != HARMONY and thinking is not True:
+        reasoning = (
+            None  # <think> is split only when the request turns thinking on; harmony always has channels
+        )
+    harmony = reasoning == HARMONY or (fmt is not None and fmt.keep_special_tokens)
+    if harmony and params.skip_special_tokens:
         params = replace(params, skip_special_tokens=False)
-    reasoning = reasoning_parser(config.reasoning_parser, prompt.template) if thinking is True else None
     return ChatPlan(
         choices=[Choice(prompt.ids, params)],
         prompt_text=prompt.text,

@@ -79,6 +79,14 @@ CASES = [
         [ToolCall("get_weather", PARIS), ToolCall("get_time", "{}")],
     ),
     ("generic", "The capital is Paris. {not a call}", "The capital is Paris. {not a call}", []),
+    (
+        "openai",
+        "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.get_weather <|constrain|>json<|message|>" + PARIS + "<|call|>",
+        "",
+        [ToolCall("get_weather", PARIS)],
+    ),
+    ("openai", "<|channel|>final<|message|>It is sunny.<|return|>", "It is sunny.", []),
 ]
 
 MALFORMED = [
@@ -169,6 +177,13 @@ REASONING = [
     ("deepseek_r1", False, "reasoning first</think>\n\nAnswer", "reasoning first", "Answer"),
     ("deepseek_r1", False, "<think>cut short", "cut short", ""),
     ("nemotron", False, "<think>a</think>b", "a", "b"),
+    (
+        "openai",
+        False,
+        "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final<|message|>b<|return|>",
+        "a",
+        "b",
+    ),
 ]
 
 
@@ -197,6 +212,7 @@ def test_reasoning_then_tool_call():
         ("[AVAILABLE_TOOLS] [TOOL_CALLS]", "mistral"),
         ("<TOOLCALL>", "nemotron"),
         ("<|python_tag|> ipython", "llama3_json"),
+        ("<|start|>assistant<|channel|>final<|message|>", "openai"),
         ("{% for m in messages %}{{ m.content }}{% endfor %}", "generic"),
     ],
 )

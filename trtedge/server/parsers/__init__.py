@@ -7,21 +7,26 @@ Tool-call formats (what each name reads):
   mistral      [TOOL_CALLS][{"name": ..., "arguments": {...}}] or [TOOL_CALLS]NAME[ARGS]{...}
   nemotron     <TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>  (Llama-Nemotron)
   generic      an output that is a JSON call object or a JSON array of them
+  openai       harmony (gpt-oss): <|channel|>commentary to=functions.NAME ... <|message|>{...}<|call|>
+
+Reasoning: qwen3, deepseek_r1, nemotron split <think>...</think>; openai reads harmony's analysis channel.
 """
 
 from __future__ import annotations
 
 from trtedge.server.parsers.formats import FORMATS, Format
 from trtedge.server.parsers.output import OutputParser, ParsedOutput
-from trtedge.server.parsers.reasoning import STARTS_IN_REASONING
+from trtedge.server.parsers.reasoning import HARMONY, STARTS_IN_REASONING
 from trtedge.server.parsers.tool_calls import ToolCall, parse_tool_calls
 
 TOOL_CALL_PARSERS = ("auto", *FORMATS)
-REASONING_PARSERS = ("auto", "none", *STARTS_IN_REASONING)
+REASONING_PARSERS = ("auto", "none", *STARTS_IN_REASONING, HARMONY)
 
 
 def detect_tool_format(template: str) -> str:
     """The tool-call format a chat template teaches its model (``generic`` when it shows none)."""
+    if "<|channel|>" in template:
+        return "openai"
     if "<tool_call>" in template:
         return "qwen3_xml" if "<function=" in template else "hermes"
     if "[TOOL_CALLS]" in template:
@@ -40,13 +45,16 @@ def tool_format(parser: str, template: str) -> Format:
 def reasoning_parser(parser: str, template: str) -> str | None:
     """The reasoning parser to use, or None: ``auto`` picks qwen3 for a template that knows <think>."""
     if parser == "auto":
+        if "<|channel|>" in template:
+            return HARMONY
         return "qwen3" if "<think>" in template or "</think>" in template else None
     return None if parser == "none" else parser
 
 
 def tool_call_guide(tools: list[dict], tool_choice: str | dict, fmt: Format):
-    """The structured-output guide that makes the model call a tool (``tool_choice`` "required" or a named
-    function) in ``fmt``; None while the engine has no structured output."""
+    """The structured-output guide (a ``GuidedDecodingParams``) that makes the model call a tool
+    (``tool_choice`` "required" or a named function) with arguments valid for its schema, written in
+    ``fmt`` so that the same parser reads it back; None while tool calls cannot be enforced."""
     return None
 
 

@@ -177,4 +177,5 @@ FORMATS: dict[str, Format] = {
     "mistral": Format("mistral", _mistral, start="[TOOL_CALLS]", keep_special_tokens=True),
     "nemotron": Format("nemotron", _list, start="<TOOLCALL>", end="</TOOLCALL>"),
     "generic": Format("generic", _list, leaders=("{", "[")),
+    "openai": Format("openai", _list, keep_special_tokens=True),  # read by harmony.py, not by scan()
 }

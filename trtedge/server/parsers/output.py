@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trtedge.server.parsers.formats import Format
+from trtedge.server.parsers.harmony import scan_harmony
 from trtedge.server.parsers.reasoning import split_reasoning
-from trtedge.server.parsers.tool_calls import ToolCall, ToolCallStream
+from trtedge.server.parsers.tool_calls import Parsed, ToolCall, ToolCallStream
 
 
 @dataclass
@@ -37,6 +38,14 @@ class OutputParser:
     def feed(self, delta: str, final: bool = False) -> list[tuple]:
         self._text += delta
         events: list[tuple] = []
+        if self.reasoning_parser == "openai" or (self.tools is not None and self.tools.fmt.name == "openai"):
+            reasoning, content, calls = scan_harmony(self._text, final)
+            if len(reasoning) > self._reasoning:
+                events.append(("reasoning", reasoning[self._reasoning :]))
+                self._reasoning = len(reasoning)
+            if self.tools is None:
+                self.tools = ToolCallStream(None)
+            return events + self.tools.emit(Parsed(content, calls))
         if self.reasoning_parser is None:
             content_delta = delta
         else:

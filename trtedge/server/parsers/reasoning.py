@@ -9,6 +9,7 @@ from __future__ import annotations
 
 OPEN, CLOSE = "<think>", "</think>"
 STARTS_IN_REASONING = {"qwen3": False, "deepseek_r1": True, "nemotron": True}
+HARMONY = "openai"  # gpt-oss channels, read by harmony.py
 
 
 def split_reasoning(parser: str, text: str, final: bool, opened: bool = False) -> tuple[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trtedge.server.parsers.formats import FORMATS, Format
+from trtedge.server.parsers.harmony import scan_harmony
 from trtedge.server.parsers.json_scan import Malformed, PartialCall, skip_ws
 
 
@@ -30,6 +31,9 @@ def scan(fmt: Format, text: str, final: bool, tools: dict | None = None) -> Pars
     """The content and calls of ``text`` so far. Without ``final`` the content stops where a call might
     begin, and calls may be partial."""
     tools = tools or {}
+    if fmt.name == "openai":
+        _, content, calls = scan_harmony(text, final)
+        return Parsed(content, calls)
     if fmt.start is None:
         return _scan_leading(fmt, text, final, tools)
     content: list[str] = []
@@ -114,7 +118,7 @@ class ToolCallStream:
     """Feed deltas; each ``feed`` returns the events they complete:
     ("content", text), ("call", index, name), ("arguments", index, fragment)."""
 
-    fmt: Format
+    fmt: Format | None
     tools: dict | None = None
     text: str = ""
     _content: str = ""
@@ -122,7 +126,10 @@ class ToolCallStream:
 
     def feed(self, delta: str, final: bool = False) -> list[tuple]:
         self.text += delta
-        parsed = scan(self.fmt, self.text, final, self.tools)
+        return self.emit(scan(self.fmt, self.text, final, self.tools))
+
+    def emit(self, parsed: Parsed) -> list[tuple]:
+        """The events that take what was sent so far to ``parsed``."""
         events: list[tuple] = []
         if parsed.content.startswith(self._content) and len(parsed.content) > len(self._content):
             events.append(("content", parsed.content[len(self._content) :]))
