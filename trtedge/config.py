@@ -73,6 +73,8 @@ class LaunchConfig:
     context_cache: ContextCacheConfig = ContextCacheConfig()
     engine_cache_max_size_gb: float = 50.0
     clear_engine_cache: bool = False
+    tensor_parallel_size: int = 1
+    distributed_init_method: str | None = None  # e.g. env:// under torchrun; None: a local TCP store
 
     def __post_init__(self) -> None:
         from trtedge.runtime.bundle_cache import BundleError, check_max_size_gb
@@ -81,7 +83,13 @@ class LaunchConfig:
             check_max_size_gb(self.engine_cache_max_size_gb)
         except BundleError as e:
             raise ConfigError(f"engine_cache_max_size_gb ({e})") from None
-        for name in ("max_kv_cache_capacity", "max_input_len", "max_batch_size", "max_num_batched_tokens"):
+        for name in (
+            "max_kv_cache_capacity",
+            "max_input_len",
+            "max_batch_size",
+            "max_num_batched_tokens",
+            "tensor_parallel_size",
+        ):
             if name == "max_input_len" and self.max_input_len is None:
                 object.__setattr__(self, name, min(DEFAULT_MAX_INPUT_LEN, self.max_kv_cache_capacity))
             value = getattr(self, name)
@@ -108,4 +116,10 @@ class LaunchConfig:
         ):
             raise ConfigError(
                 f"min_request_priority (--min-request-priority) must be an integer, got {self.min_request_priority!r}"
+            )
+        method = self.distributed_init_method
+        if method is not None and (not isinstance(method, str) or "://" not in method):
+            raise ConfigError(
+                f"distributed_init_method (--distributed-init-method) must be a URL such as env:// or "
+                f"tcp://HOST:PORT, got {method!r}"
             )

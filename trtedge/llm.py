@@ -51,6 +51,8 @@ class LLM:
         clear_engine_cache: bool = False,
         load_format: str = "auto",
         enforce_eager: bool = False,
+        tensor_parallel_size: int = 1,
+        distributed_init_method: str | None = None,
     ):
         self.config = LaunchConfig(
             model=model,
@@ -68,6 +70,8 @@ class LLM:
             engine_cache_max_size_gb=engine_cache_max_size_gb,
             clear_engine_cache=clear_engine_cache,
             load_format=load_format,
+            tensor_parallel_size=tensor_parallel_size,
+            distributed_init_method=distributed_init_method,
         )
         # the runtime bundle (key, path, manifest) stands in for the checkpoint: a hit converts nothing
         if load_format == "dummy":
@@ -82,27 +86,40 @@ class LLM:
             )
         self.tokenizer = self.checkpoint.load_tokenizer()
         cfg = self.config
-        self.model = load_model(
-            self.checkpoint,
-            dtype=dtype,
-            device=device,
-            weights=weights,
-            max_positions=cfg.max_kv_cache_capacity,
-            load_format=load_format,
+        load = dict(dtype=dtype, device=device, weights=weights, max_positions=cfg.max_kv_cache_capacity)
+        self.tp = None  # tensor parallel: the worker ranks, watched; rank 0's model is this process's
+        if cfg.tensor_parallel_size > 1:
+            from trtedge.runtime.tp_worker import start_tensor_parallel
+
+            try:
+                self.tp, self.model = start_tensor_parallel(
+                    self.checkpoint,
+                    **load,
+                    load_format=load_format,
+                    size=cfg.tensor_parallel_size,
+                    init_method=cfg.distributed_init_method,
+                )
+            except ValueError as e:
+                if self.bundle is not None:
+                    self.bundle.release()
+                raise ConfigError(str(e)) from None
+        else:
+            self.model = load_model(self.checkpoint, **load, load_format=load_format)
+        engine_config = EngineConfig(
+            max_batch_size=cfg.max_batch_size,
+            max_kv_cache_capacity=cfg.max_kv_cache_capacity,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            enable_in_flight_batching=cfg.enable_in_flight_batching,
+            enable_context_reuse=cfg.context_cache.enabled,
+            context_cache_max_records=cfg.context_cache.max_records,
+            cuda_graphs=not enforce_eager,
         )
-        self.engine = Engine(
-            self.model,
-            self.tokenizer,
-            EngineConfig(
-                max_batch_size=cfg.max_batch_size,
-                max_kv_cache_capacity=cfg.max_kv_cache_capacity,
-                max_num_batched_tokens=cfg.max_num_batched_tokens,
-                enable_in_flight_batching=cfg.enable_in_flight_batching,
-                enable_context_reuse=cfg.context_cache.enabled,
-                context_cache_max_records=cfg.context_cache.max_records,
-                cuda_graphs=not enforce_eager,
-            ),
-        )
+        try:
+            self.engine = Engine(self.model, self.tokenizer, engine_config)
+        except BaseException:
+            if self.tp is not None:
+                self.tp.shutdown()
+            raise
         self._closed = False
         self._close_lock = threading.Lock()
 
@@ -273,7 +290,7 @@ class LLM:
             "joined_mid_flight": stats.joined_mid_flight,
             "preemptions": stats.preemptions,
             "steps": stats.steps,
-            "engine_error": None if engine.error is None else str(engine.error),
+            "engine_error": self._engine_error(),
         }
 
     def get_context_cache_metrics(self) -> dict:
@@ -292,12 +309,21 @@ class LLM:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this LLM is closed")
+        if self.tp is not None and self.tp.error is not None:
+            raise RuntimeError(f"engine failed: {self.tp.error}")
+
+    def _engine_error(self) -> str | None:
+        if self.engine.error is not None:
+            return str(self.engine.error)
+        return None if self.tp is None else self.tp.error
 
     def close(self) -> None:
         with self._close_lock:
             if not self._closed:
                 self._closed = True
                 self.engine.shutdown()
+                if self.tp is not None:
+                    self.tp.shutdown()
                 if self.bundle is not None:
                     self.bundle.release()
 

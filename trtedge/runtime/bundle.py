@@ -68,9 +68,10 @@ class BuildProfile:
     num_draft_tokens: int | None = None
     components: tuple[str, ...] = ("llm",)
     layout_version: int = LAYOUT_VERSION
+    tensor_parallel_size: int = 1  # each rank loads its slice of the same weights
 
     def __post_init__(self) -> None:
-        for name in ("max_input_len", "max_kv_cache_capacity", "max_batch_size"):
+        for name in ("max_input_len", "max_kv_cache_capacity", "max_batch_size", "tensor_parallel_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BundleError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -119,11 +120,14 @@ class BuildProfile:
             max_batch_size=config.max_batch_size,
             dtype=config.dtype,
             weights=config.weights,
+            tensor_parallel_size=config.tensor_parallel_size,
         )
 
     def key_fields(self) -> dict:
         fields = asdict(self)
         fields.pop("draft_model")
+        if self.tensor_parallel_size == 1:  # keys of single-device bundles stay as they were
+            fields.pop("tensor_parallel_size")
         fields["components"] = list(self.components)
         return fields
 
@@ -134,6 +138,8 @@ class BuildProfile:
         )
         if self.speculative_method:
             text += f" spec={self.speculative_method}"
+        if self.tensor_parallel_size > 1:
+            text += f" tp={self.tensor_parallel_size}"
         return text
 
 

@@ -33,6 +33,16 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.sampler = sampler
+        # Tensor parallel (rank 0): the other ranks build the same runner and run each step's plan.
+        self.tp = getattr(model, "tp", None)
+        if self.tp is not None:
+            cuda_graphs = False  # the decode graphs do not capture the collectives yet
+            self.tp.send_runner(
+                num_blocks=num_blocks,
+                block_size=block_size,
+                max_batch_size=max_batch_size,
+                max_blocks_per_seq=max_blocks_per_seq,
+            )
         self.guides = guides  # GuidedDecoding: fills token bitmasks of guided rows while the model runs
         # The device decode path (Triton kernels, CUDA graphs) needs CUDA and Triton; without either,
         # every step runs the torch reference path.
@@ -61,7 +71,6 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int], list[TokenLogprobs | None]]:
         """Compute the scheduled tokens; return the sequences that caught up and their next tokens."""
-        device = self.model.device
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -90,16 +99,30 @@ class ModelRunner:
             logits = self.graphs.run(ids, positions, slots, tables, context_lens)
             tokens, infos = self.sampler(logits, sampled, masks)
             return sampled, tokens, infos
+        if self.tp is not None:
+            self.tp.send_step(ids, positions, slots, query_lens, context_lens, tables, last_rows)
+        logits = self.forward(ids, positions, slots, query_lens, context_lens, tables, last_rows)
+        if not sampled:
+            return [], [], []
+        tokens, infos = self.sampler(logits, sampled, masks)
+        return sampled, tokens, infos
+
+    @torch.inference_mode()
+    def forward(
+        self, ids, positions, slots, query_lens, context_lens, tables, last_rows
+    ) -> torch.Tensor | None:
+        """The model over a flattened batch: the logits of ``last_rows`` (None when there are none). The
+        other tensor-parallel ranks run this with the plan rank 0 sent."""
+        device = self.model.device
+        decode = all(q == 1 for q in query_lens)
         attn = self._attention_batch(slots, query_lens, context_lens, tables, decode)
         input_ids = torch.tensor(ids, dtype=torch.long, device=device)
         pos = torch.tensor(positions, dtype=torch.long, device=device)
         hidden = self.model.forward(input_ids, pos, self.kv_caches, attn)
-        if not sampled:
-            return [], [], []
+        if not last_rows:
+            return None
         rows = torch.tensor(last_rows, dtype=torch.long, device=device)
-        logits = self.model.logits(hidden.index_select(0, rows))
-        tokens, infos = self.sampler(logits, sampled, masks)
-        return sampled, tokens, infos
+        return self.model.logits(hidden.index_select(0, rows))
 
     def _attention_batch(self, slots, query_lens, context_lens, tables, decode: bool) -> AttentionBatch:
         device = self.model.device

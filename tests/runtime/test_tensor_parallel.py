@@ -1,0 +1,207 @@
+"""Tensor parallelism on the CPU with gloo: TP=2 against TP=1 on the same tiny checkpoints, the weight
+split itself, and a worker that dies. One TP=2 LLM per family for the module (spawning is slow)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tests.server.asgi import call
+from tests.tiny import make_tiny_checkpoint
+from trtedge import LLM, SamplingParams
+from trtedge.config import ConfigError, LaunchConfig
+from trtedge.runtime.bundle import BuildProfile, cache_key
+from trtedge.runtime.distributed import check_tensor_parallel, shard_config, shard_tensor
+from trtedge.runtime.models.config import ModelConfig
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+# the second prompt spans two KV blocks and, with 16 tokens per step, prefills in chunks beside a decode
+PROMPTS = [[1, 5, 9, 33, 200], [1, *range(40, 70)]]
+
+
+def launch(path, cache, tp: int) -> LLM:
+    return LLM(
+        str(path),
+        cache_dir=str(cache),
+        tensor_parallel_size=tp,
+        max_kv_cache_capacity=128,
+        max_batch_size=2,
+        max_num_batched_tokens=16,
+        enable_in_flight_batching=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tp")
+    return {f: make_tiny_checkpoint(root / f, f) for f in ("llama", "qwen3")}, root / "cache"
+
+
+@pytest.fixture(scope="module")
+def pair(checkpoints):
+    """family -> (TP=1 LLM, TP=2 LLM). A process holds one torch.distributed group, so one TP=2 LLM
+    at a time: asking for another family closes the previous pair."""
+    paths, cache = checkpoints
+    current: dict[str, tuple[LLM, LLM]] = {}
+
+    def close() -> None:
+        for llms in current.values():
+            for llm in llms:
+                llm.close()
+        current.clear()
+
+    def get(family: str) -> tuple[LLM, LLM]:
+        if family not in current:
+            close()
+            current[family] = (launch(paths[family], cache, 1), launch(paths[family], cache, 2))
+        return current[family]
+
+    yield get
+    close()
+
+
+def test_greedy_output_matches_one_rank_llama(pair):
+    check_greedy(*pair("llama"))
+
+
+def check_greedy(one: LLM, two: LLM) -> None:
+    assert two.tp is not None and two.tp.size == 2
+    expected = [o.token_ids for o in one.generate(PROMPTS, GREEDY)]
+    assert [o.token_ids for o in two.generate(PROMPTS, GREEDY)] == expected
+    assert all(len(ids) == GREEDY.max_tokens for ids in expected)
+
+
+def test_gathered_logits_match_one_rank(pair):
+    one, two = pair("llama")
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=5)
+    a, b = one.generate(PROMPTS[0], params), two.generate(PROMPTS[0], params)
+    assert a.token_ids == b.token_ids
+    for x, y in zip(a.logprobs, b.logprobs):
+        assert [t for t, _ in x.top] == [t for t, _ in y.top]
+        assert [v for _, v in x.top] == pytest.approx([v for _, v in y.top], abs=1e-4)
+
+
+def test_each_rank_holds_half_the_kv_cache_and_weights(pair):
+    one, two = pair("llama")
+    assert two.stats()["kv_cache_bytes"] * 2 == one.stats()["kv_cache_bytes"]
+    assert two.model.cfg.num_kv_heads * 2 == one.model.cfg.num_kv_heads
+    assert two.model.weight_bytes < one.model.weight_bytes
+    # the fused native decode kernels run on the sliced heads, as on one rank
+    assert (two.model.decode_kernels is None) == (one.model.decode_kernels is None)
+
+
+def test_second_group_in_one_process_is_refused(pair, checkpoints):
+    paths, cache = checkpoints
+    pair("llama")
+    with pytest.raises(ConfigError, match="one tensor-parallel LLM per process"):
+        launch(paths["llama"], cache, 2)
+
+
+def test_dead_worker_fails_the_request_in_flight(pair):
+    _, two = pair("llama")
+    stream = two.generate_stream([1, 2, 3], SamplingParams(max_tokens=100, temperature=0, ignore_eos=True))
+    with pytest.raises(RuntimeError, match="rank 1 exited|tensor-parallel"):
+        for i, _ in enumerate(stream):
+            if i == 2:
+                os.kill(two.tp.processes[0].pid, signal.SIGKILL)
+    assert "rank 1 exited" in two.stats()["engine_error"]
+
+
+def test_greedy_output_matches_one_rank_qwen3(pair):
+    check_greedy(*pair("qwen3"))
+
+
+def test_dead_worker_makes_the_server_answer_503(pair):
+    from trtedge.server.app import build_app
+
+    _, two = pair("qwen3")
+    app = build_app(two)
+    assert asyncio.run(call(app, "/health", method="GET")).status == 200
+    worker = two.tp.processes[0]
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(timeout=10)
+    body = {"model": two.model_name, "prompt": [1, 2, 3], "max_tokens": 4}
+    reply = asyncio.run(call(app, "/v1/completions", body))
+    assert reply.status == 503
+    assert reply.json()["error"]["code"] == "engine_unavailable"
+    assert "rank 1 exited" in reply.json()["error"]["message"]
+    health = asyncio.run(call(app, "/health", method="GET"))
+    assert health.status == 503 and "rank 1 exited" in health.json()["reason"]
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 exited"):
+        two.generate([1, 2, 3], GREEDY)
+    assert time.monotonic() - start < 5
+
+
+# ---- the split, without processes -----------------------------------------------------------------
+def _config(**kw) -> ModelConfig:
+    base = dict(
+        model_type="llama",
+        vocab_size=10,
+        hidden_size=8,
+        intermediate_size=12,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=2,
+    )
+    return ModelConfig.from_hf({**base, **kw})
+
+
+def test_split_of_each_weight():
+    cfg = _config()
+    w = torch.arange(8 * 8).view(8, 8)  # q: 4 heads x 2 dims
+    assert shard_tensor("model.layers.0.self_attn.q_proj.weight", w, cfg, 1, 2).tolist() == w[4:].tolist()
+    assert shard_tensor("model.layers.0.self_attn.o_proj.weight", w, cfg, 1, 2).tolist() == w[:, 4:].tolist()
+    assert shard_tensor("model.layers.0.self_attn.o_proj.bias", w[0], cfg, 1, 2).tolist() == [0] * 8
+    qkv = torch.arange(16)  # fused q (8 rows), k (4), v (4): each split on its own, then fused again
+    got = shard_tensor("model.layers.0.self_attn.qkv_proj.bias", qkv, cfg, 1, 2).tolist()
+    assert got == [4, 5, 6, 7, 10, 11, 14, 15]
+    gate_up = torch.arange(24)
+    got = shard_tensor("model.layers.0.mlp.gate_up_proj.bias", gate_up, cfg, 0, 2).tolist()
+    assert got == [0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16, 17]
+    norm = torch.ones(8)
+    assert shard_tensor("model.layers.0.input_layernorm.weight", norm, cfg, 1, 2).shape == (8,)
+    embed = torch.arange(10).view(10, 1).float()  # 10 rows over 4 ranks: 3 each, the last padded
+    last = shard_tensor("model.embed_tokens.weight", embed, cfg, 3, 4)
+    assert last.flatten().tolist() == [9, 0, 0]
+    assert shard_config(cfg, 2).num_kv_heads == 1 and shard_config(cfg, 2).intermediate_size == 6
+
+
+def test_sizes_that_do_not_divide_the_heads_are_refused():
+    with pytest.raises(
+        ValueError, match=r"--tensor-parallel-size\) 4 does not divide the model's 2 KV heads"
+    ):
+        check_tensor_parallel(_config(), 4)
+    with pytest.raises(ValueError, match="--tensor-parallel-size.*3 attention heads"):
+        check_tensor_parallel(_config(num_attention_heads=3, num_key_value_heads=3, head_dim=2), 2)
+    with pytest.raises(ValueError, match="the gemma3 family does not support tensor parallelism"):
+        check_tensor_parallel(replace(_config(), model_type="gemma3"), 2)
+    check_tensor_parallel(_config(), 2)
+
+
+def test_llm_refuses_an_uneven_split_before_starting_workers(checkpoints):
+    paths, cache = checkpoints
+    with pytest.raises(ConfigError, match="--tensor-parallel-size"):
+        launch(paths["llama"], cache, 4)  # 2 KV heads
+
+
+def test_launch_settings_are_validated():
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size \(--tensor-parallel-size\)"):
+        LaunchConfig(tensor_parallel_size=0)
+    with pytest.raises(ConfigError, match="--distributed-init-method"):
+        LaunchConfig(distributed_init_method="localhost:29500")
+    LaunchConfig(tensor_parallel_size=2, distributed_init_method="env://")
+
+
+def test_tensor_parallel_size_changes_the_bundle_key():
+    one, two = BuildProfile(), BuildProfile(tensor_parallel_size=2)
+    assert cache_key("fp", None, one) != cache_key("fp", None, two)
+    assert "tensor_parallel_size" not in one.key_fields()  # single-device keys did not move
+    assert "tp=2" in two.summary()

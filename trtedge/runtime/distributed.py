@@ -1,0 +1,181 @@
+"""Tensor parallelism: which slice of each weight a rank holds, and the layers that join the slices.
+
+Megatron's split of a llama-family decoder over N ranks: q/k/v and gate/up are column-parallel (each
+rank holds 1/N of the heads and of the intermediate size), o_proj and down_proj row-parallel (an
+all-reduce after them), the embedding and lm_head vocab-parallel (an all-reduce after the embedding,
+a gather of the logits to rank 0). A rank's model is the ordinary model built from its slices with a
+config whose head counts and intermediate size are divided by N; the KV cache it allocates from that
+config holds only its own KV heads. Communication goes through torch.distributed only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trtedge.runtime.models.config import ModelConfig
+
+# The families whose layers are all covered by the split below.
+TP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+_LAYER = re.compile(r"model\.layers\.\d+\.(.+)")
+_COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+_ROW = ("self_attn.o_proj", "mlp.down_proj")
+_VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+class TensorParallelError(RuntimeError):
+    """A tensor-parallel rank failed, or the model cannot be split as asked."""
+
+
+def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
+    """Raise ``ValueError`` naming --tensor-parallel-size when ``cfg`` cannot be split over ``size`` ranks."""
+    if size == 1:
+        return
+    if cfg.model_type not in TP_MODEL_TYPES or cfg.num_experts:
+        raise ValueError(
+            f"tensor_parallel_size (--tensor-parallel-size) {size}: the {cfg.model_type} family does not "
+            f"support tensor parallelism yet (supported: {', '.join(TP_MODEL_TYPES)}); use 1"
+        )
+    for what, count in (
+        ("attention heads", cfg.num_heads),
+        ("KV heads (num_key_value_heads)", cfg.num_kv_heads),
+        ("intermediate_size", cfg.intermediate_size),
+    ):
+        if count % size:
+            raise ValueError(
+                f"tensor_parallel_size (--tensor-parallel-size) {size} does not divide the model's {count} "
+                f"{what}; choose a size that divides {cfg.num_heads} attention heads and "
+                f"{cfg.num_kv_heads} KV heads"
+            )
+
+
+def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
+    """The config one rank builds its model from: 1/size of the heads and of the MLP width."""
+    return replace(
+        cfg,
+        num_heads=cfg.num_heads // size,
+        num_kv_heads=cfg.num_kv_heads // size,
+        intermediate_size=cfg.intermediate_size // size,
+    )
+
+
+def vocab_shard(vocab_size: int, rank: int, size: int) -> tuple[int, int]:
+    """(first row, rows per rank) of the vocabulary slice; the last slice is zero-padded to the same size."""
+    rows = -(-vocab_size // size)
+    return rank * rows, rows
+
+
+def _shape(view) -> list[int]:
+    return list(view.get_shape()) if hasattr(view, "get_shape") else list(view.shape)
+
+
+def _rows(view, parts: list[int], rank: int, size: int) -> torch.Tensor:
+    """Rank's 1/size of each consecutive block of ``parts`` rows, concatenated (a fused qkv / gate_up)."""
+    out, start = [], 0
+    for n in parts:
+        step = n // size
+        out.append(view[start + rank * step : start + (rank + 1) * step])
+        start += n
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
+def shard_tensor(name: str, view, cfg: ModelConfig, rank: int, size: int) -> torch.Tensor:
+    """Rank's slice of the HF-named tensor; ``view`` is a tensor or a safetensors slice (read lazily)."""
+    shape = _shape(view)
+    if name in _VOCAB:
+        start, rows = vocab_shard(shape[0], rank, size)
+        part = view[start : min(start + rows, shape[0])]
+        if part.shape[0] < rows:
+            part = torch.cat([part, part.new_zeros(rows - part.shape[0], *part.shape[1:])])
+        return part
+    m = _LAYER.fullmatch(name)
+    if m is None:
+        return view[:]
+    local, _, suffix = m.group(1).rpartition(".")
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    if local in _COLUMN:
+        return _rows(view, [shape[0]], rank, size)
+    if local == "self_attn.qkv_proj":
+        return _rows(view, [q, kv, kv], rank, size)
+    if local == "mlp.gate_up_proj":
+        return _rows(view, [shape[0] // 2] * 2, rank, size)
+    if local in _ROW:
+        if suffix == "bias":  # added once, after the all-reduce
+            t = view[:]
+            return t if rank == 0 else torch.zeros_like(t)
+        step = shape[1] // size
+        return view[:, rank * step : (rank + 1) * step]
+    return view[:]  # norms: every rank holds all of them
+
+
+class RowParallel:
+    """A row-parallel linear layer: the rank's partial product, summed over the ranks."""
+
+    def __init__(self, linear, group=None):
+        self.linear = linear
+        self.group = group
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x).contiguous()
+        dist.all_reduce(y, group=self.group)
+        return y
+
+    @property
+    def nbytes(self) -> int:
+        return self.linear.nbytes
+
+
+class VocabParallelEmbedding:
+    """Each rank looks up the ids in its vocabulary slice (zeros elsewhere); the all-reduce joins them."""
+
+    def __init__(self, weight: torch.Tensor, start: int, group=None):
+        self.weight = weight
+        self.start = start
+        self.group = group
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        local = input_ids - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        x.masked_fill_(outside.unsqueeze(-1), 0)
+        dist.all_reduce(x, group=self.group)
+        return x
+
+
+class GatheredHead:
+    """A vocab-parallel lm_head: every rank computes its slice of the logits and rank 0 gets them all
+    (only rank 0 samples; the other ranks get their own slice back)."""
+
+    def __init__(self, linear, vocab_size: int, rank: int, size: int, group=None):
+        self.linear = linear
+        self.vocab_size = vocab_size
+        self.rank = rank
+        self.size = size
+        self.group = group
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        part = self.linear(hidden).contiguous()
+        parts = [torch.empty_like(part) for _ in range(self.size)] if self.rank == 0 else None
+        dist.gather(part, parts, dst=0, group=self.group)
+        if parts is None:
+            return part
+        return torch.cat(parts, dim=-1)[..., : self.vocab_size]
+
+    @property
+    def nbytes(self) -> int:
+        return self.linear.nbytes
+
+
+def parallelize(model, rank: int, size: int, vocab_size: int, group=None) -> None:
+    """Join a rank's model built from its slices: all-reduce after o_proj and down_proj, the
+    vocab-parallel embedding, the logits gathered to rank 0."""
+    for layer in model.layers:
+        layer.o = RowParallel(layer.o, group)
+        layer.mlp.down = RowParallel(layer.mlp.down, group)
+    start, _ = vocab_shard(vocab_size, rank, size)
+    model.embed_tokens = VocabParallelEmbedding(model.embed, start, group)
+    model.lm_head = GatheredHead(model.lm_head, vocab_size, rank, size, group)

@@ -1,0 +1,343 @@
+"""Tensor-parallel launch: rank 0 (the calling process, which runs the engine) starts ranks 1..N-1
+with torch.multiprocessing, or joins ranks that torchrun started; each rank loads only its slice of
+the weights. Every step rank 0 broadcasts the flattened batch and all ranks run the same forward.
+
+Two process groups: the model's collectives (NCCL on CUDA, gloo on the CPU) with a timeout, and a
+gloo group that carries the step plans, on which idle workers wait without one. A watchdog thread
+on rank 0 notices a worker that exited and marks the group failed: the next step raises
+``TensorParallelError`` instead of waiting for a peer that is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, replace
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from trtedge.runtime.distributed import (
+    TensorParallelError,
+    check_tensor_parallel,
+    parallelize,
+    shard_config,
+    shard_tensor,
+)
+from trtedge.runtime.models import (
+    ARCHITECTURES,
+    dummy_tensors,
+    resolve_device,
+    resolve_dtype,
+    resolve_weight_format,
+)
+from trtedge.runtime.models.config import ModelConfig
+
+log = logging.getLogger("trtedge")
+
+COLLECTIVE_TIMEOUT_S = 300.0  # a step's collectives: a live peer answers within a step
+IDLE_TIMEOUT = timedelta(days=30)  # workers wait for the next step plan as long as the server idles
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ShardLaunch:
+    """What every rank needs to join the group and load its slice (sent to the spawned workers)."""
+
+    name: str
+    config: dict
+    files: tuple[str, ...]  # safetensors files of the bundle; empty: random weights (load_format dummy)
+    dtype: str
+    device_type: str
+    weight_format: str
+    max_positions: int
+    size: int
+    init_method: str | None = None  # None: a TCP store on 127.0.0.1 that rank 0 opens
+    store_port: int = 0
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device_type == "cuda" else "gloo"
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step's flattened batch, as rank 0's runner built it."""
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    query_lens: list[int]
+    context_lens: list[int]
+    tables: list[list[int]]
+    last_rows: list[int]
+
+
+def _prepare_env(launch: ShardLaunch, rank: int) -> torch.device:
+    # NVLink SHARP (multicast) stays off: it needs fabric-manager state these hosts do not give.
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    if launch.device_type != "cuda":
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def _join(launch: ShardLaunch, rank: int, store=None):
+    """Init the default (compute) group and return the gloo group that carries step plans."""
+    timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    if launch.init_method is not None:
+        dist.init_process_group(
+            launch.backend, init_method=launch.init_method, rank=rank, world_size=launch.size, timeout=timeout
+        )
+    else:
+        dist.init_process_group(
+            launch.backend, store=store, rank=rank, world_size=launch.size, timeout=timeout
+        )
+    return dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+
+
+def load_shard(launch: ShardLaunch, rank: int, device: torch.device):
+    """This rank's model: its slices of the weights (read lazily from the safetensors files), joined
+    by the collectives of ``parallelize``."""
+    cfg = ModelConfig.from_hf(launch.config)
+    dtype = _DTYPES[launch.dtype]
+    if launch.files:
+        tensors = _iter_file_shards(launch.files, cfg, rank, launch.size)
+    else:
+        tensors = (
+            (name, shard_tensor(name, t, cfg, rank, launch.size).clone())
+            for name, t in dummy_tensors(cfg, dtype, device)
+        )
+    local = shard_config(cfg, launch.size)
+    model = ARCHITECTURES[cfg.model_type](
+        local, tensors, dtype, device, launch.weight_format, launch.max_positions
+    )
+    parallelize(model, rank, launch.size, cfg.vocab_size)
+    model.tp = None
+    return model
+
+
+def _iter_file_shards(files, cfg: ModelConfig, rank: int, size: int):
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                yield name, shard_tensor(name, f.get_slice(name), cfg, rank, size)
+
+
+class TensorParallel:
+    """Rank 0's handle on the group: sends step plans, watches the workers, shuts them down."""
+
+    def __init__(self, launch: ShardLaunch, plan_group, processes: list):
+        self.launch = launch
+        self.size = launch.size
+        self.plan_group = plan_group
+        self.processes = processes  # the spawned workers (empty when torchrun started them)
+        self._error: str | None = None
+        self._closed = False
+        self._watchdog = threading.Thread(target=self._watch, name="trtedge-tp-watchdog", daemon=True)
+        self._watchdog.start()
+
+    @property
+    def error(self) -> str | None:
+        """Why the group cannot run steps any more (a worker exited, a collective failed), or None."""
+        if self._error is None and not self._closed:
+            dead = next(((r, p) for r, p in enumerate(self.processes, start=1) if not p.is_alive()), None)
+            if dead is not None:
+                self._error = f"tensor-parallel worker rank {dead[0]} exited with code {dead[1].exitcode}"
+        return self._error
+
+    def send_runner(self, **geometry) -> None:
+        """The other ranks build the same runner (KV pool geometry) on their slices."""
+        self._send(("runner", geometry))
+
+    def send_step(self, *plan) -> None:
+        self._send(("step", StepPlan(*plan)))
+
+    def _send(self, message) -> None:
+        if self.error is not None:
+            raise TensorParallelError(self.error)
+        try:
+            dist.broadcast_object_list([message], src=0, group=self.plan_group)
+        except Exception as e:
+            deadline = time.monotonic() + 2  # a peer's socket closes before its exit code is in
+            while self.error is None and self.processes and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self._error = self.error or f"tensor-parallel group failed: {e}"
+            raise TensorParallelError(self._error) from e
+
+    def _watch(self) -> None:
+        while not self._closed:
+            if self.error is not None:
+                log.error("%s; the engine is unavailable", self.error)
+                return
+            time.sleep(0.2)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        if self.error is None:
+            try:
+                self._send(None)
+            except TensorParallelError:
+                pass
+        self._closed = True
+        for proc in self.processes:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+        if self._error is None or self.launch.backend == "gloo":  # NCCL with a dead peer may not return
+            dist.destroy_process_group()
+
+
+def start_tensor_parallel(
+    checkpoint, *, dtype: str, device: str, weights: str, max_positions: int, load_format: str, size: int,
+    init_method: str | None = None,
+):  # fmt: skip
+    """Start the group and load rank 0's slice: returns (TensorParallel, rank 0's model). Under torchrun
+    (``init_method`` given, RANK set) a rank other than 0 serves steps here and exits when rank 0 closes."""
+    cfg = checkpoint.model_config
+    check_tensor_parallel(cfg, size)
+    if dist.is_initialized():
+        raise ValueError(
+            "tensor_parallel_size (--tensor-parallel-size): this process already belongs to a "
+            "torch.distributed group (one tensor-parallel LLM per process; close the other first)"
+        )
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, cfg, dev)
+    if dev.type == "cuda" and torch.cuda.device_count() < size and "RANK" not in os.environ:
+        raise ValueError(
+            f"tensor_parallel_size (--tensor-parallel-size) {size} needs {size} CUDA devices, "
+            f"this machine has {torch.cuda.device_count()}"
+        )
+    launch = ShardLaunch(
+        name=checkpoint.name,
+        config=checkpoint.config,
+        files=() if load_format == "dummy" else tuple(str(f) for f in checkpoint.weight_files()),
+        dtype=str(torch_dtype).removeprefix("torch."),
+        device_type=dev.type,
+        weight_format=resolve_weight_format(weights, checkpoint, dev, torch_dtype),
+        max_positions=max_positions,
+        size=size,
+        init_method=init_method,
+    )
+    if init_method is not None and "RANK" in os.environ:  # torchrun started every rank
+        world = int(os.environ.get("WORLD_SIZE", size))
+        if world != size:
+            raise ValueError(
+                f"tensor_parallel_size (--tensor-parallel-size) {size} differs from torchrun's WORLD_SIZE {world}"
+            )
+        rank = int(os.environ["RANK"])
+        if rank != 0:
+            run_worker(launch, rank)
+            raise SystemExit(0)
+        device_ = _prepare_env(launch, 0)
+        plan_group = _join(launch, 0)
+        processes = []
+    else:
+        device_, plan_group, processes = _spawn(launch)
+    tp = TensorParallel(launch, plan_group, processes)
+    try:
+        model = load_shard(launch, 0, device_)
+        dist.barrier(group=plan_group)  # every rank has its slice
+    except Exception as e:
+        error = tp.error or f"tensor-parallel start failed: {e}"
+        tp._error = error
+        tp.shutdown()
+        raise TensorParallelError(error) from e
+    model.tp = tp
+    log.info(
+        "tensor parallel: %d ranks (%s), rank 0 holds 1/%d of %s", size, launch.backend, size, launch.name
+    )
+    return tp, model
+
+
+def _spawn(launch: ShardLaunch):
+    import torch.multiprocessing as mp
+
+    device = _prepare_env(launch, 0)
+    store = None
+    if launch.init_method is None:
+        store = dist.TCPStore("127.0.0.1", 0, launch.size, is_master=True, wait_for_workers=False)
+        launch = replace(launch, store_port=store.port)
+    context = mp.start_processes(
+        _spawned,
+        args=(launch, os.getpid()),
+        nprocs=launch.size - 1,
+        join=False,
+        daemon=True,
+        start_method="spawn",
+    )
+    processes = context.processes
+    if store is not None:  # fail fast when a worker dies before it joins
+        ready = [f"ready/{r}" for r in range(1, launch.size)]
+        while not store.check(ready):
+            dead = [(r, p.exitcode) for r, p in enumerate(processes, start=1) if not p.is_alive()]
+            if dead:
+                raise TensorParallelError(
+                    f"tensor-parallel worker rank {dead[0][0]} exited with code {dead[0][1]}"
+                )
+            time.sleep(0.05)
+    return device, _join(launch, 0, store), processes
+
+
+def _spawned(index: int, launch: ShardLaunch, parent: int) -> None:
+    rank = index + 1
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    store = None
+    if launch.init_method is None:
+        store = dist.TCPStore("127.0.0.1", launch.store_port, launch.size, is_master=False)
+        store.set(f"ready/{rank}", "1")
+    code = 0
+    try:
+        run_worker(launch, rank, store)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip the interpreter's teardown of torch: seconds, and nothing left to save
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def run_worker(launch: ShardLaunch, rank: int, store=None) -> None:
+    """A rank other than 0: load the slice, then run each step rank 0 sends until it sends None."""
+    from trtedge.runtime.runner import ModelRunner
+
+    device = _prepare_env(launch, rank)
+    plan_group = _join(launch, rank, store)
+    model = load_shard(launch, rank, device)
+    dist.barrier(group=plan_group)
+    runner = None
+    while True:
+        box = [None]
+        dist.broadcast_object_list(box, src=0, group=plan_group)
+        if box[0] is None:
+            break
+        kind, payload = box[0]
+        if kind == "runner":
+            runner = ModelRunner(model, sampler=None, cuda_graphs=False, **payload)
+        else:
+            step: StepPlan = payload
+            runner.forward(
+                step.ids,
+                step.positions,
+                step.slots,
+                step.query_lens,
+                step.context_lens,
+                step.tables,
+                step.last_rows,
+            )
+    dist.destroy_process_group()
