@@ -99,9 +99,8 @@ class ModelRunner:
             logits = self.graphs.run(ids, positions, slots, tables, context_lens)
             tokens, infos = self.sampler(logits, sampled, masks)
             return sampled, tokens, infos
-        if self.tp is not None:
-            self.tp.send_step(ids, positions, slots, query_lens, context_lens, tables, last_rows)
-        logits = self.forward(ids, positions, slots, query_lens, context_lens, tables, last_rows)
+        plan = (ids, positions, slots, query_lens, context_lens, tables, last_rows)
+        logits = self.forward(*plan) if self.tp is None else self.tp.step(self.forward, plan)
         if not sampled:
             return [], [], []
         tokens, infos = self.sampler(logits, sampled, masks)

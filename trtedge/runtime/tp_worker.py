@@ -158,8 +158,13 @@ class TensorParallel:
         """The other ranks build the same runner (KV pool geometry) on their slices."""
         self._send(("runner", geometry))
 
-    def send_step(self, *plan) -> None:
+    def step(self, forward, plan: tuple):
+        """Send the step's plan to the other ranks and run rank 0's part: ``forward(*plan)``."""
         self._send(("step", StepPlan(*plan)))
+        try:
+            return forward(*plan)
+        except Exception as e:
+            raise self._failed(e) from e
 
     def _send(self, message) -> None:
         if self.error is not None:
@@ -167,11 +172,14 @@ class TensorParallel:
         try:
             dist.broadcast_object_list([message], src=0, group=self.plan_group)
         except Exception as e:
-            deadline = time.monotonic() + 2  # a peer's socket closes before its exit code is in
-            while self.error is None and self.processes and time.monotonic() < deadline:
-                time.sleep(0.05)
-            self._error = self.error or f"tensor-parallel group failed: {e}"
-            raise TensorParallelError(self._error) from e
+            raise self._failed(e) from e
+
+    def _failed(self, cause: Exception) -> TensorParallelError:
+        deadline = time.monotonic() + 2  # a peer's socket closes before its exit code is in
+        while self.error is None and self.processes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._error = self.error or f"tensor-parallel group failed: {cause}"
+        return TensorParallelError(self._error)
 
     def _watch(self) -> None:
         while not self._closed:
