@@ -147,7 +147,7 @@ def test_errors_reach_the_sdk_as_openai_errors(client, model):
         client.chat.completions.create(model="gpt-9", messages=PARIS)
     with pytest.raises(openai.BadRequestError, match="max_input_len 512"):
         client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi " * 900}])
-    with pytest.raises(openai.BadRequestError, match="not supported"):
+    with pytest.raises(openai.BadRequestError, match="--enable-auto-tool-choice"):
         client.chat.completions.create(
             model=model,
             messages=PARIS,
