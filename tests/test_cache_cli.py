@@ -47,15 +47,15 @@ def test_build_bad_flags_exit_non_zero_naming_the_flag(tiny, cache_dir):
     assert result.exit_code == 2 and "--components" in result.output
     result = _build(tiny, cache_dir, "--engine-cache-max-size-gb", "nan")
     assert result.exit_code == 2 and "--engine-cache-max-size-gb" in result.output
-    result = _build(tiny, cache_dir, "--speculative-config", '{"method": "draft"}')
-    assert result.exit_code == 2 and "draft_model" in result.output
+    result = _build(tiny, cache_dir, "--speculative-config", '{"method": "draft_model"}')
+    assert result.exit_code == 2 and "needs model" in result.output
     result = runner.invoke(app, ["build", str(cache_dir / "missing"), "--cache-dir", str(cache_dir)])
     assert result.exit_code == 1 and "no such file" in result.output
 
 
 def test_build_with_draft_component(tiny, cache_dir, tmp_path):
     draft = make_tiny_checkpoint(tmp_path / "draft", "qwen2", seed=1)
-    spec = json.dumps({"method": "draft", "draft_model": str(draft), "num_draft_tokens": 3})
+    spec = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3})
     result = _build(tiny, cache_dir, "--json", "--speculative-config", spec)
     assert result.exit_code == 0, result.output
     manifest = json.loads(result.stdout)

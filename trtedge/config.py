@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from trtedge.runtime.speculative import SpeculativeConfig, SpeculativeConfigError, check_supported
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 WEIGHTS = ("auto", "float", "int8")
@@ -75,8 +77,15 @@ class LaunchConfig:
     clear_engine_cache: bool = False
     tensor_parallel_size: int = 1
     distributed_init_method: str | None = None  # e.g. env:// under torchrun; None: a local TCP store
+    speculative: SpeculativeConfig | None = None  # --speculative-config; also a dict or its JSON
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "speculative", SpeculativeConfig.coerce(self.speculative))
+            if self.speculative is not None:
+                check_supported(self.speculative)
+        except SpeculativeConfigError as e:
+            raise ConfigError(str(e)) from None
         from trtedge.runtime.bundle_cache import BundleError, check_max_size_gb
 
         try:
@@ -117,9 +126,43 @@ class LaunchConfig:
             raise ConfigError(
                 f"min_request_priority (--min-request-priority) must be an integer, got {self.min_request_priority!r}"
             )
+        if self.speculative is not None and self.tensor_parallel_size > 1:
+            raise ConfigError(
+                "--speculative-config with tensor_parallel_size (--tensor-parallel-size) > 1 is not "
+                "supported yet: verification runs on rank 0 only"
+            )
         method = self.distributed_init_method
         if method is not None and (not isinstance(method, str) or "://" not in method):
             raise ConfigError(
                 f"distributed_init_method (--distributed-init-method) must be a URL such as env:// or "
                 f"tcp://HOST:PORT, got {method!r}"
             )
+
+
+def speculative_from_flags(
+    speculative_config,
+    draft_top_k: int | None = None,
+    max_spec_draft_tokens: int | None = None,
+    max_spec_verify_tokens: int | None = None,
+) -> SpeculativeConfig | None:
+    """``--speculative-config`` JSON with ``--draft-top-k``, ``--max-spec-draft-tokens`` and
+    ``--max-spec-verify-tokens`` overriding its draft_top_k, num_speculative_tokens and verify_tokens."""
+    flags = {
+        "draft_top_k": ("--draft-top-k", draft_top_k),
+        "num_speculative_tokens": ("--max-spec-draft-tokens", max_spec_draft_tokens),
+        "verify_tokens": ("--max-spec-verify-tokens", max_spec_verify_tokens),
+    }
+    try:
+        config = SpeculativeConfig.coerce(speculative_config)
+        given = {key: value for key, (_, value) in flags.items() if value is not None}
+        if config is None:
+            if given:
+                names = ", ".join(flags[key][0] for key in given)
+                raise ConfigError(f"{names} needs --speculative-config (which method drafts the tokens)")
+            return None
+        return config.replace(**given)
+    except SpeculativeConfigError as e:
+        for key, (flag, value) in flags.items():
+            if value is not None and key in str(e):
+                raise ConfigError(f"{flag}: {e}") from None
+        raise ConfigError(str(e)) from None

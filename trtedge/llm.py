@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
 from trtedge.runtime.bundle import BuildProfile, prepare_bundle
-from trtedge.runtime.checkpoint import config_only_checkpoint
+from trtedge.runtime.checkpoint import config_only_checkpoint, resolve_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig
 from trtedge.runtime.guided import GuidedUnavailableError
 from trtedge.runtime.guided import available as structured_output_available
 from trtedge.runtime.models import load_model
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
+from trtedge.runtime.speculative import SpeculativeConfig
 from trtedge.runtime.stream import CancellableIterator, CompletionOutput, GenerationMetrics, RequestOutput
 
 log = logging.getLogger("trtedge")
@@ -53,6 +55,7 @@ class LLM:
         enforce_eager: bool = False,
         tensor_parallel_size: int = 1,
         distributed_init_method: str | None = None,
+        speculative_config: SpeculativeConfig | dict | str | None = None,
     ):
         self.config = LaunchConfig(
             model=model,
@@ -72,7 +75,9 @@ class LLM:
             load_format=load_format,
             tensor_parallel_size=tensor_parallel_size,
             distributed_init_method=distributed_init_method,
+            speculative=speculative_config,
         )
+        spec = self.config.speculative
         # the runtime bundle (key, path, manifest) stands in for the checkpoint: a hit converts nothing
         if load_format == "dummy":
             self.bundle, self.checkpoint = None, config_only_checkpoint(model or "")
@@ -105,6 +110,7 @@ class LLM:
                 raise ConfigError(str(e)) from None
         else:
             self.model = load_model(self.checkpoint, **load, load_format=load_format)
+        self.draft = self._load_draft(spec, dtype, device, weights, load_format) if spec else None
         engine_config = EngineConfig(
             max_batch_size=cfg.max_batch_size,
             max_kv_cache_capacity=cfg.max_kv_cache_capacity,
@@ -113,15 +119,43 @@ class LLM:
             enable_context_reuse=cfg.context_cache.enabled,
             context_cache_max_records=cfg.context_cache.max_records,
             cuda_graphs=not enforce_eager,
+            speculative=spec,
         )
         try:
-            self.engine = Engine(self.model, self.tokenizer, engine_config)
+            self.engine = Engine(self.model, self.tokenizer, engine_config, draft=self.draft)
         except BaseException:
             if self.tp is not None:
                 self.tp.shutdown()
             raise
         self._closed = False
         self._close_lock = threading.Lock()
+
+    def _load_draft(self, spec, dtype: str, device: str, weights: str, load_format: str):
+        """The draft model (from the paired bundle) or the EAGLE-3 head (from its directory)."""
+        if spec.method == "draft_model":
+            if load_format == "dummy":
+                source = config_only_checkpoint(spec.model)
+            else:
+                source = self.bundle.draft
+            return load_model(
+                source,
+                dtype=dtype,
+                device=device,
+                weights=weights,
+                max_positions=self.config.max_kv_cache_capacity,
+                load_format=load_format,
+            )
+        if spec.method == "eagle3":
+            from trtedge.runtime.speculative.eagle3 import load_eagle3
+
+            path = Path(spec.model).expanduser()
+            if not path.is_dir():  # a Hugging Face id: downloaded into the cache like any checkpoint
+                path = resolve_checkpoint(spec.model, self.config.cache_dir).path
+            try:
+                return load_eagle3(path, self.model, self.config.max_kv_cache_capacity)
+            except ValueError as e:
+                raise ConfigError(f"--speculative-config model: {e}") from None
+        return None
 
     @property
     def model_name(self) -> str:
@@ -176,7 +210,9 @@ class LLM:
 
     def check_token_ids(self, ids: list[int]) -> None:
         vocab = self.model.cfg.vocab_size
-        bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab), None)
+        bad = next(
+            (t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab), None
+        )
         if bad is not None:
             raise ValueError(f"prompt token id {bad!r} is not in the vocabulary [0, {vocab})")
 
@@ -291,6 +327,24 @@ class LLM:
             "preemptions": stats.preemptions,
             "steps": stats.steps,
             "engine_error": self._engine_error(),
+            "speculative": self.speculative_metrics(),
+        }
+
+    def speculative_metrics(self) -> dict | None:
+        """The speculative configuration and its totals so far (None without speculative decoding)."""
+        spec = self.engine.speculative
+        if spec is None:
+            return None
+        totals = spec.stats
+        return {
+            **spec.config.to_dict(),
+            "steps": totals.steps,
+            "draft_tokens": totals.draft_tokens,
+            "accepted_tokens": totals.accepted_tokens,
+            "acceptance_rate": round(totals.acceptance_rate, 4),
+            "mean_accepted_length": round(totals.mean_accepted_length, 4),
+            "proposal_time": round(totals.proposal_time, 4),
+            "verification_time": round(totals.verification_time, 4),
         }
 
     def get_context_cache_metrics(self) -> dict:

@@ -104,7 +104,7 @@ def test_missing_file_and_table_speculative_config(tmp_path):
     code, out = _print_config("--config", str(tmp_path / "nope.toml"))
     assert code == 2 and "nope.toml" in out
     path = tmp_path / "serve.toml"
-    path.write_text('[speculative_config]\nmethod = "ngram"\nnum_draft_tokens = 3\n')
+    path.write_text('[speculative_config]\nmethod = "ngram"\nnum_speculative_tokens = 3\n')
     code, out = _print_config("--config", str(path))
     assert code == 0, out
     assert "ngram" in _settings(out)["speculative-config"][0]

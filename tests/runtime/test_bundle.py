@@ -69,8 +69,7 @@ def test_copy_keeps_key_config_and_sampled_weight_byte_change_it(tiny, tmp_path)
         dict(max_batch_size=4),
         dict(dtype="bfloat16"),
         dict(weights="int8"),
-        dict(speculative_method="ngram"),
-        dict(num_draft_tokens=3),
+        dict(speculative_method="draft_model"),
         dict(layout_version=99),
     ],
 )
@@ -81,15 +80,17 @@ def test_every_profile_field_changes_key(tiny, change):
 def test_profile_and_speculative_config_are_validated():
     with pytest.raises(BundleError, match="--speculative-config"):
         BuildProfile.create(speculative="{not json")
-    with pytest.raises(BundleError, match="needs draft_model"):
-        BuildProfile.create(speculative={"method": "draft"})
+    with pytest.raises(BundleError, match="needs model"):
+        BuildProfile.create(speculative={"method": "draft_model"})
     with pytest.raises(BundleError, match="--components"):
         BuildProfile.create(components="llm,vision")
     with pytest.raises(BundleError, match="draft model"):
         BuildProfile.create(components="draft")
     assert BuildProfile.create(components="all").components == ("llm",)
-    profile = BuildProfile.create(components="all", speculative={"method": "draft", "draft_model": "x"})
+    profile = BuildProfile.create(components="all", speculative={"method": "draft_model", "model": "x"})
     assert profile.components == ("llm", "draft")
+    ngram = BuildProfile.create(components="all", speculative={"method": "ngram"})
+    assert ngram == BuildProfile()  # no draft: the plain bundle
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, True])
@@ -337,14 +338,14 @@ def test_only_indexed_shards_are_weights(tiny, cache_dir, tmp_path):
 
 def test_draft_component_follows_a_moved_draft(tiny, cache_dir, tmp_path):
     draft = make_tiny_checkpoint(tmp_path / "draft", "llama", seed=1)
-    spec = {"method": "draft", "draft_model": str(draft), "num_draft_tokens": 3}
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
     first = prepare_bundle(
         str(tiny), BuildProfile.create(components="all", speculative=spec), cache_dir=cache_dir
     )
     first.release()
     assert first.built and first.draft is not None
     moved = shutil.move(draft, tmp_path / "moved-draft")
-    spec["draft_model"] = str(moved)
+    spec["model"] = str(moved)
     again = prepare_bundle(
         str(tiny), BuildProfile.create(components="all", speculative=spec), cache_dir=cache_dir
     )

@@ -9,8 +9,9 @@ import torch
 from tests.runtime.spec_helpers import generate, load, repetitive_prompts
 from tests.tiny import make_tiny_checkpoint
 from trtedge.runtime.sampling_params import SamplingParams
-from trtedge.runtime.speculative import Draft, SpeculativeConfig, SpeculativeConfigError
+from trtedge.runtime.speculative import SpeculativeConfig, SpeculativeConfigError
 from trtedge.runtime.speculative.ngram import lookup
+from trtedge.runtime.speculative.tree import Draft
 from trtedge.runtime.speculative.verifier import accept_greedy, accept_sampled
 
 

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trtedge.cli import app
-from trtedge.server.config import ServeConfig, ServerConfigError, SpeculativeConfig
+from trtedge.server.config import ServeConfig, ServerConfigError
 
 runner = CliRunner()
 
@@ -24,10 +24,6 @@ runner = CliRunner()
         ({"allowed_local_media_path": "/does/not/exist"}, "--allowed-local-media-path"),
         ({"engine_cache_max_size_gb": -1.0}, "--engine-cache-max-size-gb"),
         ({"api_key": ""}, "--api-key"),
-        ({"speculative_config": "{bad json"}, "--speculative-config"),
-        ({"speculative_config": '{"method": "eagle"}'}, "draft_model"),
-        ({"speculative_config": '{"method": "ngram", "num_draft_tokens": 0}'}, "num_draft_tokens"),
-        ({"speculative_config": '{"method": "ngram", "k": 1}'}, "unknown key"),
     ],
 )
 def test_bad_values_name_the_flag(kwargs, flag):
@@ -40,9 +36,8 @@ def test_good_values_are_kept_and_frozen(tmp_path):
         tool_call_parser="hermes",
         enable_auto_tool_choice=True,
         allowed_local_media_path=str(tmp_path),
-        speculative_config='{"method": "draft", "draft_model": "x/y", "num_draft_tokens": 4}',
     )
-    assert config.speculative_config == SpeculativeConfig("draft", "x/y", 4)
+    assert config.enable_auto_tool_choice
     with pytest.raises(AttributeError):
         config.port = 1  # type: ignore[misc]
 
@@ -63,6 +58,18 @@ def test_api_key_from_environment(monkeypatch):
         (["--log-level", "shout"], "--log-level"),
         (["--context-cache-max-records", "-1"], "--context-cache-max-records"),
         (["--speculative-config", '{"method": "mtp"}'], "--speculative-config"),
+        (["--speculative-config", "{bad json"], "--speculative-config"),
+        (["--speculative-config", '{"method": "eagle3"}'], "needs model"),
+        (
+            ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'],
+            "num_speculative_tokens",
+        ),
+        (["--speculative-config", '{"method": "ngram", "k": 1}'], "unknown key"),
+        (
+            ["--speculative-config", '{"method": "ngram"}', "--max-spec-draft-tokens", "0"],
+            "--max-spec-draft-tokens",
+        ),
+        (["--draft-top-k", "2"], "needs --speculative-config"),
         (["--reasoning-parser", "granite"], "--reasoning-parser"),
         (["--tool-call-parser", "pythonic"], "--tool-call-parser"),
     ],
@@ -100,5 +107,8 @@ def test_cli_help_lists_every_flag():
         "--enable-context-reuse",
         "--context-cache-max-records",
         "--speculative-config",
+        "--draft-top-k",
+        "--max-spec-draft-tokens",
+        "--max-spec-verify-tokens",
     ):
         assert flag in result.output, flag

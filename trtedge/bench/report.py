@@ -166,3 +166,13 @@ def print_tables(tables: list[Table], console: Console | None = None) -> None:
     console = console or Console()
     for table in tables:
         console.print(table)
+
+
+def speculative_line(spec: dict) -> str:
+    """One line of speculative decoding figures (``LLM.speculative_metrics()``)."""
+    return (
+        f"speculative {spec['method']}: {spec['steps']} verification steps, acceptance rate "
+        f"{spec['acceptance_rate']:.1%} ({spec['accepted_tokens']}/{spec['draft_tokens']} draft tokens), "
+        f"{spec['mean_accepted_length']:.2f} tokens per step, proposal {spec['proposal_time']:.2f} s, "
+        f"verification {spec['verification_time']:.2f} s"
+    )

@@ -86,11 +86,22 @@ def run(
     load_format: str = typer.Option(
         "auto", "--load-format", help="Offline: auto|dummy (random weights from config.json alone)."
     ),
+    speculative_config: str = typer.Option(
+        None, "--speculative-config", help='Offline: speculative decoding JSON {"method": ..., "model": ...}.'
+    ),
+    draft_top_k: int = typer.Option(None, "--draft-top-k", help="Offline: children per draft-tree level."),
+    max_spec_draft_tokens: int = typer.Option(
+        None, "--max-spec-draft-tokens", help="Offline: draft depth per step (num_speculative_tokens)."
+    ),
+    max_spec_verify_tokens: int = typer.Option(
+        None, "--max-spec-verify-tokens", help="Offline: most draft tokens verified per step."
+    ),
 ) -> None:
     from rich.console import Console
 
     from trtedge.bench import report, suite
     from trtedge.bench.metrics import parse_goodput
+    from trtedge.config import speculative_from_flags
 
     console = Console(stderr=True)
     if url and model:
@@ -113,8 +124,13 @@ def run(
             goodput=parse_goodput(goodput),
             sampling=sampling,
         )
+        speculative = speculative_from_flags(
+            speculative_config, draft_top_k, max_spec_draft_tokens, max_spec_verify_tokens
+        )
     except ValueError as e:
         _fail(str(e))
+    if speculative is not None and url:
+        _fail("--speculative-config is for offline runs; give it to `trtedge serve` for --url")
 
     if dataset not in ("random", "fixed") and not os.path.isfile(dataset):
         _fail(f"--dataset: no such file {dataset!r} (random, fixed or a .jsonl file)")
@@ -137,6 +153,7 @@ def run(
                 weights,
                 load_format,
                 console,
+                speculative,
             )
             from trtedge.bench.backends import OfflineBackend
 
@@ -151,6 +168,8 @@ def run(
         payload.update(result)
         if llm is not None and not config.sweep and config.concurrency == 1:
             suite.add_bandwidth(payload["metrics"], payload["requests"], llm, peak_bandwidth_gbs)
+        if llm is not None and llm.speculative_metrics() is not None:
+            payload["speculative"] = llm.speculative_metrics()
     except KeyboardInterrupt:
         typer.echo("trtedge bench: interrupted", err=True)
         raise typer.Exit(130) from None
@@ -169,6 +188,8 @@ def run(
         out.print(report.sweep_table(result["sweep"]["points"], config.sweep[0]))
     else:
         report.print_tables(report.run_tables(payload["metrics"], title), out)
+    if payload.get("speculative"):
+        out.print(report.speculative_line(payload["speculative"]))
     if json_path:
         report.write_json(json_path, payload)
         console.print(f"wrote {json_path}")
@@ -199,7 +220,18 @@ def compare(
     report.print_tables(tables)
 
 
-def _load(config, model, max_batch_size, max_kv_cache_capacity, dtype, device, weights, load_format, console):
+def _load(
+    config,
+    model,
+    max_batch_size,
+    max_kv_cache_capacity,
+    dtype,
+    device,
+    weights,
+    load_format,
+    console,
+    speculative,
+):
     from trtedge.llm import LLM
 
     batch = max_batch_size or config.max_concurrency or 8
@@ -219,6 +251,7 @@ def _load(config, model, max_batch_size, max_kv_cache_capacity, dtype, device, w
             device=device,
             weights=weights,
             load_format=load_format,
+            speculative_config=speculative,
         )
 
 

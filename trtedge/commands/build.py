@@ -38,7 +38,8 @@ def build(
     speculative_config: str = typer.Option(
         None,
         "--speculative-config",
-        help='JSON: {"method": "draft|eagle|mtp|ngram", "draft_model": ..., "num_draft_tokens": k}.',
+        help='JSON {"method": ..., "model": ...}: method draft_model pairs the draft checkpoint with '
+        "the bundle (cache key of both); other methods build the plain bundle.",
     ),
     max_size_gb: float = typer.Option(
         50.0, "--engine-cache-max-size-gb", help="Evict least-recently-used bundles past this many GiB."

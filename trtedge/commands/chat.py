@@ -65,6 +65,16 @@ def chat(
     clear_engine_cache: bool = typer.Option(
         False, "--clear-engine-cache", help="Remove compiled bundles first (downloads are kept)."
     ),
+    speculative_config: str = typer.Option(
+        None, "--speculative-config", help='Speculative decoding JSON {"method": ..., "model": ...} (local).'
+    ),
+    draft_top_k: int = typer.Option(None, "--draft-top-k", help="Children per draft-tree level (eagle3)."),
+    max_spec_draft_tokens: int = typer.Option(
+        None, "--max-spec-draft-tokens", help="Draft depth per step (num_speculative_tokens)."
+    ),
+    max_spec_verify_tokens: int = typer.Option(
+        None, "--max-spec-verify-tokens", help="Most draft tokens verified per step."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log loading details to stderr."),
 ) -> None:
     logging.basicConfig(
@@ -78,6 +88,14 @@ def chat(
         )
     except ValueError as e:
         _fail(f"--{str(e).split(' ', 1)[0].replace('_', '-')}: {e}")
+    from trtedge.config import speculative_from_flags
+
+    try:
+        speculative = speculative_from_flags(
+            speculative_config, draft_top_k, max_spec_draft_tokens, max_spec_verify_tokens
+        )
+    except ValueError as e:
+        _fail(str(e))
     # A session needs a terminal on both ends; `trtedge chat > answer.txt` reads the question from stdin.
     interactive = prompt is None and sys.stdin.isatty() and sys.stdout.isatty()
     if prompt is None and not interactive:
@@ -97,6 +115,7 @@ def chat(
         weights=weights,
         engine_cache_max_size_gb=engine_cache_max_size_gb,
         clear_engine_cache=clear_engine_cache,
+        speculative_config=speculative,
     )
     try:
         if url is not None:

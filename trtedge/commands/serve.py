@@ -93,7 +93,17 @@ def serve(
     speculative_config: str = typer.Option(
         None,
         "--speculative-config",
-        help='JSON {"method": "draft|eagle|mtp|ngram", "draft_model": ..., "num_draft_tokens": k} (not yet).',
+        help='JSON {"method": "ngram|draft_model|eagle3|mtp", "model": ..., "num_speculative_tokens": k, '
+        '"draft_top_k": t, "verify_tokens": v}.',
+    ),
+    draft_top_k: int = typer.Option(
+        None, "--draft-top-k", help="Children per draft-tree level (eagle3); overrides draft_top_k."
+    ),
+    max_spec_draft_tokens: int = typer.Option(
+        None, "--max-spec-draft-tokens", help="Draft depth per step; overrides num_speculative_tokens."
+    ),
+    max_spec_verify_tokens: int = typer.Option(
+        None, "--max-spec-verify-tokens", help="Most draft tokens verified per step; overrides verify_tokens."
     ),
     dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda."),
@@ -125,7 +135,7 @@ def serve(
 
 
 def _serve(print_config: bool, settings: dict) -> None:
-    from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
+    from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig, speculative_from_flags
     from trtedge.server.config import ServeConfig, ServerConfigError
 
     v = {name: s.value for name, s in settings.items()}
@@ -137,10 +147,11 @@ def _serve(print_config: bool, settings: dict) -> None:
     serve_keys = ("host", "port", "served_model_name", "api_key", "reasoning_parser", "tool_call_parser")
     serve_keys += ("enable_auto_tool_choice", "max_queued_requests", "queue_timeout")
     serve_keys += ("allowed_local_media_path", "engine_cache_max_size_gb", "clear_engine_cache")
-    serve_keys += ("speculative_config",)
     try:
         config = ServeConfig.from_env(**{k: v[k] for k in serve_keys}, log_level=v["log_level"].lower())
         context = ContextCacheConfig(v["enable_context_reuse"], v["context_cache_max_records"])
+        spec_keys = ("speculative_config", "draft_top_k", "max_spec_draft_tokens", "max_spec_verify_tokens")
+        launch_kwargs["speculative"] = speculative_from_flags(*(v[k] for k in spec_keys))
         LaunchConfig(**launch_kwargs, context_cache=context)
     except (ServerConfigError, ConfigError) as e:
         _fail(_with_source(str(e), settings))
@@ -149,10 +160,6 @@ def _serve(print_config: bool, settings: dict) -> None:
 
         typer.echo(to_toml(settings, secret=("api_key",)))
         raise typer.Exit()
-    # Flags validated now whose features land later: refuse rather than run without them.
-    if config.speculative_config is not None:
-        _fail("--speculative-config: speculative decoding is not available yet in this version")
-
     logging.basicConfig(
         level=logging.DEBUG if config.log_level == "trace" else config.log_level.upper(),
         format="%(levelname)s %(name)s: %(message)s",
@@ -164,6 +171,7 @@ def _serve(print_config: bool, settings: dict) -> None:
         typer.echo("Using the embedded default model SmolLM2-135M-Instruct (pass MODEL to choose another).")
     del launch_kwargs["model"]
     llm_kwargs = {**launch_kwargs, "context_cache_config": context}
+    llm_kwargs["speculative_config"] = llm_kwargs.pop("speculative")
     accepted = inspect.signature(LLM).parameters
     for name in ("engine_cache_max_size_gb", "clear_engine_cache"):
         value = getattr(config, name)

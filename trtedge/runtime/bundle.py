@@ -28,12 +28,11 @@ from trtedge.runtime.bundle_cache import (  # noqa: F401 - clear/prune are publi
     clear_engine_cache,
     prune_engine_cache,
 )
+from trtedge.runtime.speculative.config import METHODS, SpeculativeConfig, SpeculativeConfigError
 
 log = logging.getLogger("trtedge")
 
 COMPONENTS = ("llm", "draft")
-SPECULATIVE_METHODS = ("draft", "eagle", "mtp", "ngram")
-_DRAFT_METHODS = ("draft", "eagle")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WEIGHTS = ("auto", "float", "int8")
 
@@ -65,7 +64,6 @@ class BuildProfile:
     weights: str = "auto"
     speculative_method: str | None = None
     draft_model: str | None = None  # shown only: the draft's fingerprint goes into the key
-    num_draft_tokens: int | None = None
     components: tuple[str, ...] = ("llm",)
     layout_version: int = LAYOUT_VERSION
     tensor_parallel_size: int = 1  # each rank loads its slice of the same weights
@@ -84,9 +82,9 @@ class BuildProfile:
             raise BundleError(
                 f"--components must name some of {', '.join(COMPONENTS)} (or all), got {unknown}"
             )
-        if self.speculative_method is not None and self.speculative_method not in SPECULATIVE_METHODS:
+        if self.speculative_method is not None and self.speculative_method not in METHODS:
             raise BundleError(
-                f"--speculative-config method must be one of {', '.join(SPECULATIVE_METHODS)}, "
+                f"--speculative-config method must be one of {', '.join(METHODS)}, "
                 f"got {self.speculative_method!r}"
             )
         if "draft" in self.components and not self.draft_model:
@@ -94,9 +92,10 @@ class BuildProfile:
 
     @classmethod
     def create(cls, *, components: str | Iterable[str] = "llm", speculative: dict | str | None = None, **kw):
-        """A profile from CLI-style values: components "all" or "llm,draft", speculative as JSON or dict."""
+        """A profile from CLI-style values: components "all" or "llm,draft", speculative as JSON or dict.
+        Only method draft_model pairs a draft checkpoint with the bundle."""
         spec = parse_speculative(speculative)
-        draft = spec.get("draft_model")
+        draft = spec.model if spec is not None and spec.method == "draft_model" else None
         if isinstance(components, str):
             names = [c.strip() for c in components.split(",") if c.strip()]
         else:
@@ -104,16 +103,17 @@ class BuildProfile:
         if names == ["all"]:
             names = ["llm", "draft"] if draft else ["llm"]
         return cls(
-            speculative_method=spec.get("method"),
+            speculative_method="draft_model" if draft else None,  # what a launch with it looks up
             draft_model=draft,
-            num_draft_tokens=spec.get("num_draft_tokens"),
             components=tuple(dict.fromkeys(names)),
             **kw,
         )
 
     @classmethod
     def from_launch(cls, config) -> BuildProfile:
-        """The profile of a LaunchConfig (the LLM component only)."""
+        """The profile of a LaunchConfig: the LLM, paired with the draft checkpoint for draft_model."""
+        spec = config.speculative
+        paired = spec is not None and spec.method == "draft_model"
         return cls(
             max_input_len=config.max_input_len,
             max_kv_cache_capacity=config.max_kv_cache_capacity,
@@ -121,6 +121,9 @@ class BuildProfile:
             dtype=config.dtype,
             weights=config.weights,
             tensor_parallel_size=config.tensor_parallel_size,
+            speculative_method="draft_model" if paired else None,
+            draft_model=spec.model if paired else None,
+            components=("llm", "draft") if paired else ("llm",),
         )
 
     def key_fields(self) -> dict:
@@ -143,29 +146,12 @@ class BuildProfile:
         return text
 
 
-def parse_speculative(value: dict | str | None) -> dict:
-    """--speculative-config: {"method": "draft"|"eagle"|"mtp"|"ngram", "draft_model": ..., "num_draft_tokens": k}."""
-    if value is None or value == "":
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise BundleError(f"--speculative-config is not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise BundleError("--speculative-config must be a JSON object")
-    unknown = sorted(set(value) - {"method", "draft_model", "num_draft_tokens"})
-    if unknown:
-        raise BundleError(f"--speculative-config: unknown key(s) {', '.join(unknown)}")
-    method = value.get("method")
-    if method not in SPECULATIVE_METHODS:
-        raise BundleError(f"--speculative-config method must be one of {', '.join(SPECULATIVE_METHODS)}")
-    if method in _DRAFT_METHODS and not value.get("draft_model"):
-        raise BundleError(f"--speculative-config method {method} needs draft_model")
-    k = value.get("num_draft_tokens")
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise BundleError("--speculative-config num_draft_tokens must be a positive integer")
-    return dict(value)
+def parse_speculative(value) -> SpeculativeConfig | None:
+    """--speculative-config (JSON text, a dict or a SpeculativeConfig) -> a validated config or None."""
+    try:
+        return SpeculativeConfig.coerce(value)
+    except SpeculativeConfigError as e:
+        raise BundleError(str(e)) from None
 
 
 # ---- fingerprints and keys --------------------------------------------------------------------------

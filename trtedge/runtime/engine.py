@@ -19,7 +19,8 @@ from trtedge.runtime.sampling import Sampler, TokenLogprobs, mix_seed
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from trtedge.runtime.sequence import Sequence
-from trtedge.runtime.speculative import SpecStats, SpeculativeConfig, build_decoder
+from trtedge.runtime.speculative import SpeculativeConfig, build_decoder
+from trtedge.runtime.speculative.decoder import SpecStats
 from trtedge.runtime.stream import CancellableIterator, GenerationMetrics, StreamDelta
 from trtedge.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 

@@ -137,7 +137,7 @@ def health_body(llm: LLM, config: ServeConfig, admission: Admission, model_name:
             "max_batch_size": launch.max_batch_size if ifb else 1,
             "in_flight_batching": ifb,
             "context_reuse": launch.context_cache.enabled,
-            "speculative": config.speculative_config.method if config.speculative_config else None,
+            "speculative": stats["speculative"],
             "structured_output": structured_output_available(),
         },
     }

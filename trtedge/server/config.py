@@ -3,7 +3,6 @@ settings live in LaunchConfig)."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,51 +10,11 @@ from pathlib import Path
 from trtedge.server.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-SPECULATIVE_METHODS = ("draft", "eagle", "mtp", "ngram")
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 class ServerConfigError(ValueError):
     """A server flag is invalid; the message names the flag."""
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """--speculative-config, the same JSON as `trtedge build` takes:
-    {"method": "draft"|"eagle"|"mtp"|"ngram", "draft_model": ..., "num_draft_tokens": k}."""
-
-    method: str
-    draft_model: str | None = None
-    num_draft_tokens: int | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> SpeculativeConfig:
-        flag = "--speculative-config"
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ServerConfigError(f"{flag} is not valid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(data, dict):
-            raise ServerConfigError(f"{flag} must be a JSON object, got {text!r}")
-        unknown = sorted(set(data) - {"method", "draft_model", "num_draft_tokens"})
-        if unknown:
-            raise ServerConfigError(
-                f"{flag}: unknown key(s) {', '.join(unknown)}; known: method, draft_model, num_draft_tokens"
-            )
-        method = data.get("method")
-        if method not in SPECULATIVE_METHODS:
-            raise ServerConfigError(
-                f"{flag}: method must be one of {', '.join(SPECULATIVE_METHODS)}, got {method!r}"
-            )
-        draft = data.get("draft_model")
-        if method in ("draft", "eagle") and not (isinstance(draft, str) and draft):
-            raise ServerConfigError(f"{flag}: method {method} needs draft_model")
-        if draft is not None and not isinstance(draft, str):
-            raise ServerConfigError(f"{flag}: draft_model must be a string, got {draft!r}")
-        k = data.get("num_draft_tokens")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise ServerConfigError(f"{flag}: num_draft_tokens must be a positive integer, got {k!r}")
-        return cls(method, draft, k)
 
 
 @dataclass(frozen=True)
@@ -76,7 +35,6 @@ class ServeConfig:
     log_level: str = "info"
     engine_cache_max_size_gb: float | None = None
     clear_engine_cache: bool = False
-    speculative_config: SpeculativeConfig | None = None
     max_body_bytes: int = MAX_BODY_BYTES
 
     def __post_init__(self) -> None:
@@ -104,8 +62,6 @@ class ServeConfig:
         gb = self.engine_cache_max_size_gb
         if gb is not None and (isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0):
             raise ServerConfigError(f"--engine-cache-max-size-gb must be a positive number, got {gb!r}")
-        if isinstance(self.speculative_config, str):
-            object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
 
     @classmethod
     def from_env(cls, **kwargs) -> ServeConfig:

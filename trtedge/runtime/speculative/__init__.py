@@ -8,29 +8,29 @@ from trtedge.runtime.speculative.config import (
     SpeculativeConfig,
     SpeculativeConfigError,
 )
-from trtedge.runtime.speculative.decoder import SpecStats, SpeculativeDecoder
-from trtedge.runtime.speculative.ngram import NgramProposer
-from trtedge.runtime.speculative.tree import Draft
 
 
 class UnsupportedSpeculativeMethod(SpeculativeConfigError):
     pass
 
 
-def check_supported(config: SpeculativeConfig, model_type: str) -> None:
-    """Refuse methods the target family cannot run yet (before anything is loaded)."""
+def check_supported(config: SpeculativeConfig, model_type: str | None = None) -> None:
+    """Refuse methods no supported family can run yet (before anything is loaded)."""
     if config.method == "mtp":
+        family = f"{model_type} has" if model_type else "the supported families have"
         raise UnsupportedSpeculativeMethod(
-            f"--speculative-config method mtp is not supported for this family yet ({model_type} "
-            f"checkpoints have no multi-token-prediction layers trtedge can run); use ngram, "
-            f"draft_model or eagle3"
+            f"--speculative-config method mtp is not supported for this family yet ({family} no "
+            f"multi-token-prediction layers trtedge can run); use ngram, draft_model or eagle3"
         )
 
 
 def build_decoder(
     config: SpeculativeConfig, draft, runner, blocks, max_num_batched_tokens: int, max_kv_cache_capacity: int
-) -> SpeculativeDecoder:
-    """The engine's speculative step for ``config``; ``draft`` is the loaded draft model or head."""
+):
+    """The engine's SpeculativeDecoder for ``config``; ``draft`` is the loaded draft model or head."""
+    from trtedge.runtime.speculative.decoder import SpeculativeDecoder
+    from trtedge.runtime.speculative.ngram import NgramProposer
+
     check_supported(config, runner.model.cfg.model_type)
     if config.method == "ngram":
         proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
@@ -47,11 +47,8 @@ def build_decoder(
 
 __all__ = [
     "METHODS",
-    "Draft",
-    "SpecStats",
     "SpeculativeConfig",
     "SpeculativeConfigError",
-    "SpeculativeDecoder",
     "UnsupportedSpeculativeMethod",
     "build_decoder",
     "check_supported",

@@ -74,6 +74,9 @@ class SpeculativeConfig:
         """A copy with the given keys changed (None values are ignored: flags left unset)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if overrides.get("verify_tokens") is None:  # keep a cap that still fits the new shape
+            auto = SpeculativeConfig(**{**values, "verify_tokens": None}).verify_tokens
+            values["verify_tokens"] = max(auto, self.verify_tokens)
         return SpeculativeConfig(**values)
 
     def to_dict(self) -> dict:

@@ -66,6 +66,7 @@ class _Sampling(_Model):
     reuse_context: bool = True
     cache_generated_tokens: bool = True
     skip_special_tokens: bool = True
+    disable_spec_decode: bool = False  # generate without speculative decoding (when the server has it)
     # Structured output (at most one of these; see structured.py)
     response_format: ResponseFormat | None = None
     guided_decoding: GuidedDecoding | None = None

@@ -358,6 +358,7 @@ class OpenAIServing:
                 reuse_context=req.reuse_context,
                 cache_generated_tokens=req.cache_generated_tokens,
                 skip_special_tokens=req.skip_special_tokens,
+                disable_spec_decode=req.disable_spec_decode,
                 guided_decoding=guide,
                 **options,
             )
