@@ -79,8 +79,9 @@ class StepPlan:
 
 
 def _prepare_env(launch: ShardLaunch, rank: int) -> torch.device:
-    # NVLink SHARP (multicast) stays off: it needs fabric-manager state these hosts do not give.
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    # NVLink multicast (NVLS) stays off: on a shared host it can take the GPUs out of service, and
+    # the all-reduces of decode-sized activations gain nothing from it.
+    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     if launch.device_type != "cuda":
         return torch.device("cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
