@@ -205,3 +205,22 @@ def test_tensor_parallel_size_changes_the_bundle_key():
     assert cache_key("fp", None, one) != cache_key("fp", None, two)
     assert "tensor_parallel_size" not in one.key_fields()  # single-device keys did not move
     assert "tp=2" in two.summary()
+
+
+def test_cli_flags_reach_the_bundle_profile_and_validation(checkpoints):
+    import json
+
+    from typer.testing import CliRunner
+
+    from trtedge.cli import app
+
+    paths, cache = checkpoints
+    runner = CliRunner()
+    args = ["build", str(paths["llama"]), "--cache-dir", str(cache), "--json"]
+    one = json.loads(runner.invoke(app, args).stdout)
+    two = json.loads(runner.invoke(app, [*args, "--tensor-parallel-size", "2"]).stdout)
+    assert two["profile"]["tensor_parallel_size"] == 2 and one["key"] != two["key"]
+    result = runner.invoke(
+        app, ["serve", str(paths["llama"]), "--tensor-parallel-size", "0", "--print-config"]
+    )
+    assert result.exit_code != 0 and "--tensor-parallel-size" in result.output

@@ -96,6 +96,9 @@ def run(
     max_spec_verify_tokens: int = typer.Option(
         None, "--max-spec-verify-tokens", help="Offline: most draft tokens verified per step."
     ),
+    tensor_parallel_size: int = typer.Option(
+        1, "--tensor-parallel-size", help="Offline: split the model over N GPUs (CPU: N processes)."
+    ),
 ) -> None:
     from rich.console import Console
 
@@ -152,6 +155,7 @@ def run(
                 device,
                 weights,
                 load_format,
+                tensor_parallel_size,
                 console,
                 speculative,
             )
@@ -229,6 +233,7 @@ def _load(
     device,
     weights,
     load_format,
+    tp,
     console,
     speculative,
 ):
@@ -252,6 +257,7 @@ def _load(
             weights=weights,
             load_format=load_format,
             speculative_config=speculative,
+            tensor_parallel_size=tp,
         )
 
 

@@ -41,6 +41,9 @@ def build(
         help='JSON {"method": ..., "model": ...}: method draft_model pairs the draft checkpoint with '
         "the bundle (cache key of both); other methods build the plain bundle.",
     ),
+    tensor_parallel_size: int = typer.Option(
+        1, "--tensor-parallel-size", help="The launch's --tensor-parallel-size (part of the bundle key)."
+    ),
     max_size_gb: float = typer.Option(
         50.0, "--engine-cache-max-size-gb", help="Evict least-recently-used bundles past this many GiB."
     ),
@@ -62,6 +65,7 @@ def build(
             max_batch_size=max_batch_size,
             dtype=dtype,
             weights=weights,
+            tensor_parallel_size=tensor_parallel_size,
         )
         if max_input_len > max_kv_cache_capacity:
             raise BundleError(

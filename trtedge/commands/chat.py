@@ -75,6 +75,9 @@ def chat(
     max_spec_verify_tokens: int = typer.Option(
         None, "--max-spec-verify-tokens", help="Most draft tokens verified per step."
     ),
+    tensor_parallel_size: int = typer.Option(
+        1, "--tensor-parallel-size", help="Split the model over N GPUs (CPU: N processes)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log loading details to stderr."),
 ) -> None:
     logging.basicConfig(
@@ -116,6 +119,7 @@ def chat(
         engine_cache_max_size_gb=engine_cache_max_size_gb,
         clear_engine_cache=clear_engine_cache,
         speculative_config=speculative,
+        tensor_parallel_size=tensor_parallel_size,
     )
     try:
         if url is not None:

@@ -113,6 +113,16 @@ def serve(
         "--load-format",
         help="auto|dummy. dummy: random weights from config.json alone, to measure a model's shape.",
     ),
+    tensor_parallel_size: int = typer.Option(
+        1,
+        "--tensor-parallel-size",
+        help="Split the model over N GPUs (CPU: N processes); N must divide the attention and KV heads.",
+    ),
+    distributed_init_method: str = typer.Option(
+        None,
+        "--distributed-init-method",
+        help="torch.distributed rendezvous URL (env:// under torchrun, tcp://HOST:PORT); default: local.",
+    ),
     config: str = typer.Option(
         None,
         "--config",
@@ -142,7 +152,7 @@ def _serve(print_config: bool, settings: dict) -> None:
     model = v["model"]
     launch_keys = ("cache_dir", "max_input_len", "max_kv_cache_capacity", "max_batch_size")
     launch_keys += ("enable_in_flight_batching", "dtype", "device", "weights", "min_request_priority")
-    launch_keys += ("load_format",)
+    launch_keys += ("load_format", "tensor_parallel_size", "distributed_init_method")
     launch_kwargs = {"model": model, **{k: v[k] for k in launch_keys}}
     serve_keys = ("host", "port", "served_model_name", "api_key", "reasoning_parser", "tool_call_parser")
     serve_keys += ("enable_auto_tool_choice", "max_queued_requests", "queue_timeout")
