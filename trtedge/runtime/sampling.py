@@ -152,4 +152,6 @@ def exponential_noise(keys: list[int], vocab: int, device: torch.device) -> torc
     ids = torch.arange(vocab, dtype=torch.long, device=device)
     h = _fmix32(_fmix32(ids[None, :] ^ k[:, :1]) ^ k[:, 1:])
     u = ((h >> 8).float() + 0.5) / 16777216.0
-    return -torch.log(u)
+    # the top value, (2^24 - 0.5) / 2^24, rounds to 1.0 in float32: its noise would be 0 and p / 0 would pick the
+    # token whatever its probability (a masked one included); it stands for -log(1 - 2^-25) ~ 2^-25
+    return (-torch.log(u)).clamp_min(2.0**-25)
