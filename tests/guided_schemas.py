@@ -60,3 +60,19 @@ REQUIRED = {
 }
 SCHEMAS = {"nested": NESTED, "array": ARRAY, "enum": ENUM, "bounded": BOUNDED, "required": REQUIRED}
 PROMPT = [{"role": "user", "content": "Tell me about your favourite day out."}]
+
+LONG_KEYS = {
+    "type": "object",
+    "properties": {
+        "customer_full_legal_name": {"type": "string", "maxLength": 12},
+        "customer_primary_shipping_address_city": {"type": "string", "maxLength": 12},
+        "customer_loyalty_programme_membership_level": {"enum": ["bronze", "silver", "gold"]},
+        "number_of_items_in_the_shopping_basket": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": [
+        "customer_full_legal_name",
+        "customer_primary_shipping_address_city",
+        "customer_loyalty_programme_membership_level",
+        "number_of_items_in_the_shopping_basket",
+    ],
+}

@@ -11,7 +11,7 @@ import threading
 import jsonschema
 import pytest
 
-from tests.guided_schemas import PROMPT, SCHEMAS
+from tests.guided_schemas import LONG_KEYS, PROMPT, SCHEMAS
 from trtedge import LLM, SamplingParams
 from trtedge.runtime.embedded import embedded_model_path
 from trtedge.runtime.sampling_params import MAX_GUIDE_BYTES, GuidedDecodingParams
@@ -109,6 +109,23 @@ def test_mixed_batch_of_8_gives_each_what_it_gets_alone(llm):
         t.join(timeout=300)
     assert together == alone
     assert llm.stats()["steps"] > 0
+
+
+def test_jump_forward_gives_the_same_output_with_fewer_forward_passes(llm):
+    prompt = [{"role": "user", "content": "Describe an order."}]
+    for temperature, seed in [(0, None), (1.0, 3)]:
+        runs = {}
+        for jump in (False, True):
+            box = {}
+            guide = {"json": LONG_KEYS, "jump_forward": jump}
+            params = guided(guide, temperature=temperature, seed=seed, max_tokens=200)
+            out = llm.chat(prompt, params, on_metrics=lambda m, box=box: box.update(m=m))
+            runs[jump] = out.token_ids, box["m"]
+        (plain, m0), (jumped, m1) = runs[False], runs[True]
+        assert jumped == plain and m1.generated_tokens == m0.generated_tokens
+        jsonschema.validate(json.loads(llm.tokenizer.decode(plain)), LONG_KEYS)
+        assert m0.jump_forward_tokens == 0 and m0.forward_passes == m0.generated_tokens
+        assert m1.jump_forward_tokens > 20 and m1.forward_passes <= m0.forward_passes - 20
 
 
 def test_bad_guides_are_rejected_with_the_reason(llm):

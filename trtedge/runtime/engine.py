@@ -65,6 +65,7 @@ class _Request:
     first_scheduled: float | None = None
     first_token: float | None = None
     num_open: int = 0
+    num_jump_forward_tokens: int = 0  # draft tokens the model agreed with (no pass of their own)
     finish_reason: str | None = None  # choice 0's, or "cancelled" / "error" for the whole request
 
 
@@ -272,6 +273,7 @@ class Engine:
             return False
         now = time.monotonic()
         for seq in batch.seqs:
+            seq.num_forward_passes += 1
             request = self._choices[seq.seq_id].request
             if request.first_scheduled is None:
                 request.first_scheduled = now
@@ -283,8 +285,20 @@ class Engine:
             seqs, tokens, infos = self.runner.run(part)
             if self.speculative is not None:
                 self.speculative.observe(part)
-            for seq, token, info in zip(seqs, tokens, infos):
-                self._append(self._choices[seq.seq_id], token, info)
+            i = 0
+            while i < len(seqs):
+                seq, n = seqs[i], 1
+                while i + n < len(seqs) and seqs[i + n] is seq:
+                    n += 1
+                choice = self._choices[seq.seq_id]
+                if seq.num_draft_tokens:
+                    self._verify(choice, tokens[i : i + n], infos[i : i + n])
+                else:
+                    self._append(choice, tokens[i], infos[i])
+                guide = seq.params.guided_decoding
+                if guide is not None and guide.jump_forward and not seq.is_finished:
+                    self.guides.propose(seq)
+                i += n
         return True
 
     def _speculate(self, batch: ScheduledBatch) -> ScheduledBatch:
@@ -297,6 +311,29 @@ class Engine:
                     break
                 self._append(choice, token, None)
         return rest
+
+    def _verify(self, choice: _Choice, tokens: list[int], infos: list) -> None:
+        """Keep the sampled tokens of a jump-forward draft's positions up to the first that differs from
+        the draft: exactly the tokens decoding one by one would have produced."""
+        seq = choice.seq
+        k = seq.num_draft_tokens
+        draft = seq.token_ids[len(seq.token_ids) - k :]
+        del seq.token_ids[len(seq.token_ids) - k :]
+        seq.num_draft_tokens = 0
+        seq.num_computed_tokens = len(seq.token_ids)
+        if len(tokens) != k + 1:  # the draft was split across steps: drop it and decode on
+            seq.num_computed_tokens -= 1
+        else:
+            for j, (token, info) in enumerate(zip(tokens, infos)):
+                seq.num_computed_tokens = len(seq.token_ids)  # the KV of every token before this one is valid
+                agreed = j < k and token == draft[j]
+                choice.request.num_jump_forward_tokens += agreed
+                self._append(choice, token, info)
+                if not agreed or seq.is_finished:
+                    break
+        if not seq.is_finished:  # rejected draft positions: free their blocks and any unpaged state
+            self.blocks.truncate(seq, seq.num_computed_tokens)
+            self.runner.rollback(seq, seq.num_computed_tokens)
 
     def _append(self, choice: _Choice, token: int, info: TokenLogprobs | None) -> None:
         seq, request = choice.seq, choice.request
@@ -445,6 +482,8 @@ class Engine:
             spec_mean_accepted_length=spec.mean_accepted_length,
             spec_proposal_time=spec.proposal_time,
             spec_verification_time=spec.verification_time,
+            forward_passes=sum(c.seq.num_forward_passes for c in request.choices),
+            jump_forward_tokens=request.num_jump_forward_tokens,
         )
         try:
             request.on_metrics(metrics)

@@ -23,6 +23,7 @@ from trtedge.runtime.sequence import Sequence
 
 INSTALL_HINT = "pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2"
 MAX_CACHED_GRAMMARS = 64
+MAX_JUMP_TOKENS = 16
 
 # JSON Schema keywords that xgrammar 0.2.9 accepts but does not enforce while generating (each probed
 # with a violating instance that its matcher accepted), and the string formats it does enforce.
@@ -142,6 +143,7 @@ class GuidedDecoding:
         self._pool: ThreadPoolExecutor | None = None
         self.num_compiled = 0
         self.num_cache_hits = 0
+        self.overlap = True  # fill masks on a worker thread during the forward (False: inline, to measure)
 
     # ---- any thread ---------------------------------------------------------------------------
     def compile(self, guide: GuidedDecodingParams):
@@ -214,13 +216,82 @@ class GuidedDecoding:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="trtedge-guided")
         bitmask = torch.full((len(seqs), -(-self.vocab_size // 32)), -1, dtype=torch.int32)
-        matchers = [seqs[i].matcher for i in rows]
-        return GuideMasks(self._pool.submit(_fill, matchers, bitmask, rows), bitmask, rows, self.vocab_size)
+        if self.overlap:
+            future = self._pool.submit(_fill, seqs, bitmask, rows)
+        else:
+            future = Future()
+            _fill(seqs, bitmask, rows)
+            future.set_result(None)
+        return GuideMasks(future, bitmask, rows, self.vocab_size)
+
+    def propose(self, seq: Sequence) -> None:
+        """Jump-forward: append the tokens the guide forces next as a draft, to be computed in one pass and
+        verified against what the model samples at each of their positions."""
+        limit = min(MAX_JUMP_TOKENS, seq.params.max_tokens - seq.num_output_tokens - 1)
+        if limit <= 0 or seq.matcher.is_terminated():
+            return
+        draft = seq.matcher.find_jump_forward_tokens()[:limit]
+        seq.token_ids.extend(draft)
+        seq.num_draft_tokens = len(draft)
 
 
-def _fill(matchers, bitmask: torch.Tensor, rows: list[int]) -> None:
-    for matcher, row in zip(matchers, rows):
-        matcher.fill_next_token_bitmask(bitmask, row)
+def _fill(seqs: list[Sequence], bitmask: torch.Tensor, rows: list[int]) -> None:
+    # The n rows of one sequence are consecutive: row j is its mask after j of its n - 1 draft tokens.
+    i = 0
+    while i < len(rows):
+        seq = seqs[rows[i]]
+        n = 1
+        while i + n < len(rows) and seqs[rows[i + n]] is seq:
+            n += 1
+        draft = seq.token_ids[len(seq.token_ids) - (n - 1) :]
+        taken = 0
+        for j in range(n):
+            seq.matcher.fill_next_token_bitmask(bitmask, rows[i + j])
+            if j == n - 1 or not seq.matcher.accept_token(draft[j]):
+                break  # the sample at row j cannot match a draft token the guide refuses: later rows unused
+            taken += 1
+        if taken:
+            seq.matcher.rollback(taken)
+        i += n
+
+
+class DraftRow:
+    """A sequence as it stands ``num_tokens`` tokens in: what the sampler reads for one draft position."""
+
+    def __init__(self, seq: Sequence, num_tokens: int):
+        self.params = seq.params
+        self.seed = seq.seed
+        self.token_ids = seq.token_ids[:num_tokens]
+        self.num_prompt_tokens = seq.num_prompt_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+def draft_rows(seqs: list[Sequence]) -> list:
+    """The sampler's rows: a sequence that repeats k + 1 times (a draft of k tokens computed this step)
+    becomes its state before each draft token and after all of them."""
+    if len(seqs) == len({id(s) for s in seqs}):
+        return seqs
+    rows, i = [], 0
+    while i < len(seqs):
+        seq = seqs[i]
+        k = 0
+        while i + k + 1 < len(seqs) and seqs[i + k + 1] is seq:
+            k += 1
+        base = seq.num_tokens - k
+        rows.extend(DraftRow(seq, base + j) for j in range(k + 1))
+        i += k + 1
+    return rows
 
 
 class GuideMasks:

@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+from trtedge.runtime.guided import draft_rows
 from trtedge.runtime.ops import triton_attention, triton_prefill
 from trtedge.runtime.ops.attention import AttentionBatch
 from trtedge.runtime.sampling import Sampler, TokenLogprobs
@@ -70,7 +71,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int], list[TokenLogprobs | None]]:
-        """Compute the scheduled tokens; return the sequences that caught up and their next tokens."""
+        """Compute the scheduled tokens; return the sequences that caught up and their next tokens (a
+        sequence with a jump-forward draft repeats once per draft position plus one)."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -89,21 +91,23 @@ class ModelRunner:
             context_lens.append(end)
             tables.append(table[: -(-end // bs)])
             if end == seq.num_tokens:
-                last_rows.append(len(ids) - 1)
-                sampled.append(seq)
+                # a jump-forward draft computed in this chunk is verified from the logits of all its positions
+                k = seq.num_draft_tokens if seq.num_draft_tokens < n else 0
+                last_rows.extend(range(len(ids) - 1 - k, len(ids)))
+                sampled.extend([seq] * (k + 1))
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_computed_tokens += n
         masks = self.guides.start_masks(sampled) if self.guides is not None and sampled else None
         decode = all(q == 1 for q in query_lens)
         if decode and self.graphs is not None and self.graphs.fits(len(ids)) and not self.model.aux_layers:
             logits = self.graphs.run(ids, positions, slots, tables, context_lens)
-            tokens, infos = self.sampler(logits, sampled, masks)
+            tokens, infos = self.sampler(logits, draft_rows(sampled), masks)
             return sampled, tokens, infos
         plan = (ids, positions, slots, query_lens, context_lens, tables, last_rows)
         logits = self.forward(*plan) if self.tp is None else self.tp.step(self.forward, plan)
         if not sampled:
             return [], [], []
-        tokens, infos = self.sampler(logits, sampled, masks)
+        tokens, infos = self.sampler(logits, draft_rows(sampled), masks)
         return sampled, tokens, infos
 
     @torch.inference_mode()

@@ -37,6 +37,8 @@ class Sequence:
         self.seed = params.seed if params.seed is not None else 0
         self.matcher = None  # an xgrammar GrammarMatcher when the request is guided
         self.spec_stats = None  # speculative.SpecStats once a draft of this sequence was verified
+        self.num_draft_tokens = 0  # trailing token_ids proposed by jump-forward, not yet verified
+        self.num_forward_passes = 0
 
     @property
     def num_tokens(self) -> int:

@@ -46,6 +46,8 @@ class GenerationMetrics:
     spec_mean_accepted_length: float = 0.0
     spec_proposal_time: float = 0.0
     spec_verification_time: float = 0.0
+    forward_passes: int = 0  # model steps that computed tokens of this request (prefill chunks included)
+    jump_forward_tokens: int = 0  # output tokens taken from a jump-forward draft, without a pass of their own
 
 
 @dataclass
