@@ -16,7 +16,7 @@ HEADER = """# HTTP reference
 Generated from the request models of `trtedge serve` by `scripts/generate_http_reference.py`; do not
 edit by hand. [HTTP server](server.md) explains the behaviour: streaming, admission and 429,
 errors, authentication, metrics. Unknown fields are accepted and ignored (logged); a field whose
-feature is not available yet (`tool_choice` "required" or a named function) is refused with a 400 naming it.
+feature is not available is refused with a 400 naming it.
 
 | method | path | body |
 | --- | --- | --- |

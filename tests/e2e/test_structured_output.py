@@ -130,3 +130,49 @@ def test_guides_that_cannot_be_enforced_are_400(server, extra, param, text):
     error = r.json()["error"]
     assert error["param"] == param and text in error["message"], error
     assert server.health()["status"] == "ok"
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 24},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "unit", "days"],
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_tool_choice_returns_a_call_whose_arguments_validate(client, stream):
+    ask = [{"role": "user", "content": "Will it rain in Lisbon this week?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(3):
+        kwargs = dict(model=MODEL, messages=ask, tools=[ADD, WEATHER], tool_choice=named, seed=seed)
+        if stream:
+            chunks = list(client.chat.completions.create(stream=True, **kwargs))
+            deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+            name = "".join(d.function.name or "" for d in deltas)
+            arguments = "".join(d.function.arguments or "" for d in deltas)
+            assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        else:
+            choice = client.chat.completions.create(**kwargs).choices[0]
+            assert choice.finish_reason == "tool_calls"
+            [call] = choice.message.tool_calls
+            name, arguments = call.function.name, call.function.arguments
+        assert name == "get_weather"
+        jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])

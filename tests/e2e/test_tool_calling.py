@@ -103,12 +103,21 @@ def test_tool_choice_none_answers_text(client):
     assert "<tool_call>" in r.choices[0].message.content  # not parsed when the model may not call tools
 
 
-def test_required_tool_choice_needs_structured_output(client):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(
-            model="scripted", messages=ASK, tools=[WEATHER_TOOL], tool_choice="required"
+def test_required_and_named_tool_choice_are_enforced(client, claude):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        r = client.chat.completions.create(
+            model="scripted", messages=ASK, tools=[WEATHER_TOOL], tool_choice=choice, temperature=0
         )
-    assert "structured output" in str(e.value)
+        [call] = r.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"]
+    tool = {"name": "get_weather", "input_schema": WEATHER_TOOL["function"]["parameters"]}
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        m = claude.messages.create(
+            model="scripted", max_tokens=64, messages=ASK, tools=[tool], tool_choice=choice
+        )
+        [use] = [b for b in m.content if b.type == "tool_use"]
+        assert use.name == "get_weather" and use.input["city"] and m.stop_reason == "tool_use"
 
 
 def test_reasoning_is_split_when_thinking_is_on(client):

@@ -127,6 +127,20 @@ def check_schema(schema, path: str = "$") -> None:
         check_schema(schema.get(key), f"{path}.{key}")
 
 
+def _check_tag_schemas(node) -> None:
+    """check_schema for every JSON schema inside a structural tag."""
+    if isinstance(node, dict):
+        if node.get("type") in ("json_schema", "qwen_xml_parameter") and isinstance(
+            node.get("json_schema"), dict
+        ):
+            check_schema(node["json_schema"])
+        for value in node.values():
+            _check_tag_schemas(value)
+    elif isinstance(node, list):
+        for value in node:
+            _check_tag_schemas(value)
+
+
 def _choice_grammar(choices: tuple[str, ...]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
@@ -152,6 +166,8 @@ class GuidedDecoding:
         kind, text = guide.key
         if kind in ("json", "json_strict"):
             check_schema(json.loads(text))
+        elif kind == "structural_tag":
+            _check_tag_schemas(json.loads(text))
         with self._lock:
             if (kind, text) in self._cache:
                 self._cache.move_to_end((kind, text))

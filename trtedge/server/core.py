@@ -124,12 +124,13 @@ def plan_chat(serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = N
         tool_guide = tool_call_guide(tools, choice, fmt)
         if tool_guide is None:
             raise not_supported(
-                f"tool_choice {json.dumps(choice)} (it needs structured output to enforce the call)",
-                "tool_choice",
+                f"tool_choice {json.dumps(choice)} with the {fmt.name} tool-call format", "tool_choice"
             )
         if guide is not None:
             raise bad_request(
-                "a forced tool_choice cannot be combined with response_format", param="tool_choice"
+                f"tool_choice {json.dumps(choice)} decides the output's shape: drop the structured-output "
+                "field (response_format / guided_decoding)",
+                param="tool_choice",
             )
         guide = tool_guide
     kwargs = dict(req.chat_template_kwargs or {})

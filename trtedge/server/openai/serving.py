@@ -301,15 +301,18 @@ class OpenAIServing:
         """The request's structured-output guide, compiled now (off the event loop, cached by the engine) so
         that a bad one is a 400 naming the field before the request takes a seat."""
         guide, field = guide_from_request(req)
+        await self._compile(guide, field)
+        return guide
+
+    async def _compile(self, guide: GuidedDecodingParams | None, field: str | None) -> None:
         if guide is None:
-            return None
+            return
         try:
             await asyncio.to_thread(self.llm.compile_guide, guide)
         except GuidedUnavailableError as e:
             raise APIError(501, str(e), param=field, code="structured_output_unavailable") from None
         except ValueError as e:
             raise bad_request(str(e), param=field, code="invalid_guide") from None
-        return guide
 
     def _params(
         self,
@@ -369,6 +372,8 @@ class OpenAIServing:
     async def _start(self, req: _Sampling, choices, rid: str, request: Request, arrival: float):
         """Take a seat (maybe waiting in the queue), then submit. Returns (None, None) when the client
         left while queued."""
+        for choice in choices:  # a guide compiles off the event loop, before the request takes a seat
+            await self._compile(choice.params.guided_decoding, "tools")
         watcher = sse.DisconnectWatcher(request.receive)
         try:
             seat = await self.admission.acquire(req.priority, abort=watcher.gone)

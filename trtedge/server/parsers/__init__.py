@@ -15,6 +15,7 @@ Reasoning: qwen3, deepseek_r1, nemotron split <think>...</think>; openai reads h
 from __future__ import annotations
 
 from trtedge.server.parsers.formats import FORMATS, Format
+from trtedge.server.parsers.guides import tool_call_guide
 from trtedge.server.parsers.output import OutputParser, ParsedOutput
 from trtedge.server.parsers.reasoning import HARMONY, STARTS_IN_REASONING
 from trtedge.server.parsers.tool_calls import ToolCall, parse_tool_calls
@@ -49,13 +50,6 @@ def reasoning_parser(parser: str, template: str) -> str | None:
             return HARMONY
         return "qwen3" if "<think>" in template or "</think>" in template else None
     return None if parser == "none" else parser
-
-
-def tool_call_guide(tools: list[dict], tool_choice: str | dict, fmt: Format):
-    """The structured-output guide (a ``GuidedDecodingParams``) that makes the model call a tool
-    (``tool_choice`` "required" or a named function) with arguments valid for its schema, written in
-    ``fmt`` so that the same parser reads it back; None while tool calls cannot be enforced."""
-    return None
 
 
 __all__ = [
