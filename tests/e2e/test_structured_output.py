@@ -176,3 +176,10 @@ def test_named_tool_choice_returns_a_call_whose_arguments_validate(client, strea
             name, arguments = call.function.name, call.function.arguments
         assert name == "get_weather"
         jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
+
+
+def test_responses_text_format_json_schema(client):
+    schema = SCHEMAS["enum"]
+    fmt = {"type": "json_schema", "name": "mood", "schema": schema, "strict": True}
+    r = client.responses.create(model=MODEL, input="How do you feel?", text={"format": fmt}, temperature=0)
+    jsonschema.validate(json.loads(r.output_text), schema)
