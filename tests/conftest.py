@@ -23,3 +23,14 @@ def smollm():
     llm = LLM(max_kv_cache_capacity=2048, max_input_len=1024)
     yield llm
     llm.close()
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf():
+    """Path of the packaged Gemma 3 270M GGUF (the second embedded model), or skip."""
+    from trtedge.runtime.embedded import gemma3_model_path
+
+    try:
+        return gemma3_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))

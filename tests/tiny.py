@@ -51,6 +51,17 @@ FAMILIES = {
         mlp_only_layers=[1],
     ),
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=48),
+    # A sliding layer (16 keys, local rope base) then a global one (linear-scaled rope); final
+    # logit soft-capping.
+    "gemma3": dict(
+        model_type="gemma3_text",
+        head_dim=32,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=16,
+        query_pre_attn_scalar=24,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        final_logit_softcapping=30.0,
+    ),
 }
 
 

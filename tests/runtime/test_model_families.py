@@ -32,7 +32,7 @@ def compare_prefill(path, num_tokens: int, max_positions: int = 256) -> float:
     return (prefill_logits(model, ids) - ref).abs().max().item()
 
 
-@pytest.mark.parametrize("family", ["phi3", "mixtral"])
+@pytest.mark.parametrize("family", ["phi3", "mixtral", "gemma3"])
 def test_prompt_longer_than_the_sliding_window_matches_transformers(family, tmp_path):
     path = make_tiny_checkpoint(tmp_path, family)
     cfg = json.loads((path / "config.json").read_text())
@@ -56,7 +56,7 @@ def test_unsupported_model_type_lists_the_supported_ones():
     assert "'gpt_neox'" in message
     for model_type in SUPPORTED_MODEL_TYPES:
         assert model_type in message
-    assert "phi3" in SUPPORTED_MODEL_TYPES
+    assert {"phi3", "qwen3_moe", "mixtral", "gemma3_text"} <= set(SUPPORTED_MODEL_TYPES)
 
 
 def test_int8_weights_quantize_the_experts(tmp_path):

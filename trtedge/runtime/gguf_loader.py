@@ -30,6 +30,7 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "mistral": ("mistral", "MistralForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 }
 # llama.cpp's converter permutes q/k rows for these (GGML "normal" rope); qwen2/qwen3 use NEOX rope, unpermuted.
 _PERMUTED_ARCHITECTURES = {"llama", "mistral"}
@@ -48,11 +49,38 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 names its sandwich norms differently; llama.cpp stores its (1 + w) norm weights with the 1 added.
+_GEMMA3_LAYER_TENSORS = {
+    **_LAYER_TENSORS,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _IGNORED_TENSORS = {"rope_freqs.weight"}
 _LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GLOBAL_TENSOR_RE = re.compile(r"(\w+)\.(weight|bias)")
 
 _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 2, 3, 4
+
+# For files that carry no tokenizer.chat_template: the family's own turn format.
+_GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% set system = '' %}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set first = messages[0]['content'] %}"
+    "{% set system = (first if first is string else first | map(attribute='text') | join('\\n')) + '\\n\\n' %}"
+    "{% set messages = messages[1:] %}"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{% set content = message['content'] %}"
+    "{% set text = content if content is string else content | selectattr('type', 'equalto', 'text')"
+    " | map(attribute='text') | join('') %}"
+    "<start_of_turn>{{ role }}\n{{ system if loop.first else '' }}{{ text | trim }}<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+_DEFAULT_CHAT_TEMPLATES = {"gemma3": _GEMMA3_CHAT_TEMPLATE}
 
 # Pre-tokenizer split regexes by `tokenizer.ggml.pre`, as in the models' own tokenizer.json files.
 _LLAMA3_SPLIT = (
@@ -184,11 +212,14 @@ def _iter_tensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     n_head, n_head_kv = model.head_counts()
     permuted = model.arch in _PERMUTED_ARCHITECTURES
+    norm_shift = 1.0 if model.arch == "gemma3" else 0.0
     for t in model.reader.tensors:
         name = names[t.name]
         if name is None:
             continue
         tensor = _dequantize(model, t)
+        if norm_shift and name.endswith("norm.weight"):
+            tensor = tensor - norm_shift
         if permuted and ".self_attn.q_proj." in name:
             tensor = _unpermute_rows(tensor, n_head)
         elif permuted and ".self_attn.k_proj." in name:
@@ -202,8 +233,9 @@ def _hf_tensor_name(model: _GGUF, gguf_name: str) -> str | None:
         return None
     if m := _LAYER_TENSOR_RE.fullmatch(gguf_name):
         layer, part, kind = m.groups()
-        if part in _LAYER_TENSORS:
-            return f"model.layers.{layer}.{_LAYER_TENSORS[part]}.{kind}"
+        names = _GEMMA3_LAYER_TENSORS if model.arch == "gemma3" else _LAYER_TENSORS
+        if part in names:
+            return f"model.layers.{layer}.{names[part]}.{kind}"
     elif (m := _GLOBAL_TENSOR_RE.fullmatch(gguf_name)) and m.group(1) in _GLOBAL_TENSORS:
         return f"{_GLOBAL_TENSORS[m.group(1)]}.{m.group(2)}"
     raise model.error(f"unsupported tensor {gguf_name!r} for architecture {model.arch!r}")
@@ -267,7 +299,26 @@ def _build_config(model: _GGUF, names: dict[str, str | None], tokens: list[str])
         config["mlp_bias"] = "blk.0.ffn_up.bias" in model.tensors
     if model_type != "llama":
         config["sliding_window"] = model.hparam("attention.sliding_window")
+    if model_type == "gemma3_text":
+        config.update(_gemma3_config(model, hidden, n_head, head_dim))
     return config
+
+
+def _gemma3_config(model: _GGUF, hidden: int, n_head: int, head_dim: int) -> dict:
+    """What llama.cpp fixes in code for Gemma 3 rather than storing in the file."""
+    layers = model.require_hparam("block_count")
+    pattern = model.hparam("attention.sliding_window_pattern", 6)
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        # 27B (62 layers) scales by hidden / heads, the others by head_dim
+        "query_pre_attn_scalar": hidden // n_head if layers == 62 else head_dim,
+        "layer_types": [
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+        ],
+        "rope_local_base_freq": 10000.0,
+        "final_logit_softcapping": model.hparam("final_logit_softcapping"),
+        "attn_logit_softcapping": model.hparam("attn_logit_softcapping"),
+    }
 
 
 def _vocab_size(model: _GGUF, tokens: list[str]) -> int:
@@ -358,6 +409,9 @@ def _llama3_factors(freqs: np.ndarray, factor: float, low: float, high: float, o
 
 def _generation_config(model: _GGUF) -> dict:
     eos = [model.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    if model.arch == "gemma3":  # chat turns end with <end_of_turn>, which older files do not mark as eot
+        tokens = model.require("tokenizer.ggml.tokens")
+        eos += [i for i, t in enumerate(tokens[:1024]) if t == "<end_of_turn>"]
     eos = list(dict.fromkeys(i for i in eos if i is not None))
     return {
         "bos_token_id": model.get("tokenizer.ggml.bos_token_id"),
@@ -505,7 +559,7 @@ def _tokenizer_config(model: _GGUF, tokens: list[str], default_add_bos: bool) ->
         "unk_token": token("unknown"),
         "add_bos_token": bool(model.get("tokenizer.ggml.add_bos_token", default_add_bos)),
         "add_eos_token": bool(model.get("tokenizer.ggml.add_eos_token", False)),
-        "chat_template": model.get("tokenizer.chat_template"),
+        "chat_template": model.get("tokenizer.chat_template") or _DEFAULT_CHAT_TEMPLATES.get(model.arch),
     }
 
 

@@ -7,6 +7,7 @@ import logging
 import torch
 
 from trtedge.runtime.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, UnsupportedModelError
+from trtedge.runtime.models.gemma3 import Gemma3Model
 from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.models.moe import MoeModel, expert_names
 
@@ -20,6 +21,7 @@ ARCHITECTURES = {
     "phi3": LlamaModel,
     "qwen3_moe": MoeModel,
     "mixtral": MoeModel,
+    "gemma3_text": Gemma3Model,
 }
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -79,7 +81,10 @@ def dummy_tensors(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
         if cfg.qkv_bias:
             for name, n in (("q", q), ("k", kv), ("v", kv)):
                 yield p + f"self_attn.{name}_proj.bias", rand(n)
-        for name in ("input_layernorm", "post_attention_layernorm"):
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if cfg.model_type == "gemma3_text":
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        for name in norms:
             yield p + name + ".weight", torch.ones(h, dtype=dtype, device=device)
         if cfg.qk_norm:
             for name in ("q_norm", "k_norm"):

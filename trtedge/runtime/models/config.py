@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral")
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral", "gemma3_text", "gemma3"
+)
 
 
 class UnsupportedModelError(ValueError):
@@ -116,7 +118,8 @@ class ModelConfig:
                 sliding_windows=_sliding_windows(cfg, num_layers),
                 local_rope=_rope_config(cfg, source, "sliding_attention") if gemma else None,
                 query_pre_attn_scalar=cfg.get("query_pre_attn_scalar") if gemma else None,
-                attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
+                # Gemma 3 keeps the field but, like HF transformers, does not cap attention scores.
+                attn_logit_softcapping=None if gemma else cfg.get("attn_logit_softcapping"),
                 final_logit_softcapping=cfg.get("final_logit_softcapping"),
                 **_moe_fields(cfg, model_type, num_layers),
             )
