@@ -78,3 +78,24 @@ def test_int8_weights_quantize_the_experts(tmp_path):
     assert models["int8"].weight_bytes < models["float"].weight_bytes / 2
     ref, ours = (prefill_logits(models[w], ids) for w in ("float", "int8"))
     assert ((ours - ref).norm() / ref.norm()).item() < 0.05
+
+
+@pytest.mark.parametrize("window,cap", [(5, None), (0, 2.0), (7, 3.0)])
+def test_reference_attention_window_and_softcap_match_a_dense_computation(window, cap):
+    from trtedge.runtime.ops.attention import TorchAttention
+
+    gen = torch.Generator().manual_seed(window)
+    q, k, v = (torch.randn(n, 19, 8, generator=gen) for n in (4, 2, 2))  # [heads, tokens, dim]
+    for qlen in (19, 1):  # prefill of the whole sequence, then the last token alone
+        qs = q[:, -qlen:]
+        scores = torch.einsum("hqd,hkd->hqk", qs, k.repeat_interleave(2, 0)) * 0.3
+        if cap:
+            scores = torch.tanh(scores / cap) * cap
+        rows = torch.arange(19 - qlen, 19)[:, None]
+        cols = torch.arange(19)[None, :]
+        visible = (cols <= rows) & ((cols > rows - window) if window else True)
+        expected = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v.repeat_interleave(2, 0)
+        ours = TorchAttention(0.3, window, cap)._attend(
+            qs.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), 19 - qlen
+        )
+        assert torch.allclose(ours.transpose(0, 1), expected, atol=1e-5)
