@@ -50,6 +50,15 @@ FAMILIES = {
         norm_topk_prob=False,
         mlp_only_layers=[1],
     ),
+    # Shared expert behind a sigmoid gate, top-2 of 4 renormalised, q/k/v biases.
+    "qwen2_moe": dict(
+        model_type="qwen2_moe",
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        norm_topk_prob=True,
+    ),
     "mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=48),
     # A sliding layer (16 keys, local rope base) then a global one (linear-scaled rope); final
     # logit soft-capping.

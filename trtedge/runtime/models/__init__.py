@@ -19,6 +19,7 @@ ARCHITECTURES = {
     "qwen2": LlamaModel,
     "qwen3": LlamaModel,
     "phi3": LlamaModel,
+    "qwen2_moe": MoeModel,
     "qwen3_moe": MoeModel,
     "mixtral": MoeModel,
     "gemma3_text": Gemma3Model,
@@ -101,6 +102,10 @@ def _mlp_shapes(cfg: ModelConfig, index: int) -> dict[str, tuple[int, int]]:
     shapes = {router: (cfg.num_experts, h)}
     for gate, up, down in experts:
         shapes.update({gate: (n, h), up: (n, h), down: (h, n)})
+    if n := cfg.shared_expert_intermediate_size:
+        p = "mlp.shared_expert."
+        shapes.update({p + "gate_proj": (n, h), p + "up_proj": (n, h), p + "down_proj": (h, n)})
+        shapes["mlp.shared_expert_gate"] = (1, h)
     return shapes
 
 

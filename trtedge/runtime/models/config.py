@@ -6,7 +6,16 @@ import math
 from dataclasses import dataclass
 
 SUPPORTED_MODEL_TYPES = (
-    "llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral", "gemma3_text", "gemma3"
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "mixtral",
+    "gemma3_text",
+    "gemma3",
 )
 
 
@@ -60,6 +69,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     sparse_layers: tuple[bool, ...] = ()
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert behind a sigmoid gate
 
     def __post_init__(self):
         if not self.sliding_windows:
@@ -108,7 +118,7 @@ class ModelConfig:
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 rope=_rope_config(cfg, source, "full_attention"),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
-                qkv_bias=model_type == "qwen2" or attention_bias,
+                qkv_bias=model_type == "qwen2" or attention_bias or _qwen2_moe_bias(cfg),
                 o_bias=model_type in ("llama", "mistral") and attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
                 qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
@@ -129,7 +139,7 @@ class ModelConfig:
 
 def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
     window = int(cfg.get("sliding_window") or 0)
-    qwen = cfg.get("model_type") in ("qwen2", "qwen3", "qwen3_moe")
+    qwen = cfg.get("model_type") in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
     if not window or (qwen and not cfg.get("use_sliding_window")):
         return (0,) * num_layers
     types = cfg.get("layer_types")
@@ -145,7 +155,7 @@ def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
 
 
 def _moe_fields(cfg: dict, model_type: str, num_layers: int) -> dict:
-    if model_type not in ("qwen3_moe", "mixtral"):
+    if model_type not in ("qwen2_moe", "qwen3_moe", "mixtral"):
         return {}
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if model_type == "mixtral":
@@ -162,7 +172,12 @@ def _moe_fields(cfg: dict, model_type: str, num_layers: int) -> dict:
         moe_intermediate_size=size,
         norm_topk_prob=model_type == "mixtral" or bool(cfg.get("norm_topk_prob", False)),
         sparse_layers=sparse,
+        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
     )
+
+
+def _qwen2_moe_bias(cfg: dict) -> bool:
+    return cfg.get("model_type") == "qwen2_moe" and bool(cfg.get("qkv_bias", True))
 
 
 def _partial_rotary_factor(cfg: dict) -> float:

@@ -1,8 +1,10 @@
-"""Mixture-of-experts decoders: Qwen3-MoE and Mixtral. Attention is the llama family's; the MLP of
+"""Mixture-of-experts decoders: Qwen3-MoE, Qwen2-MoE and Mixtral. Attention is the llama family's; the MLP of
 sparse layers is a router that picks ``num_experts_per_tok`` experts per token and a weighted sum
 of those experts' gated MLPs.
 
-Routing (both families): softmax over all experts in float32, top-k, then (Mixtral always,
+Qwen2-MoE adds a shared expert that every token goes through, scaled by a sigmoid gate.
+
+Routing (all three): softmax over all experts in float32, top-k, then (Mixtral always,
 Qwen3-MoE when ``norm_topk_prob``) divide by the sum of the k selected probabilities.
 
 Experts run grouped: tokens sorted by expert, one matmul pair per expert that has tokens (the
@@ -22,6 +24,7 @@ from trtedge.runtime.ops.linear import make_linear
 
 # Per family: where the sparse block lives, its router, and each expert's (gate, up, down) names.
 _NAMES = {
+    "qwen2_moe": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "qwen3_moe": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "mixtral": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
 }
@@ -58,6 +61,10 @@ class SparseMoE:
         )
         if not self.grouped_kernel:
             self.w_gate_up = self.w_down = None  # the per-expert layers hold the weights
+        self.shared = self.shared_gate = None
+        if cfg.shared_expert_intermediate_size:
+            self.shared = GatedMLP.from_layer(w, cfg.hidden_act, weight_format, prefix="mlp.shared_expert.")
+            self.shared_gate = require(w, "mlp.shared_expert_gate.weight")
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] in h's dtype, expert ids [T, k])."""
@@ -72,8 +79,12 @@ class SparseMoE:
         if self.grouped_kernel:
             from trtedge.runtime.ops.triton_moe import fused_experts
 
-            return fused_experts(h, self.w_gate_up, self.w_down, weights, ids, ACTIVATIONS[self.act])
-        return self.grouped_reference(h, weights, ids)
+            out = fused_experts(h, self.w_gate_up, self.w_down, weights, ids, ACTIVATIONS[self.act])
+        else:
+            out = self.grouped_reference(h, weights, ids)
+        if self.shared is not None:
+            out = out + torch.sigmoid(F.linear(h, self.shared_gate)) * self.shared(h)
+        return out
 
     def grouped_reference(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Sort (token, slot) pairs by expert; one gate_up/down matmul pair per expert with tokens."""
@@ -96,11 +107,11 @@ class SparseMoE:
 
     @property
     def linears(self) -> list:
-        return [*self.gate_up, *self.down]
+        return [*self.gate_up, *self.down, *(self.shared.linears if self.shared is not None else [])]
 
 
 class MoeModel(LlamaModel):
-    """Qwen3-MoE and Mixtral: sparse layers get a SparseMoE; the others (mlp_only_layers,
+    """Qwen3-MoE, Qwen2-MoE and Mixtral: sparse layers get a SparseMoE; the others (mlp_only_layers,
     decoder_sparse_step) keep a dense gated MLP."""
 
     def make_mlp(self, index: int, w: dict[str, torch.Tensor], weight_format: str):
