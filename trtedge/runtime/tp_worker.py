@@ -83,6 +83,8 @@ def _prepare_env(launch: ShardLaunch, rank: int) -> torch.device:
     # the all-reduces of decode-sized activations gain nothing from it.
     os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     if launch.device_type != "cuda":
+        if "OMP_NUM_THREADS" not in os.environ:  # N ranks on one CPU share its cores, not oversubscribe
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch.size))
         return torch.device("cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     torch.cuda.set_device(local_rank)
