@@ -8,7 +8,7 @@ from trtedge.runtime.speculative import SpeculativeConfig, SpeculativeConfigErro
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-WEIGHTS = ("auto", "float", "int8")
+WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4")
 LOAD_FORMATS = ("auto", "dummy")
 DEFAULT_MAX_INPUT_LEN = 4096
 

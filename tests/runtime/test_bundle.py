@@ -70,6 +70,8 @@ def test_copy_keeps_key_config_and_sampled_weight_byte_change_it(tiny, tmp_path)
         dict(dtype="bfloat16"),
         dict(weights="int8"),
         dict(speculative_method="draft_model"),
+        dict(weights="int4"),
+        dict(weights="bf16"),
         dict(layout_version=99),
     ],
 )
@@ -153,7 +155,6 @@ def test_clear_engine_cache_flag_rebuilds(tiny, cache_dir):
 
 def test_smollm2_second_launch_does_no_conversion(cache_dir, monkeypatch):
     from trtedge.runtime.embedded import embedded_model_path
-    from trtedge.runtime.models import resolve_weight_format
 
     try:
         embedded_model_path()
@@ -175,12 +176,8 @@ def test_smollm2_second_launch_does_no_conversion(cache_dir, monkeypatch):
     with LLM(**kwargs) as llm:
         second = time.perf_counter() - start
         assert not llm.bundle.built
-        import torch
-
-        assert resolve_weight_format("auto", llm.bundle, torch.device("cpu"), torch.float32) in (
-            "int8",
-            "float",
-        )
+        quant = llm.bundle.manifest["components"]["llm"]["weights"]["quantization"]
+        assert quant["tensors"] == {"int4": 210, "int8": 1, "float": 61}  # Q4_1 kept, Q8_0 embedding
         again = llm.chat(
             [{"role": "user", "content": "What is the capital of France?"}],
             SamplingParams(max_tokens=12, temperature=0),

@@ -82,7 +82,11 @@ def run(
     ),
     dtype: str = typer.Option("auto", "--dtype", help="Offline: auto|float32|bfloat16|float16."),
     device: str = typer.Option("auto", "--device", help="Offline: auto|cpu|cuda."),
-    weights: str = typer.Option("auto", "--weights", help="Offline: auto|float|int8."),
+    weights: str = typer.Option(
+        "auto",
+        "--weights",
+        help="Offline: auto|float|bf16|fp32|int8|int4 (auto: a GGUF keeps its class, Q4 -> int4, Q8 -> int8).",
+    ),
     load_format: str = typer.Option(
         "auto", "--load-format", help="Offline: auto|dummy (random weights from config.json alone)."
     ),

@@ -34,7 +34,11 @@ def build(
     ),
     max_batch_size: int = typer.Option(1, "--max-batch-size", help="Most requests in one batch."),
     dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
-    weights: str = typer.Option("auto", "--weights", help="auto|float|int8 (the launch's --weights)."),
+    weights: str = typer.Option(
+        "auto",
+        "--weights",
+        help="Stored weights: auto|float|bf16|fp32|int8|int4 (auto: a GGUF keeps its class, Q4 -> int4, Q8 -> int8).",
+    ),
     speculative_config: str = typer.Option(
         None,
         "--speculative-config",

@@ -57,7 +57,9 @@ def chat(
     dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda."),
     weights: str = typer.Option(
-        "auto", "--weights", help="auto|float|int8 (auto keeps a quantized GGUF in int8 on the CPU)."
+        "auto",
+        "--weights",
+        help="auto|float|bf16|fp32|int8|int4 (auto: a GGUF keeps its class, Q4 -> int4, Q8 -> int8).",
     ),
     engine_cache_max_size_gb: float = typer.Option(
         50.0, "--engine-cache-max-size-gb", help="Evict least-recently-used bundles past this many GiB."

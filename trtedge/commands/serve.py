@@ -107,7 +107,11 @@ def serve(
     ),
     dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda."),
-    weights: str = typer.Option("auto", "--weights", help="auto|float|int8."),
+    weights: str = typer.Option(
+        "auto",
+        "--weights",
+        help="auto|float|bf16|fp32|int8|int4 (auto: a GGUF keeps its class, Q4 -> int4, Q8 -> int8).",
+    ),
     load_format: str = typer.Option(
         "auto",
         "--load-format",

@@ -1,11 +1,12 @@
 """`build --components ...`: turn a checkpoint into a bundle directory (weights, tokenizer, template).
 
-GGUF weights are dequantized once into ``weights.safetensors`` (float32 or the profile dtype); HF
-safetensors that need no dtype cast are not copied: the manifest lists them with their digests and
-loading verifies them. Fused projection layouts are still made by the model at load time.
-A converted weight set is hard-linked from another bundle of the same checkpoint and dtype when one
-exists, so profiles that differ only in lengths or batch size share one copy on disk.
-"""
+Weights are written once in the format the profile's ``weights`` asks for (``runtime.quantize``):
+int8 / int4 tensors as their packed parts, GGUF Q4_0/Q4_1 blocks carried over to int4 without
+dequantizing, float tensors in the profile dtype (GGUF: float32 unless told). HF safetensors that
+need no conversion are not copied: the manifest lists them with their digests and loading verifies
+them. Fused projection layouts are still made by the model at load time. A converted weight set is
+hard-linked from another bundle of the same checkpoint, dtype and weights when one exists, so
+profiles that differ only in lengths or batch size share one copy on disk."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 from trtedge._version import __version__
 from trtedge.runtime.bundle import TEXT_FILES, BuildProfile, Cache, digest_json, now_iso
 from trtedge.runtime.bundle import fingerprint as checkpoint_fingerprint
+from trtedge.runtime.quantize import QUANTIZATION_LAYOUT, QuantizedTensor, quantize, target_format
 
 log = logging.getLogger("trtedge")
 
@@ -28,6 +30,7 @@ Progress = Callable[[str, int, "int | None"], None]
 
 _SHARD_BYTES = 2 * 2**30
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_WEIGHT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 
@@ -77,21 +80,31 @@ def _build_component(checkpoint, profile, out_dir: Path, fp, cache, progress) ->
         "config": checkpoint.config,
         "quantization": checkpoint.quantization,
     }
-    dtype = _stored_dtype(checkpoint, profile.dtype)
-    if dtype is None:
+    mode = profile.weights
+    dtype = _stored_dtype(checkpoint, _WEIGHT_DTYPES.get(mode, profile.dtype))
+    quantizes = mode in ("int8", "int4") or (mode == "auto" and checkpoint.kind == "gguf")
+    if dtype is None and not quantizes:
         weights = {name: digest for name, digest in fp[1].items() if name.endswith(".safetensors")}
         section["weights"] = {"externalized": True, "files": weights, "dtype": "checkpoint"}
         return section
-    weights_key = digest_json({"checkpoint": fp[0], "dtype": dtype, "layout": profile.layout_version})[:24]
+    key = {"checkpoint": fp[0], "dtype": dtype, "weights": mode, "layout": profile.layout_version}
+    weights_key = digest_json(key)[:24]
     files = _link_weights(cache, weights_key, out_dir) if cache else None
+    counts = None
     if files is None:
-        files = _write_shards(checkpoint, out_dir, _TORCH_DTYPES[dtype], progress)
-    section["weights"] = {"externalized": False, "files": files, "dtype": dtype, "key": weights_key}
+        files, counts = _write_shards(checkpoint, out_dir, dtype, mode, progress)
+    section["weights"] = {
+        "externalized": False,
+        "files": files,
+        "dtype": dtype or "checkpoint",
+        "key": weights_key,
+        "quantization": {"mode": mode, **QUANTIZATION_LAYOUT, "tensors": counts},
+    }
     return section
 
 
 def _stored_dtype(checkpoint, dtype: str) -> str | None:
-    """The dtype to write weights in, or None when the checkpoint's own files serve as they are."""
+    """The dtype to write float weights in, or None to keep the checkpoint's own (HF safetensors)."""
     if checkpoint.kind == "gguf":
         return dtype if dtype in _TORCH_DTYPES else "float32"
     if dtype == "auto" or _safetensors_dtypes(checkpoint.path) <= {dtype}:
@@ -152,11 +165,14 @@ def _link_weights(cache: Cache, weights_key: str, out_dir: Path) -> list[str] | 
     return None
 
 
-def _write_shards(checkpoint, out_dir: Path, dtype: torch.dtype, progress: Progress | None) -> list[str]:
+def _write_shards(checkpoint, out_dir: Path, dtype: str | None, mode: str, progress: Progress | None):
+    """Write the weights in shards, quantizing those ``mode`` asks for; returns (files, counts by format)."""
     from safetensors.torch import save_file
 
     total = len([k for k in checkpoint.quantization if k != "dominant"]) or None
+    torch_dtype = _TORCH_DTYPES[dtype] if dtype else None
     names: list[str] = []
+    counts: dict[str, int] = {}
     shard: dict[str, torch.Tensor] = {}
     size = 0
 
@@ -169,10 +185,12 @@ def _write_shards(checkpoint, out_dir: Path, dtype: torch.dtype, progress: Progr
         names.append(name)
         shard, size = {}, 0
 
-    for i, (name, tensor) in enumerate(checkpoint.iter_tensors()):
-        tensor = tensor.to(dtype).contiguous()
-        shard[name] = tensor
-        size += tensor.nbytes
+    for i, (name, tensor) in enumerate(_source_tensors(checkpoint, mode)):
+        fmt = target_format(name, tensor.shape, mode, checkpoint.quantization.get(name))
+        stored = _convert(name, tensor, fmt, torch_dtype)
+        counts[fmt or "float"] = counts.get(fmt or "float", 0) + 1
+        shard.update(stored)
+        size += sum(t.nbytes for t in stored.values())
         if size >= _SHARD_BYTES:
             flush()
         if progress:
@@ -182,7 +200,25 @@ def _write_shards(checkpoint, out_dir: Path, dtype: torch.dtype, progress: Progr
     if len(names) == 1:
         os.rename(out_dir / names[0], out_dir / "weights.safetensors")
         names = ["weights.safetensors"]
-    return names
+    return names, counts
+
+
+def _source_tensors(checkpoint, mode: str):
+    if checkpoint.kind == "gguf" and mode in ("auto", "int4"):
+        from trtedge.runtime.gguf_loader import iter_gguf_tensors
+
+        return iter_gguf_tensors(checkpoint.path, keep_int4=True)  # Q4_0/Q4_1 blocks kept as they are
+    return checkpoint.iter_tensors()
+
+
+def _convert(name: str, tensor, fmt: str | None, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    if isinstance(tensor, QuantizedTensor):
+        if fmt == tensor.format:
+            return tensor.stored(name)
+        tensor = tensor.dequantize()
+    if fmt is not None:
+        return quantize(tensor, fmt).stored(name)
+    return {name: (tensor if dtype is None else tensor.to(dtype)).contiguous()}
 
 
 def _write(path: Path, data: bytes) -> None:

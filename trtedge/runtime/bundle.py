@@ -34,7 +34,7 @@ log = logging.getLogger("trtedge")
 
 COMPONENTS = ("llm", "draft")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-_WEIGHTS = ("auto", "float", "int8")
+_WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4")
 
 _SAMPLES = 16
 _SAMPLE_BYTES = 64 * 1024
@@ -249,12 +249,14 @@ class BundleComponent:
         return files
 
     def iter_tensors(self) -> Iterator[tuple[str, object]]:
+        """(name, tensor); quantized weights come whole, as ``QuantizedTensor``s under their plain name."""
         from safetensors import safe_open
+
+        from trtedge.runtime.quantize import gather
 
         for file in self.weight_files():
             with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    yield name, f.get_tensor(name)
+                yield from gather({name: f.get_tensor(name) for name in f.keys()}).items()
 
     def load_tokenizer(self):
         from trtedge.runtime.tokenizer import Tokenizer
@@ -298,6 +300,8 @@ class Bundle(BundleComponent):
         """Cheap structural load: tokenizer, weight headers, the tensors every model needs."""
         from safetensors import safe_open
 
+        from trtedge.runtime.quantize import quantized_name
+
         self.load_tokenizer()
         for component in (self, self.draft):
             if component is None:
@@ -305,7 +309,7 @@ class Bundle(BundleComponent):
             names = set()
             for file in component.weight_files():
                 with safe_open(str(file), framework="pt") as f:
-                    names.update(f.keys())
+                    names.update((quantized_name(n) or (n,))[0] for n in f.keys())
             if "model.embed_tokens.weight" not in names:
                 raise BundleError(f"{component.path}: bundle weights lack model.embed_tokens.weight")
             component.model_config  # noqa: B018 - raises on an unsupported config

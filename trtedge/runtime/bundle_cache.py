@@ -30,7 +30,7 @@ from pathlib import Path
 log = logging.getLogger("trtedge")
 
 DEFAULT_MAX_SIZE_GB = 50.0
-LAYOUT_VERSION = 1  # bump when a bundle's files or manifest change meaning
+LAYOUT_VERSION = 2  # bump when a bundle's files or manifest change meaning
 
 
 class BundleError(ValueError):

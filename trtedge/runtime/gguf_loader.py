@@ -199,16 +199,17 @@ def read_gguf(path: str | Path) -> GGUFContents:
 
 
 def iter_gguf_tensors(
-    path: str | Path, dtype: torch.dtype = torch.float32
+    path: str | Path, dtype: torch.dtype = torch.float32, keep_int4: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, dequantized tensor in HF layout) for each weight, in file order."""
+    """(HF name, dequantized tensor in HF layout) for each weight, in file order. With keep_int4,
+    Q4_0/Q4_1 weights come as int4 ``QuantizedTensor``s (the same values, not dequantized)."""
     model = _GGUF(path)
     names = {t.name: _hf_tensor_name(model, t.name) for t in model.reader.tensors}
-    return _iter_tensors(model, names, dtype)
+    return _iter_tensors(model, names, dtype, keep_int4)
 
 
 def _iter_tensors(
-    model: _GGUF, names: dict[str, str | None], dtype: torch.dtype
+    model: _GGUF, names: dict[str, str | None], dtype: torch.dtype, keep_int4: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     n_head, n_head_kv = model.head_counts()
     permuted = model.arch in _PERMUTED_ARCHITECTURES
@@ -216,6 +217,9 @@ def _iter_tensors(
     for t in model.reader.tensors:
         name = names[t.name]
         if name is None:
+            continue
+        if keep_int4 and t.tensor_type in (QType.Q4_0, QType.Q4_1) and len(t.shape) == 2:
+            yield name, _int4_tensor(t, name, n_head if ".q_proj." in name else n_head_kv, permuted)
             continue
         tensor = _dequantize(model, t)
         if norm_shift and name.endswith("norm.weight"):
@@ -254,6 +258,16 @@ def _dequantize(model: _GGUF, t: gguf.ReaderTensor) -> torch.Tensor:
             f"tensor {t.name!r} has type {t.tensor_type.name}, which cannot be dequantized"
         ) from None
     return torch.from_numpy(data).reshape(shape)
+
+
+def _int4_tensor(t: gguf.ReaderTensor, name: str, n_head: int, permuted: bool):
+    from trtedge.runtime.quantize import int4_from_gguf_blocks
+
+    cols, rows = (int(n) for n in t.shape)
+    q = int4_from_gguf_blocks(np.asarray(t.data), t.tensor_type.name, rows, cols)
+    if permuted and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name):
+        q = q.select_rows(_unpermute_rows(torch.arange(rows), n_head))
+    return q
 
 
 def _unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:

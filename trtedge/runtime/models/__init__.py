@@ -24,6 +24,8 @@ ARCHITECTURES = {
     "mixtral": MoeModel,
     "gemma3_text": Gemma3Model,
 }
+# Families whose layers take QuantizedTensor weights; others get them dequantized.
+_QUANTIZED_ARCHITECTURES = {LlamaModel}
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,21 +46,27 @@ def resolve_dtype(dtype: str, cfg: ModelConfig, device: torch.device) -> torch.d
     return torch.float16 if cfg.torch_dtype == "float16" else torch.bfloat16
 
 
-def resolve_weight_format(weights: str, checkpoint, device: torch.device, dtype: torch.dtype) -> str:
-    """auto: a quantized GGUF keeps 8-bit-or-less weights on the CPU (int8); else float weights."""
+def native_quantized(device: torch.device, dtype: torch.dtype) -> bool:
+    """True where int8 / int4 weights run as they are: the CPU in float32 with the native kernels."""
     from trtedge.runtime.ops.linear import int8_available
 
-    if weights == "int8":
-        if device.type != "cpu" or not int8_available():
-            raise ValueError("weights (--weights) int8 needs the CPU fbgemm backend")
-        return "int8"
-    if weights == "float":
-        return "float"
-    dominant = (checkpoint.quantization or {}).get("dominant", "")
-    quantized = dominant.startswith(("Q", "IQ")) and dominant not in ("", "F32", "F16", "BF16")
-    if quantized and device.type == "cpu" and dtype == torch.float32 and int8_available():
-        return "int8"
-    return "float"
+    return device.type == "cpu" and dtype == torch.float32 and int8_available()
+
+
+def prepare_tensors(tensors, checkpoint, weights: str, native: bool, dtype: torch.dtype):
+    """Bring each tensor to the format it runs in: quantized bundle tensors stay quantized where the
+    native kernels run (else they are dequantized); float ones are quantized as ``weights`` asks
+    (a checkpoint loaded without a bundle)."""
+    from trtedge.runtime.quantize import QuantizedTensor, quantize, target_format
+
+    sources = checkpoint.quantization or {}
+    for name, tensor in tensors:
+        if isinstance(tensor, QuantizedTensor):
+            if not native:
+                tensor = tensor.dequantize(dtype)
+        elif native and (fmt := target_format(name, tensor.shape, weights, sources.get(name))):
+            tensor = quantize(tensor, fmt)
+        yield name, tensor
 
 
 def dummy_tensors(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
@@ -113,10 +121,31 @@ def load_model(checkpoint, *, dtype: str, device: str, weights: str, max_positio
     cfg = checkpoint.model_config
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, cfg, dev)
-    weight_format = resolve_weight_format(weights, checkpoint, dev, torch_dtype)
     cls = ARCHITECTURES[cfg.model_type]
+    # partial-rotary layouts permute the fused qkv rows at load: those take float weights
+    native = (
+        native_quantized(dev, torch_dtype)
+        and cls in _QUANTIZED_ARCHITECTURES
+        and cfg.rotary_dim == cfg.head_dim
+    )
+    if weights in ("int8", "int4") and not native:
+        log.warning(
+            "weights %s run dequantized to %s here (the int kernels are CPU float32 only)",
+            weights,
+            torch_dtype,
+        )
     tensors = dummy_tensors(cfg, torch_dtype, dev) if load_format == "dummy" else checkpoint.iter_tensors()
-    model = cls(cfg, tensors, torch_dtype, dev, weight_format, max_positions)
+    model = cls(
+        cfg,
+        prepare_tensors(tensors, checkpoint, weights, native, torch_dtype),
+        torch_dtype,
+        dev,
+        "float",
+        max_positions,
+    )
+    weight_format = "+".join(
+        sorted({type(m).__name__.removesuffix("Linear").lower() for m in _linears(model)})
+    )
     log.info(
         "loaded %s (%s, %d layers) on %s as %s, %s weights (%.0f MiB)",
         checkpoint.name,
@@ -128,6 +157,10 @@ def load_model(checkpoint, *, dtype: str, device: str, weights: str, max_positio
         model.weight_bytes / 2**20,
     )
     return model
+
+
+def _linears(model) -> list:
+    return [getattr(model, "lm_head", None)] + [m for layer in model.layers for m in layer.linears]
 
 
 __all__ = ["ARCHITECTURES", "SUPPORTED_MODEL_TYPES", "ModelConfig", "UnsupportedModelError", "load_model"]

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from trtedge.runtime.ops.linear import make_linear
+from trtedge.runtime.ops.linear import cat_weights, make_linear
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
@@ -43,7 +43,8 @@ def group_by_layer(
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(num_layers)]
     top: dict[str, torch.Tensor] = {}
     for name, tensor in tensors:
-        tensor = tensor.to(device=device, dtype=dtype)
+        if isinstance(tensor, torch.Tensor):  # quantized weights stay as they are (CPU)
+            tensor = tensor.to(device=device, dtype=dtype)
         m = _LAYER.fullmatch(name)
         if m:
             index = int(m.group(1))
@@ -65,7 +66,7 @@ def fused(
             missing = next(p for p in parts if p + suffix not in w)
             raise ValueError(f"checkpoint has no tensor {missing + suffix!r}")
         return None
-    return torch.cat([w[p + suffix] for p in parts])
+    return cat_weights([w[p + suffix] for p in parts])
 
 
 def require(tensors: dict, name: str) -> torch.Tensor:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 
 from trtedge.runtime.models.config import ModelConfig
 from trtedge.runtime.models.layers import (
@@ -22,7 +21,7 @@ from trtedge.runtime.models.rope import partial_rotary_order, permute_heads, rop
 from trtedge.runtime.ops import cpu_kernels as kernels
 from trtedge.runtime.ops import triton_attention
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
-from trtedge.runtime.ops.linear import make_linear
+from trtedge.runtime.ops.linear import embedding, make_linear
 
 
 class LlamaLayer:
@@ -45,7 +44,9 @@ class LlamaLayer:
         self.post_norm = require(w, "post_attention_layernorm.weight")
         self.window = cfg.sliding_windows[index]
         self.rope = "local" if self.window and cfg.local_rope is not None else "global"
-        backend = CudaAttention if qkv_w.is_cuda and triton_attention.available() else TorchAttention
+        backend = (
+            CudaAttention if self.input_norm.is_cuda and triton_attention.available() else TorchAttention
+        )
         self.attention = backend(cfg.attention_scale, self.window, cfg.attn_logit_softcapping)
 
     def _permute_for_partial_rotary(self, t: torch.Tensor | None) -> torch.Tensor | None:
@@ -135,7 +136,7 @@ class LlamaModel:
         return GatedMLP.from_layer(w, self.cfg.hidden_act, weight_format)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.embed)
+        return embedding(input_ids, self.embed)
 
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
         if self.decode_kernels is not None and batch.is_decode and not self.aux_layers:

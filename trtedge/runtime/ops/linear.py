@@ -1,8 +1,8 @@
-"""Linear layers: dense (any dtype) and int8 weight-only for the CPU.
+"""Linear layers: dense (any dtype) and weight-only int8 / int4 for the CPU.
 
-Int8 weights keep one float32 scale per output row; activations stay float32. Small batches
-(decode) run a native kernel that reads the int8 bytes directly; larger ones (prefill) dequantize
-the layer and use the dense product.
+Quantized weights come as ``QuantizedTensor`` (see ``runtime.quantize``); activations stay
+float32. Small batches (decode) run native kernels that read the packed bytes directly; larger ones
+(prefill) dequantize the layer and use the dense product.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from trtedge.runtime.ops import cpu_kernels, triton_gemv
+from trtedge.runtime.quantize import QuantizedTensor, quantize, quantize_int8
 
-_KERNEL_MAX_ROWS = 256  # above this, dequantizing once for the BLAS product is faster
+_KERNEL_MAX_ROWS = 256  # above this, dequantizing once for the BLAS product is faster (int8)
+_INT4_KERNEL_MAX_ROWS = 64
 
 
 class DenseLinear:
@@ -32,26 +34,20 @@ class DenseLinear:
         return self.weight.numel() * self.weight.element_size()
 
 
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8: returns (int8 weight, float32 scale per row)."""
-    w = weight.float()
-    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return q.contiguous(), scale.contiguous()
-
-
 class Int8Linear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib):
-        self.qweight, self.scale = quantize_int8(weight)
+    def __init__(self, weight: torch.Tensor | QuantizedTensor, bias: torch.Tensor | None, lib):
+        q = weight if isinstance(weight, QuantizedTensor) else quantize_int8(weight)
+        self.quantized = q
+        self.qweight, self.scale = q.data, q.scale.float().contiguous()
         self.bias = None if bias is None else bias.float().contiguous()
         self.lib = lib
 
     def dequantized(self) -> torch.Tensor:
-        return self.qweight.float() * self.scale[:, None]
+        return self.quantized.dequantize()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] > _KERNEL_MAX_ROWS:
+        if rows.shape[0] > _KERNEL_MAX_ROWS or self.lib is None:
             out = F.linear(rows, self.dequantized(), self.bias)
         else:
             out = cpu_kernels.int8_linear(self.lib, rows.contiguous(), self.qweight, self.scale, self.bias)
@@ -59,13 +55,79 @@ class Int8Linear:
 
     @property
     def nbytes(self) -> int:
-        return self.qweight.numel() + 4 * self.scale.numel()
+        return self.quantized.nbytes
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, weight_format: str):
-    if weight_format == "int8":
-        return Int8Linear(weight, bias, cpu_kernels.load())
+class Int4Linear:
+    """Group-32 asymmetric int4 weights (see ``runtime.quantize``)."""
+
+    def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None, lib):
+        self.quantized = weight
+        self.bias = None if bias is None else bias.float().contiguous()
+        self.lib = lib
+        self.out_features, self.in_features = weight.shape
+        # the kernel's weight arguments, resolved once: a decode step calls this ~100 times
+        self._weights = (weight.data.data_ptr(), weight.scale.data_ptr(), weight.min.data_ptr())
+        self._bias = 0 if self.bias is None else self.bias.data_ptr()
+
+    def dequantized(self) -> torch.Tensor:
+        if self.lib is None:
+            return self.quantized.dequantize()
+        return cpu_kernels.int4_dequantize(self.lib, self.quantized)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        m = rows.shape[0]
+        if m > _INT4_KERNEL_MAX_ROWS or self.lib is None:
+            out = F.linear(rows, self.dequantized(), self.bias)
+        else:
+            rows = rows.float().contiguous()
+            out = torch.empty(m, self.out_features)
+            w, scale, mins = self._weights
+            self.lib.int4_linear(
+                rows.data_ptr(),
+                m,
+                self.in_features,
+                w,
+                scale,
+                mins,
+                self._bias,
+                out.data_ptr(),
+                self.out_features,
+            )
+        return out.view(*x.shape[:-1], self.out_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self.quantized.nbytes
+
+
+def make_linear(weight, bias: torch.Tensor | None, weight_format: str = "float"):
+    """A layer for ``weight``: quantized tensors keep their format; float ones are quantized when
+    ``weight_format`` is int8 / int4 (load-time quantization of a checkpoint that is not a bundle)."""
+    if not isinstance(weight, QuantizedTensor) and weight_format in ("int8", "int4"):
+        weight = quantize(weight, weight_format)
+    if isinstance(weight, QuantizedTensor):
+        lib = cpu_kernels.load()
+        return Int4Linear(weight, bias, lib) if weight.format == "int4" else Int8Linear(weight, bias, lib)
     return DenseLinear(weight, bias)
+
+
+def cat_weights(parts: list) -> torch.Tensor | QuantizedTensor:
+    """Concatenate the rows of weights (fused qkv / gate_up): float, or quantized in one format
+    (mixed formats are requantized to int8)."""
+    if not any(isinstance(p, QuantizedTensor) for p in parts):
+        return torch.cat(parts)
+    formats = {p.format if isinstance(p, QuantizedTensor) else "float" for p in parts}
+    if len(formats) > 1:
+        parts = [quantize_int8(p.dequantize() if isinstance(p, QuantizedTensor) else p) for p in parts]
+    return QuantizedTensor.cat(parts)
+
+
+def embedding(ids: torch.Tensor, weight) -> torch.Tensor:
+    if isinstance(weight, QuantizedTensor):
+        return weight.rows(ids)
+    return F.embedding(ids, weight)
 
 
 def int8_available() -> bool:

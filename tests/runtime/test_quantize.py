@@ -1,0 +1,104 @@
+"""Quantized weights: int8 / int4 layers against their dequantized reference, GGUF Q4 blocks carried
+over without loss, and `--weights int4` bundles of a float checkpoint."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.tiny import make_tiny_checkpoint
+from trtedge.runtime.bundle import BuildProfile, cache_key, fingerprint, prepare_bundle
+from trtedge.runtime.models import load_model
+from trtedge.runtime.ops import cpu_kernels
+from trtedge.runtime.ops.linear import Int4Linear, Int8Linear, make_linear
+from trtedge.runtime.quantize import (
+    GROUP,
+    int4_from_gguf_blocks,
+    pack_int4,
+    quantize_int4,
+    quantize_int8,
+    unpack_int4,
+)
+
+
+@pytest.mark.parametrize("cols", [32, 96, 576])
+def test_int4_quantize_error_is_within_half_a_step(cols):
+    torch.manual_seed(0)
+    w = torch.randn(40, cols) * 0.05 + 0.01
+    q = quantize_int4(w)
+    assert q.data.dtype == torch.uint8 and q.data.shape == (40, cols // 2)
+    step = q.scale.float().repeat_interleave(GROUP, dim=1)
+    err = (q.dequantize() - w).abs()
+    assert (err <= step / 2 + 1e-3 * w.abs().max()).all()
+    assert err.mean() < 0.3 * step.mean()  # a real quantizer, not a constant
+    values = torch.randint(0, 16, (5, cols), dtype=torch.uint8)
+    assert torch.equal(unpack_int4(pack_int4(values)), values)
+
+
+def test_int4_rejects_input_dims_not_a_multiple_of_the_group():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_int4(torch.randn(4, 48))
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_gguf_q4_blocks_map_to_int4_without_loss(kind):
+    rng = np.random.default_rng(0)
+    rows, cols = 6, 96
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
+    raw = rng.integers(0, 256, (rows, cols // 32, block_bytes), dtype=np.uint8)
+    scales = (rng.standard_normal((rows, cols // 32, 2)) * 0.01).astype(np.float16)
+    raw[..., 0:4] = scales.view(np.uint8).reshape(rows, cols // 32, 4)  # finite d (and m)
+    raw = raw.reshape(rows, -1)
+    reference = gguf.quants.dequantize(raw, qtype).reshape(rows, cols)
+    mapped = int4_from_gguf_blocks(raw, kind, rows, cols)
+    np.testing.assert_array_equal(mapped.dequantize().numpy(), reference.astype(np.float32))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5, 40])
+@pytest.mark.parametrize("shape", [(64, 64), (130, 576), (8, 96), (5, 608)])
+def test_quantized_linears_match_dequantized_product(rows, shape):
+    torch.manual_seed(1)
+    n, k = shape
+    weight, bias, x = torch.randn(n, k) * 0.1, torch.randn(n), torch.randn(rows, k)
+    for layer in (make_linear(weight, bias, "int4"), make_linear(weight, bias, "int8")):
+        ref = F.linear(x, layer.dequantized(), bias)
+        out = layer(x)
+        # the int4 kernel quantizes activations to int16 per block of 32: close to exact
+        tol = 1e-3 * ref.abs().max().item() if isinstance(layer, Int4Linear) else 1e-4
+        torch.testing.assert_close(out, ref, rtol=0, atol=tol)
+    assert isinstance(make_linear(quantize_int8(weight), None), Int8Linear)
+
+
+def test_int4_profile_has_its_own_cache_key(tmp_path):
+    path = make_tiny_checkpoint(tmp_path / "tiny", "llama")
+    fp = fingerprint(path)[0]
+    keys = {w: cache_key(fp, None, BuildProfile(weights=w)) for w in ("bf16", "int4", "int8", "fp32")}
+    assert len(set(keys.values())) == 4
+
+
+@pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler for the native CPU kernels")
+def test_weights_int4_quantizes_a_float_checkpoint(tmp_path):
+    from safetensors import safe_open
+
+    path = make_tiny_checkpoint(tmp_path / "tiny", "llama")
+    bundle = prepare_bundle(str(path), BuildProfile(weights="int4"), cache_dir=tmp_path / "cache")
+    try:
+        section = bundle.manifest["components"]["llm"]["weights"]
+        assert not section["externalized"]
+        quant = section["quantization"]
+        assert quant["mode"] == "int4" and quant["int4"]["group_size"] == 32
+        assert quant["int4"]["symmetric"] is False
+        with safe_open(str(bundle.path / section["files"][0]), framework="pt") as f:
+            names = set(f.keys())
+        assert "model.layers.0.mlp.down_proj.weight.int4" in names
+        assert "model.layers.0.mlp.down_proj.weight" not in names
+        assert "model.embed_tokens.weight.int8" in names  # embeddings keep 8 bits
+        model = load_model(bundle, dtype="float32", device="cpu", weights="int4", max_positions=64)
+        assert isinstance(model.layers[0].gate_up, Int4Linear)
+        assert model.layers[1].qkv.nbytes < 64 * 128  # packed: under a byte per weight
+    finally:
+        bundle.release()

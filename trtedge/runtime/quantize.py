@@ -1,0 +1,212 @@
+"""Weight-only quantized tensors as bundles store them, with their dequantize reference.
+
+int8: symmetric per output row, ``w = scale[n] * q`` (q in -127..127, scale float32).
+int4: asymmetric per group of 32 along the input dimension, ``w = scale * q + min`` (q in 0..15,
+scale and min float16), the class of llama.cpp's Q4_1; Q4_0 (``d * (q - 8)``) and Q4_1 blocks map
+onto it without loss. Packing, per row: each span of 64 inputs (two groups) is 32 bytes whose byte j
+holds input j in the low nibble and input 32 + j in the high nibble; an odd last group is 16 bytes,
+byte j holding inputs j and 16 + j. The native kernel reads that layout directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+GROUP = 32
+FORMATS = ("int8", "int4")
+# What a bundle's manifest records about its quantized tensors.
+QUANTIZATION_LAYOUT = {
+    "int8": {"granularity": "row", "symmetric": True, "scale": "float32"},
+    "int4": {"group_size": GROUP, "symmetric": False, "scale": "float16", "min": "float16"},
+}
+# Suffixes of the stored tensors: "<name>.int4", "<name>.int4_scale", ...
+_PARTS = {"int8": ("int8", "int8_scale"), "int4": ("int4", "int4_scale", "int4_min")}
+
+
+@dataclass
+class QuantizedTensor:
+    """A quantized 2-D weight [rows, cols]: ``data`` plus ``scale`` (and ``min`` for int4)."""
+
+    format: str
+    data: torch.Tensor
+    scale: torch.Tensor
+    min: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, width = self.data.shape
+        return (rows, width * 2) if self.format == "int4" else (rows, width)
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.data, self.scale, self.min)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.format == "int8":
+            return (self.data.float() * self.scale.float()[:, None]).to(dtype)
+        q = unpack_int4(self.data).float().view(self.shape[0], -1, GROUP)
+        w = q * self.scale.float()[..., None] + self.min.float()[..., None]
+        return w.view(self.shape).to(dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Dequantized rows ``ids`` (an embedding lookup), float32."""
+        part = QuantizedTensor(
+            self.format,
+            self.data[ids.reshape(-1)],
+            self.scale[ids.reshape(-1)],
+            None if self.min is None else self.min[ids.reshape(-1)],
+        )
+        return part.dequantize().view(*ids.shape, self.shape[1])
+
+    def select_rows(self, index: torch.Tensor) -> QuantizedTensor:
+        return QuantizedTensor(
+            self.format, self.data[index], self.scale[index], None if self.min is None else self.min[index]
+        )
+
+    def stored(self, name: str) -> dict[str, torch.Tensor]:
+        tensors = (self.data, self.scale, self.min)
+        return {f"{name}.{suffix}": t.contiguous() for suffix, t in zip(_PARTS[self.format], tensors)}
+
+    @staticmethod
+    def cat(parts: list[QuantizedTensor]) -> QuantizedTensor:
+        first = parts[0]
+        if any(p.format != first.format for p in parts):
+            raise ValueError("cannot concatenate weights quantized in different formats")
+        mins = None if first.min is None else torch.cat([p.min for p in parts])
+        return QuantizedTensor(
+            first.format, torch.cat([p.data for p in parts]), torch.cat([p.scale for p in parts]), mins
+        )
+
+
+def quantized_name(stored: str) -> tuple[str, str, str] | None:
+    """'x.weight.int4_scale' -> ('x.weight', 'int4', 'int4_scale'); None for a plain tensor."""
+    base, _, suffix = stored.rpartition(".")
+    for fmt, parts in _PARTS.items():
+        if suffix in parts:
+            return base, fmt, suffix
+    return None
+
+
+def gather(tensors: dict[str, torch.Tensor]):
+    """Group stored tensors back into plain tensors and QuantizedTensors, by their plain name."""
+    plain: dict[str, object] = {}
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        parsed = quantized_name(name)
+        if parsed is None:
+            plain[name] = tensor
+            continue
+        base, fmt, suffix = parsed
+        pending.setdefault(base, {"format": fmt})[suffix] = tensor
+    for base, parts in pending.items():
+        fmt = parts["format"]
+        names = _PARTS[fmt]
+        if any(n not in parts for n in names):
+            raise ValueError(f"quantized tensor {base!r} is incomplete (needs {', '.join(names)})")
+        plain[base] = QuantizedTensor(fmt, *(parts[n] for n in names))
+    return plain
+
+
+# ---- int8 ------------------------------------------------------------------------------------------
+def quantize_int8(weight: torch.Tensor) -> QuantizedTensor:
+    """Symmetric per-row int8 with a float32 scale per row."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return QuantizedTensor("int8", q.contiguous(), scale.contiguous())
+
+
+# ---- int4 ------------------------------------------------------------------------------------------
+def int4_supported(shape) -> bool:
+    return len(shape) == 2 and shape[1] % GROUP == 0
+
+
+def _span_order(cols: int) -> np.ndarray:
+    """order[b] = (low input, high input) of packed byte b of one row, as flat index arrays."""
+    lows, highs = [], []
+    for start in range(0, cols, 2 * GROUP):
+        half = min(2 * GROUP, cols - start) // 2
+        lows.append(np.arange(start, start + half))
+        highs.append(np.arange(start + half, start + 2 * half))
+    return np.concatenate(lows), np.concatenate(highs)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """uint8 values 0..15 [rows, cols] -> packed uint8 [rows, cols / 2] in the kernel layout."""
+    low, high = _span_order(q.shape[1])
+    q = q.to(torch.uint8)
+    return (q[:, low] | (q[:, high] << 4)).contiguous()
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    rows, width = packed.shape
+    low, high = _span_order(width * 2)
+    q = torch.empty(rows, width * 2, dtype=torch.uint8)
+    q[:, low] = packed & 0x0F
+    q[:, high] = packed >> 4
+    return q
+
+
+def quantize_int4(weight: torch.Tensor) -> QuantizedTensor:
+    """Asymmetric group-32 int4 (min-max per group); scale and min rounded to float16 first."""
+    rows, cols = weight.shape
+    if cols % GROUP:
+        raise ValueError(f"int4 needs the input dimension to be a multiple of {GROUP}, got {cols}")
+    w = weight.float().view(rows, cols // GROUP, GROUP)
+    lo, hi = w.amin(dim=-1), w.amax(dim=-1)
+    scale = ((hi - lo) / 15.0).to(torch.float16)
+    low = lo.to(torch.float16)
+    s = scale.float().clamp(min=1e-30)[..., None]
+    q = torch.round((w - low.float()[..., None]) / s).clamp(0, 15).to(torch.uint8)
+    return QuantizedTensor("int4", pack_int4(q.view(rows, cols)), scale.contiguous(), low.contiguous())
+
+
+def int4_from_gguf_blocks(blocks: np.ndarray, kind: str, rows: int, cols: int) -> QuantizedTensor:
+    """Q4_0 / Q4_1 block bytes [rows, cols / 32 * block] -> int4 with no loss of information."""
+    groups = cols // GROUP
+    raw = np.ascontiguousarray(blocks).reshape(rows, groups, -1)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0]
+    if kind == "Q4_1":
+        m = raw[..., 2:4].copy().view(np.float16)[..., 0]
+        qs = raw[..., 4:20]
+    elif kind == "Q4_0":
+        m = (d.astype(np.float32) * -8.0).astype(np.float16)  # times a power of two: exact
+        qs = raw[..., 2:18]
+    else:
+        raise ValueError(f"no direct int4 mapping for GGUF type {kind}")
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)  # Q4 block: j and 16 + j
+    return QuantizedTensor(
+        "int4", pack_int4(torch.from_numpy(q)), torch.from_numpy(d.copy()), torch.from_numpy(m.copy())
+    )
+
+
+def quantize(weight: torch.Tensor, fmt: str) -> QuantizedTensor:
+    return quantize_int4(weight) if fmt == "int4" else quantize_int8(weight)
+
+
+# ---- which tensors are quantized, and how -----------------------------------------------------------
+_INT4_SOURCES = ("Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS")
+_FLOAT_SOURCES = ("F32", "F16", "BF16", "F64")
+_EMBEDDINGS = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def target_format(name: str, shape, mode: str, source_type: str | None = None) -> str | None:
+    """The format tensor ``name`` is stored and run in for weights ``mode``; None keeps it float.
+
+    int4 covers the decoder's linear layers; embeddings and lm_head (and any input dimension that is
+    not a multiple of 32) take int8, as llama.cpp's Q4 files keep their token embedding in Q8_0.
+    auto follows a GGUF tensor's own class: Q4_* -> int4, other quantized types -> int8.
+    """
+    if len(shape) != 2 or not name.endswith(".weight"):
+        return None
+    if mode == "auto":
+        if not source_type or source_type in _FLOAT_SOURCES:
+            return None
+        mode = "int4" if source_type in _INT4_SOURCES else "int8"
+    if mode == "int4":
+        return "int4" if name not in _EMBEDDINGS and int4_supported(shape) else "int8"
+    return "int8" if mode == "int8" else None
