@@ -98,7 +98,7 @@ def test_weights_int4_quantizes_a_float_checkpoint(tmp_path):
         assert "model.layers.0.mlp.down_proj.weight" not in names
         assert "model.embed_tokens.weight.int8" in names  # embeddings keep 8 bits
         model = load_model(bundle, dtype="float32", device="cpu", weights="int4", max_positions=64)
-        assert isinstance(model.layers[0].gate_up, Int4Linear)
+        assert isinstance(model.layers[0].mlp.gate_up, Int4Linear)
         assert model.layers[1].qkv.nbytes < 64 * 128  # packed: under a byte per weight
     finally:
         bundle.release()

@@ -67,8 +67,9 @@ class Int4Linear:
         self.lib = lib
         self.out_features, self.in_features = weight.shape
         # the kernel's weight arguments, resolved once: a decode step calls this ~100 times
-        self._weights = (weight.data.data_ptr(), weight.scale.data_ptr(), weight.min.data_ptr())
-        self._bias = 0 if self.bias is None else self.bias.data_ptr()
+        bias_ptr = 0 if self.bias is None else self.bias.data_ptr()
+        self._weights = (weight.data.data_ptr(), weight.scale.data_ptr(), weight.min.data_ptr(), bias_ptr)
+        self._kernel = None if lib is None else lib.int4_linear
 
     def dequantized(self) -> torch.Tensor:
         if self.lib is None:
@@ -76,26 +77,18 @@ class Int4Linear:
         return cpu_kernels.int4_dequantize(self.lib, self.quantized)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         m = rows.shape[0]
-        if m > _INT4_KERNEL_MAX_ROWS or self.lib is None:
+        if m > _INT4_KERNEL_MAX_ROWS or self._kernel is None:
             out = F.linear(rows, self.dequantized(), self.bias)
         else:
-            rows = rows.float().contiguous()
+            if rows.dtype != torch.float32 or not rows.is_contiguous():
+                rows = rows.float().contiguous()
             out = torch.empty(m, self.out_features)
-            w, scale, mins = self._weights
-            self.lib.int4_linear(
-                rows.data_ptr(),
-                m,
-                self.in_features,
-                w,
-                scale,
-                mins,
-                self._bias,
-                out.data_ptr(),
-                self.out_features,
+            self._kernel(
+                rows.data_ptr(), m, self.in_features, *self._weights, out.data_ptr(), self.out_features
             )
-        return out.view(*x.shape[:-1], self.out_features)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
     @property
     def nbytes(self) -> int:
