@@ -83,8 +83,13 @@ def dummy_tensors(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
         yield "lm_head.weight", rand(cfg.vocab_size, h)
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        shapes = {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
-                  "self_attn.o_proj": (h, q), **_mlp_shapes(cfg, i)}
+        shapes = {
+            "self_attn.q_proj": (q, h),
+            "self_attn.k_proj": (kv, h),
+            "self_attn.v_proj": (kv, h),
+            "self_attn.o_proj": (h, q),
+            **_mlp_shapes(cfg, i),
+        }
         for name, shape in shapes.items():
             yield p + name + ".weight", rand(*shape)
         if cfg.qkv_bias:
@@ -117,32 +122,28 @@ def _mlp_shapes(cfg: ModelConfig, index: int) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def load_model(checkpoint, *, dtype: str, device: str, weights: str, max_positions: int, load_format: str = "auto"):
+def load_model(
+    checkpoint, *, dtype: str, device: str, weights: str, max_positions: int, load_format: str = "auto"
+):
     cfg = checkpoint.model_config
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, cfg, dev)
     cls = ARCHITECTURES[cfg.model_type]
-    # partial-rotary layouts permute the fused qkv rows at load: those take float weights
-    native = (
-        native_quantized(dev, torch_dtype)
-        and cls in _QUANTIZED_ARCHITECTURES
-        and cfg.rotary_dim == cfg.head_dim
-    )
-    if weights in ("int8", "int4") and not native:
+    kernels = native_quantized(dev, torch_dtype)
+    # Families (and partial-rotary layouts, which permute the fused qkv rows) that take no quantized
+    # tensors get them dequantized, and quantize float weights to int8 themselves at load.
+    aware = cls in _QUANTIZED_ARCHITECTURES and cfg.rotary_dim == cfg.head_dim
+    native = kernels and aware
+    own_format = "int8" if kernels and not aware and _quantizes(weights, checkpoint) else "float"
+    if weights in ("int8", "int4") and not kernels:
         log.warning(
             "weights %s run dequantized to %s here (the int kernels are CPU float32 only)",
             weights,
             torch_dtype,
         )
     tensors = dummy_tensors(cfg, torch_dtype, dev) if load_format == "dummy" else checkpoint.iter_tensors()
-    model = cls(
-        cfg,
-        prepare_tensors(tensors, checkpoint, weights, native, torch_dtype),
-        torch_dtype,
-        dev,
-        "float",
-        max_positions,
-    )
+    tensors = prepare_tensors(tensors, checkpoint, weights, native, torch_dtype)
+    model = cls(cfg, tensors, torch_dtype, dev, own_format, max_positions)
     weight_format = "+".join(
         sorted({type(m).__name__.removesuffix("Linear").lower() for m in _linears(model)})
     )
@@ -157,6 +158,13 @@ def load_model(checkpoint, *, dtype: str, device: str, weights: str, max_positio
         model.weight_bytes / 2**20,
     )
     return model
+
+
+def _quantizes(weights: str, checkpoint) -> bool:
+    if weights in ("int8", "int4"):
+        return True
+    sources = (checkpoint.quantization or {}).values()
+    return weights == "auto" and any(str(t).startswith(("Q", "IQ")) for t in sources)
 
 
 def _linears(model) -> list:
