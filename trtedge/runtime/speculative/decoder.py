@@ -50,7 +50,6 @@ def eligible(seq: Sequence) -> bool:
         and p.repetition_penalty == 1.0
         and p.frequency_penalty == 0.0
         and p.presence_penalty == 0.0
-        and seq.matcher is None
         and seq.num_output_tokens >= 1
         and seq.num_computed_tokens == seq.num_tokens - 1
     )
@@ -101,6 +100,8 @@ class SpeculativeDecoder:
                 self.proposer.verified(seq, draft, [], None)
                 continue
             draft = draft.truncate(size)
+            if seq.matcher is not None and not draft.is_chain:  # guides mask a chain node by node
+                draft = draft.first_path()
             self.blocks.grow(seq, seq.num_computed_tokens + 1 + size)
             spare -= size
             kept.append((seq, draft))
@@ -111,6 +112,8 @@ class SpeculativeDecoder:
         offset = 0
         for seq, draft in kept:
             rows_logits = logits[offset : offset + len(draft) + 1]
+            if seq.matcher is not None:
+                rows_logits = _with_guide(rows_logits, seq, draft)
             verdict = verify(_with_bias(rows_logits, seq), seq, draft)
             seq_aux = None
             if aux is not None:
@@ -146,6 +149,9 @@ class SpeculativeDecoder:
         runner = self.runner
         model, bs, device = runner.model, runner.block_size, runner.model.device
         ids, positions, slots, query_lens, context_lens, tables, masks = [], [], [], [], [], [], []
+        # Chains run as one decode row per node (row i sees the context up to itself): the fused
+        # decode kernels (native CPU, Triton) apply; a tree needs its ancestor mask.
+        rows_per_node = all(draft.is_chain for _, draft in kept)
         for seq, draft in kept:
             start = seq.num_computed_tokens
             count = len(draft) + 1
@@ -153,11 +159,17 @@ class SpeculativeDecoder:
             positions.extend(start + d for d in draft.depths())
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + count))
+            if rows_per_node:
+                for end in range(start + 1, start + count + 1):
+                    query_lens.append(1)
+                    context_lens.append(end)
+                    tables.append(table[: -(-end // bs)])
+                continue
             query_lens.append(count)
             context_lens.append(start + count)
             tables.append(table[: -(-(start + count) // bs)])
             masks.append(None if draft.is_chain else span_mask(start, draft.ancestor_mask(device)))
-        attn = runner._attention_batch(slots, query_lens, context_lens, tables, decode=False)
+        attn = runner._attention_batch(slots, query_lens, context_lens, tables, decode=rows_per_node)
         if any(m is not None for m in masks):
             # the Triton varlen kernel is causal only: token trees take the torch reference path
             attn.masks, attn.prefill_plan = masks, None
@@ -199,4 +211,26 @@ def _with_bias(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
     logits = logits.clone()
     ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
     logits[:, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+    return logits
+
+
+def _with_guide(logits: torch.Tensor, seq: Sequence, draft: Draft) -> torch.Tensor:
+    """Mask every node's logits with the structured-output guide's state after the draft tokens
+    before it; the matcher is rolled back afterwards (the engine accepts the tokens it emits)."""
+    from trtedge.runtime.guided import apply_bitmask
+
+    matcher, count = seq.matcher, len(draft) + 1
+    bitmask = torch.full((count, -(-logits.shape[-1] // 32)), -1, dtype=torch.int32)
+    accepted = 0
+    for node in range(count):
+        matcher.fill_next_token_bitmask(bitmask, node)
+        if node == len(draft) or not matcher.accept_token(draft.tokens[node]):
+            break  # later nodes follow a token the guide forbids: the verifier never reaches them
+        accepted += 1
+        if matcher.is_terminated():
+            break
+    if accepted:
+        matcher.rollback(accepted)
+    logits = logits.clone()
+    apply_bitmask(logits, bitmask, list(range(count)))
     return logits

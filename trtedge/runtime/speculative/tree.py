@@ -31,6 +31,15 @@ class Draft:
     def truncate(self, num_tokens: int) -> Draft:
         return Draft(self.tokens[:num_tokens], self.parents[:num_tokens])
 
+    def first_path(self) -> Draft:
+        """The chain of first children from the root (the draft's best guess along one path)."""
+        kids = self.children()
+        tokens, node = [], 0
+        while kids[node]:
+            node = kids[node][0]
+            tokens.append(self.tokens[node - 1])
+        return Draft.chain(tokens)
+
     def depths(self) -> list[int]:
         """Depth of every node, root included (root 0)."""
         depth = [0]
