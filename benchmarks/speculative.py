@@ -125,7 +125,7 @@ def device(args) -> None:
                 str(target), load_format="dummy", max_kv_cache_capacity=2048, speculative_config=spec
             ) as llm:
                 rows.append((name, run(llm, prompt, args.tokens, args.repeats)))
-    table(f"Qwen3-0.6B shape (random weights, {rows and 'device'}), batch 1, {args.tokens} new tokens", rows)
+    table(f"Qwen3-0.6B shape (random weights), batch 1, {args.tokens} new tokens", rows)
 
 
 def main() -> None:
