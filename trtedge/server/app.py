@@ -117,6 +117,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
     app = Starlette(routes=routes)
     app.state.admission = admission
     app.state.serving = serving
+    app.state.anthropic = anthropic
     app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
     app.add_middleware(_CountRequests, metrics=metrics)
     return app
