@@ -293,7 +293,8 @@ def test_metrics_once_per_stream_and_only_with_a_callback(tiny_path):
         assert one.metrics.decoded_tokens == 0 and one.metrics.decode_tokens_per_second == 0
         assert one.metrics.generated_tokens == 1
 
-        def broken(*args):
+        def broken(*args):  # fails once; the engine's restart probe then finds the device working
+            llm.engine.runner.run = run
             raise RuntimeError("device on fire")
 
         run, llm.engine.runner.run = llm.engine.runner.run, broken
@@ -306,6 +307,7 @@ def test_metrics_once_per_stream_and_only_with_a_callback(tiny_path):
         assert wait_until(lambda: len(failed) == 1)
         assert failed[0].finish_reason == "error"
         assert llm.generate([5, 6], GREEDY).finish_reason == "length"  # the engine keeps serving
+        assert llm.stats()["restarts"] == 1
 
 
 def test_preemption_under_a_tiny_pool_still_gets_every_answer_right(tiny_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
 from trtedge.runtime.bundle import BuildProfile, prepare_bundle
 from trtedge.runtime.checkpoint import config_only_checkpoint, resolve_checkpoint
-from trtedge.runtime.engine import Engine, EngineConfig
+from trtedge.runtime.engine import Engine, EngineConfig, EngineError, EngineUnavailableError
 from trtedge.runtime.guided import GuidedUnavailableError
 from trtedge.runtime.guided import available as structured_output_available
 from trtedge.runtime.models import load_model
@@ -326,6 +326,7 @@ class LLM:
             "joined_mid_flight": stats.joined_mid_flight,
             "preemptions": stats.preemptions,
             "steps": stats.steps,
+            "restarts": stats.restarts,
             "engine_error": self._engine_error(),
             "speculative": self.speculative_metrics(),
         }
@@ -412,6 +413,8 @@ def _engine_options(options: dict) -> dict:
 __all__ = [
     "LLM",
     "ConfigError",
+    "EngineError",
+    "EngineUnavailableError",
     "GuidedUnavailableError",
     "PromptTooLongError",
     "structured_output_available",

@@ -6,7 +6,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -216,25 +215,6 @@ def test_two_processes_build_once_and_both_succeed(tiny, cache_dir):
     assert words == ["built", "reused"]
     assert len({out.split()[1] for out, _ in outputs}) == 1
     assert len(list((cache_dir / "bundles").iterdir())) == 1
-
-
-def test_kill_9_during_build_leaves_nothing_used_and_next_launch_completes(tiny, cache_dir, monkeypatch):
-    proc = _spawn(tiny, cache_dir, delay=60)
-    bundles = cache_dir / "bundles"
-    deadline = time.monotonic() + 60
-    while not list(bundles.glob(".tmp-*/config.json")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    key = _key(tiny)
-    assert not (bundles / key).exists() and list(bundles.glob(".tmp-*"))
-
-    monkeypatch.delenv("TRTEDGE_TEST_BUILD_DELAY", raising=False)
-    bundle = prepare_bundle(str(tiny), cache_dir=cache_dir)
-    bundle.release()
-    assert bundle.built and bundle.key == key
-    assert sorted(p.name for p in bundles.iterdir()) == [key]  # the killed build's temp dir is gone
 
 
 # ---- eviction -----------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ipaddress
 import logging
 import re
 import signal
@@ -33,6 +34,11 @@ def serve(
     ),
     api_key: str = typer.Option(
         None, "--api-key", envvar="TRTEDGE_API_KEY", help="Require this key on /v1/* (also $TRTEDGE_API_KEY)."
+    ),
+    api_key_file: str = typer.Option(
+        None,
+        "--api-key-file",
+        help='JSON {"tenant": "key", ...}: keys accepted on /v1/*; each tenant\'s cached prefixes are its own.',
     ),
     reasoning_parser: str = typer.Option(
         "auto",
@@ -158,7 +164,8 @@ def _serve(print_config: bool, settings: dict) -> None:
     launch_keys += ("enable_in_flight_batching", "dtype", "device", "weights", "min_request_priority")
     launch_keys += ("load_format", "tensor_parallel_size", "distributed_init_method")
     launch_kwargs = {"model": model, **{k: v[k] for k in launch_keys}}
-    serve_keys = ("host", "port", "served_model_name", "api_key", "reasoning_parser", "tool_call_parser")
+    serve_keys = ("host", "port", "served_model_name", "api_key", "api_key_file", "reasoning_parser")
+    serve_keys += ("tool_call_parser",)
     serve_keys += ("enable_auto_tool_choice", "max_queued_requests", "queue_timeout")
     serve_keys += ("allowed_local_media_path", "engine_cache_max_size_gb", "clear_engine_cache")
     try:
@@ -181,6 +188,12 @@ def _serve(print_config: bool, settings: dict) -> None:
     )
     from trtedge import LLM, CheckpointError
 
+    if not config.api_key and not config.api_keys and not is_loopback(config.host):
+        typer.echo(
+            f"warning: serving on {config.host} without --api-key: anyone who can reach this port can use "
+            "the model; pass --api-key (or --api-key-file) or bind 127.0.0.1",
+            err=True,
+        )
     if model is None:
         typer.echo("Using the embedded default model SmolLM2-135M-Instruct (pass MODEL to choose another).")
     del launch_kwargs["model"]
@@ -212,6 +225,8 @@ async def _run(llm, config) -> None:
     import uvicorn
 
     from trtedge.server.app import build_app
+    from trtedge.server.config import KEEP_ALIVE_TIMEOUT
+    from trtedge.server.http import GuardedH11Protocol
 
     app = build_app(llm, config)
     server = uvicorn.Server(
@@ -223,6 +238,8 @@ async def _run(llm, config) -> None:
             access_log=config.log_level in ("debug", "trace"),
             lifespan="off",
             timeout_graceful_shutdown=None,
+            http=GuardedH11Protocol,
+            timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
         )
     )
     watcher = asyncio.ensure_future(_announce_and_watch(server, app, llm, config))
@@ -266,6 +283,15 @@ async def _announce_and_watch(server, app, llm, config) -> None:
         f"{admission.num_waiting} queued request(s)"
     )
     sys.stdout.flush()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _with_source(message: str, settings: dict) -> str:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trtedge.runtime.faults import FaultInjector
 from trtedge.runtime.guided import GuidedDecoding
 from trtedge.runtime.kv_cache import BlockManager
 from trtedge.runtime.runner import ModelRunner
@@ -27,6 +28,14 @@ from trtedge.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 log = logging.getLogger("trtedge")
 
 MAX_CONSECUTIVE_FAILURES = 3
+
+
+class EngineError(RuntimeError):
+    """A model step failed while this request was in it. The engine restarted and serves new requests."""
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine has stopped (it failed and could not restart, or it was shut down)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class EngineStats:
     joined_mid_flight: int = 0
     preemptions: int = 0
     steps: int = 0
+    restarts: int = 0
 
 
 @dataclass(eq=False)
@@ -105,12 +115,8 @@ class Engine:
                 f"a KV pool of {num_blocks} blocks x {bs} tokens cannot hold one request of "
                 f"max_kv_cache_capacity {config.max_kv_cache_capacity} tokens"
             )
-        self.blocks = BlockManager(
-            num_blocks,
-            bs,
-            enable_reuse=config.enable_context_reuse,
-            max_records=config.context_cache_max_records,
-        )
+        self.num_blocks = num_blocks
+        self.blocks = self._new_block_manager()
         sched = SchedulerConfig(
             max_batch_size=config.max_batch_size,
             max_num_batched_tokens=max(config.max_num_batched_tokens, bs),
@@ -146,7 +152,9 @@ class Engine:
             f"on (max {config.context_cache_max_records} records)" if config.enable_context_reuse else "off",
         )
         self.stats = EngineStats()
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # set when the engine gave up: new requests are refused
+        self._faults = FaultInjector.from_env()
+        self._submit_lock = threading.Lock()  # a submit never slips past the engine's final drain
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: set[_Request] = set()  # guarded by the engine thread
         self._choices: dict[int, _Choice] = {}  # seq_id -> choice, for sequences in the scheduler
@@ -167,10 +175,6 @@ class Engine:
         request_id: str | None = None,
     ) -> CancellableIterator:
         """Queue a request; its ``params.n`` choices stream into one iterator (``StreamDelta.index``)."""
-        if self.error is not None:
-            raise RuntimeError(f"engine failed: {self.error}")
-        if self._stopped:
-            raise RuntimeError("the engine is shut down")
         vocab_size = self.runner.model.cfg.vocab_size
         if params.logit_bias and max(params.logit_bias) >= vocab_size:
             raise ValueError(
@@ -191,7 +195,12 @@ class Engine:
             detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
             request.choices.append(_Choice(seq, request, index, detok))
         request.num_open = params.n
-        self._inbox.put(("add", request))
+        with self._submit_lock:
+            if self.error is not None:
+                raise EngineUnavailableError(f"engine failed: {self.error}")
+            if self._stopped:
+                raise EngineUnavailableError("the engine is shut down")
+            self._inbox.put(("add", request))
         self._wake.set()
         return CancellableIterator(request.channel, lambda: self._cancel(request), params.n)
 
@@ -222,25 +231,75 @@ class Engine:
                     self._wake.wait(timeout=0.01)
                     self._wake.clear()
                 failures = 0
-            except Exception as e:  # fail the requests in flight, keep serving new ones
+            except Exception as e:  # fail the requests in the step, restart, keep serving the others
                 log.exception("engine step failed")
-                for request in list(self._requests):
-                    self._fail(request, e)
                 failures += 1
                 if failures >= MAX_CONSECUTIVE_FAILURES:  # the device or the model is broken: stop
-                    self.error = e
                     log.error("engine failed %d steps in a row; refusing new requests", failures)
+                    self.error = e
                     break
-        self._drain_inbox()
+                try:
+                    self._restart(e)
+                except Exception as restart_error:
+                    log.exception("engine restart failed; refusing new requests")
+                    self.error = restart_error
+                    break
+        with self._submit_lock:
+            self._stopped = True
+            self._drain_inbox()
+        reason = f"engine failed: {self.error}" if self.error is not None else "engine shut down"
         for request in list(self._requests):
-            self._fail(request, RuntimeError("engine shut down"))
+            self._fail(request, EngineUnavailableError(reason))
         stats = self.stats
         log.info(
-            "engine stopped: %d requests in %d steps, %d joined a running batch, %d preemptions",
+            "engine stopped: %d requests in %d steps, %d joined a running batch, %d preemptions, %d restarts",
             stats.submitted,
             stats.steps,
             stats.joined_mid_flight,
             stats.preemptions,
+            stats.restarts,
+        )
+
+    def _restart(self, cause: Exception) -> None:
+        """Fail the requests whose sequences were running (their KV state is suspect), then start over
+        with a fresh KV pool and scheduler that keep the waiting requests, after a probe step."""
+        error = EngineError(
+            f"the engine failed while generating this request ({type(cause).__name__}: {cause})"
+        )
+        running = {
+            self._choices[s.seq_id].request for s in self.scheduler.running if s.seq_id in self._choices
+        }
+        for request in running:
+            self._fail(request, error)
+        waiting = self.scheduler.waiting
+        for seq in waiting:
+            seq.block_table, seq.num_computed_tokens, seq.num_cached_tokens = [], 0, 0
+            if self.speculative is not None:
+                self.speculative.release(seq)  # its draft state starts over too
+        self._faults.before_restart()
+        blocks = self._new_block_manager()
+        scheduler = Scheduler(self.scheduler.config, blocks)
+        probe = Sequence([0], SamplingParams(max_tokens=1, temperature=0))
+        blocks.grow(probe, 1)
+        self.runner.run(ScheduledBatch([probe], [1]))  # the device still computes
+        blocks.release(probe)
+        scheduler.waiting = waiting
+        self.blocks, self.scheduler = blocks, scheduler
+        self.stats.restarts += 1
+        log.warning(
+            "engine restarted (%d so far): %d request(s) failed, %d waiting kept",
+            self.stats.restarts,
+            len(running),
+            len(waiting),
+        )
+
+    def _new_block_manager(self) -> BlockManager:
+        config = self.config
+        return BlockManager(
+            self.num_blocks,
+            config.block_size,
+            enable_reuse=config.enable_context_reuse,
+            max_records=config.context_cache_max_records,
         )
 
     def _drain_inbox(self) -> None:
@@ -282,6 +341,7 @@ class Engine:
         for part in _split_decode(batch):
             if part.is_empty:
                 continue
+            self._faults.before_model_step(part.seqs)
             seqs, tokens, infos = self.runner.run(part)
             if self.speculative is not None:
                 self.speculative.observe(part)

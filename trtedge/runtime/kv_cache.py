@@ -33,6 +33,13 @@ def chain_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
     return h.digest()
 
 
+def salt_root(salt: str | None) -> bytes | None:
+    """The parent hash of a sequence's first block: its cache salt, so that salts never share blocks."""
+    if salt is None:
+        return None
+    return hashlib.blake2b(b"cache-salt\0" + salt.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 @dataclass
 class BlockManager:
     num_blocks: int
@@ -65,7 +72,7 @@ class BlockManager:
         if not (self.enable_reuse and seq.params.reuse_context) or seq.block_table:
             return
         self.stats.lookups += 1
-        parent = None
+        parent = salt_root(seq.params.cache_salt)
         usable = (seq.num_prompt_tokens - 1) // self.block_size
         for i in range(usable):
             tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
@@ -123,7 +130,7 @@ class BlockManager:
         limit = seq.num_computed_tokens
         if not seq.params.cache_generated_tokens:
             limit = min(limit, seq.num_prompt_tokens)
-        parent = None
+        parent = salt_root(seq.params.cache_salt)
         for i in range(limit // self.block_size):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:

@@ -116,7 +116,7 @@ def sampling_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     scores = logits / temperature[:, None]
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
         sorted_scores, order = scores.sort(dim=-1, descending=True)
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+        top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=device)
         ranks = torch.arange(vocab, device=device)
         sorted_probs = torch.softmax(
             sorted_scores.masked_fill(ranks >= top_k[:, None], float("-inf")), dim=-1

@@ -123,6 +123,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     guided_decoding: GuidedDecodingParams | None = None
     disable_spec_decode: bool = False  # generate this request without speculative decoding
+    cache_salt: str | None = None  # requests with different salts never share cached KV blocks
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "guided_decoding", GuidedDecodingParams.coerce(self.guided_decoding))
@@ -154,6 +155,8 @@ class SamplingParams:
         if self.logprobs is not None:
             _int("logprobs", self.logprobs, lo=0, hi=MAX_TOP_LOGPROBS)
         _int("n", self.n, lo=1, hi=128)
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {self.cache_salt!r}")
         if self.logit_bias:
             if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
                 raise ValueError(

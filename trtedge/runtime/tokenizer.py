@@ -277,9 +277,29 @@ def _tojson(
     )
 
 
+_MAX_TEMPLATE_VALUE = 1_000_000  # longest string or list a template may build with * (and widest **)
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The jinja2 sandbox (no attribute access to Python internals, no mutation, no file loader), also
+    refusing ``*`` and ``**`` results big enough to exhaust memory or CPU."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
+                    if len(seq) * times > _MAX_TEMPLATE_VALUE:
+                        raise jinja2.sandbox.SecurityError("the template builds a value too large")
+        elif operator == "**" and isinstance(right, (int, float)) and abs(right) > 256:
+            raise jinja2.sandbox.SecurityError("the template raises to a power too large")
+        return super().call_binop(context, operator, left, right)
+
+
 @functools.cache
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _Sandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag]
     )
     env.filters["tojson"] = _tojson

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from starlette.applications import Starlette
@@ -15,8 +16,8 @@ from trtedge.server.admission import Admission
 from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.anthropic.serving import AnthropicServing, anthropic_error
 from trtedge.server.auth import APIKeyMiddleware
-from trtedge.server.config import ServeConfig
-from trtedge.server.errors import APIError, internal_error
+from trtedge.server.config import BODY_TIMEOUT, ServeConfig
+from trtedge.server.errors import APIError, engine_unavailable, internal_error, redact
 from trtedge.server.metrics import ServerMetrics
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from trtedge.server.openai.serving import OpenAIServing
@@ -50,7 +51,9 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         config.max_queued_requests,
         config.queue_timeout,
     )
-    metrics = ServerMetrics(llm.stats, lambda: admission.num_waiting)
+    metrics = ServerMetrics(
+        llm.stats, lambda: admission.num_waiting, lambda: admission.num_active, llm.get_context_cache_metrics
+    )
     serving = OpenAIServing(llm, config, admission, metrics)
     anthropic = AnthropicServing(serving)
     responses = ResponsesServing(serving)
@@ -62,7 +65,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
     async def ready(request: Request) -> Response:
         error = llm.stats()["engine_error"]
         if error is not None or admission.draining:
-            reason = f"engine failed: {error}" if error else "shutting down"
+            reason = redact(f"engine failed: {error}") if error else "shutting down"
             return JSONResponse({"status": "not_ready", "reason": reason}, status_code=503)
         return JSONResponse({"status": "ready"})
 
@@ -118,7 +121,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
     app.state.admission = admission
     app.state.serving = serving
     app.state.anthropic = anthropic
-    app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(APIKeyMiddleware, api_key=config.api_key, tenants=config.api_keys)
     app.add_middleware(_CountRequests, metrics=metrics)
     return app
 
@@ -143,7 +146,8 @@ def health_body(llm: LLM, config: ServeConfig, admission: Admission, model_name:
         },
     }
     if stats["engine_error"] is not None:
-        body["reason"] = f"engine failed: {stats['engine_error']}"
+        body["reason"] = redact(f"engine failed: {stats['engine_error']}")
+        body["error"] = engine_unavailable(body["reason"]).body()["error"]
     if ifb:
         a = admission.stats
         batch_full = stats["running"] >= launch.max_batch_size
@@ -168,21 +172,28 @@ def health_body(llm: LLM, config: ServeConfig, admission: Admission, model_name:
         "kv_block_size": stats["kv_block_size"],
         "kv_cache_bytes": stats["kv_cache_bytes"],
         "steps": stats["steps"],
+        "restarts": stats["restarts"],
     }
     return body
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, or 413 once it passes ``limit`` bytes."""
+async def read_body(request: Request, limit: int, timeout: float = BODY_TIMEOUT) -> bytes:
+    """The request body, or 413 once it passes ``limit`` bytes, or 408 if it takes over ``timeout`` s."""
     too_big = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise too_big
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_big
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_big
+    except TimeoutError:
+        raise APIError(
+            408, f"the request body took over {timeout:g}s to arrive", code="request_timeout"
+        ) from None
     return bytes(body)
 
 

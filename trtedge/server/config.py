@@ -3,14 +3,18 @@ settings live in LaunchConfig)."""
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtedge.server.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 MAX_BODY_BYTES = 16 * 1024 * 1024
+HEADER_TIMEOUT = 10.0  # seconds a client has to send a request's headers (slowloris)
+BODY_TIMEOUT = 60.0  # seconds a client has to send a request's body
+KEEP_ALIVE_TIMEOUT = 5.0  # seconds an idle keep-alive connection stays open
 
 
 class ServerConfigError(ValueError):
@@ -25,7 +29,9 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: str | None = None
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    api_key_file: str | None = None
+    api_keys: dict[str, str] | None = field(default=None, repr=False)  # tenant -> key (from api_key_file)
     reasoning_parser: str = "auto"
     tool_call_parser: str = "auto"
     enable_auto_tool_choice: bool = False
@@ -46,6 +52,10 @@ class ServeConfig:
             raise ServerConfigError("--served-model-name must not be empty")
         if self.api_key is not None and not self.api_key:
             raise ServerConfigError("--api-key (or TRTEDGE_API_KEY) must not be empty")
+        if self.api_key_file is not None and self.api_keys is None:
+            object.__setattr__(self, "api_keys", load_api_keys(self.api_key_file))
+        if self.api_keys is not None:
+            _check_api_keys(self.api_keys, self.api_key)
         _choice("--reasoning-parser", self.reasoning_parser, REASONING_PARSERS)
         _choice("--tool-call-parser", self.tool_call_parser, TOOL_CALL_PARSERS)
         q = self.max_queued_requests
@@ -69,6 +79,31 @@ class ServeConfig:
         if kwargs.get("api_key") is None and os.environ.get("TRTEDGE_API_KEY"):
             kwargs["api_key"] = os.environ["TRTEDGE_API_KEY"]
         return cls(**kwargs)
+
+
+def load_api_keys(path: str) -> dict[str, str]:
+    """--api-key-file: a JSON object of tenant name -> API key."""
+    flag = "--api-key-file"
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ServerConfigError(f"{flag}: cannot read {path!r} ({e.strerror})") from None
+    except ValueError as e:
+        raise ServerConfigError(f"{flag}: {path!r} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ServerConfigError(f'{flag}: {path!r} must hold a JSON object {{"tenant": "key", ...}}')
+    return data
+
+
+def _check_api_keys(keys: dict, api_key: str | None) -> None:
+    flag = "--api-key-file"
+    if not keys:
+        raise ServerConfigError(f"{flag}: the key map is empty")
+    for name, key in keys.items():
+        if not isinstance(name, str) or not name or not isinstance(key, str) or not key:
+            raise ServerConfigError(f"{flag}: tenant {name!r} needs a non-empty string key")
+    if len(set(keys.values())) != len(keys) or api_key in keys.values():
+        raise ServerConfigError(f"{flag}: two tenants (or --api-key and a tenant) share a key")
 
 
 def _choice(flag: str, value: str | None, allowed: tuple[str, ...]) -> None:

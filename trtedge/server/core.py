@@ -107,9 +107,11 @@ def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest) -> Prompt:
     return Prompt(text, ids, tools, choice, template)
 
 
-def plan_chat(serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = None) -> ChatPlan:
+def plan_chat(
+    serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = None, salt: str | None = None
+) -> ChatPlan:
     """Render the conversation and build the engine request and its output parsers; ``guide`` is the
-    request's own structured-output guide (response_format), if any."""
+    request's own structured-output guide (response_format), if any; ``salt`` its cache domain."""
     config = serving.config
     prompt = render_prompt(serving, req)
     tools, choice = prompt.tools, prompt.tool_choice
@@ -137,7 +139,7 @@ def plan_chat(serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = N
     thinking = req.enable_thinking if req.enable_thinking is not None else kwargs.get("enable_thinking")
     max_tokens = req.max_completion_tokens or req.max_tokens
     top = (req.top_logprobs or 0) if req.logprobs else None
-    params = serving._params(req, len(prompt.ids), max_tokens, top, "messages", guide=guide)
+    params = serving._params(req, len(prompt.ids), max_tokens, top, "messages", guide=guide, salt=salt)
     reasoning = reasoning_parser(config.reasoning_parser, prompt.template)
     if reasoning != HARMONY and thinking is not True:
         reasoning = (

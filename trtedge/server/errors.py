@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 from starlette.responses import JSONResponse
+
+from trtedge.llm import EngineUnavailableError
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+~-]+){2,}[\\/]?")
 
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",
@@ -67,3 +75,24 @@ def overloaded(message: str, retry_after: int) -> APIError:
 
 def internal_error() -> APIError:
     return APIError(500, "internal server error; see the server log", code="internal_error")
+
+
+def engine_failure(error: BaseException) -> APIError:
+    """What a client sees when the engine failed its request: 503 ``engine_unavailable`` (with the reason)
+    if the engine has stopped, else 500 ``engine_error`` (the engine restarted; a retry is served)."""
+    if isinstance(error, EngineUnavailableError):
+        return engine_unavailable(str(error))
+    return APIError(
+        500,
+        "the engine failed while generating this request and was restarted; retry the request",
+        code="engine_error",
+    )
+
+
+def engine_unavailable(reason: str) -> APIError:
+    return APIError(503, f"the engine is unavailable: {redact(reason)}", code="engine_unavailable")
+
+
+def redact(text: str) -> str:
+    """``text`` without file paths (safe to show a client)."""
+    return _PATH.sub("<path>", text)

@@ -14,6 +14,7 @@ from trtedge.llm import LLM
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.stream import CancellableIterator, StreamDelta
 from trtedge.server.admission import Seat
+from trtedge.server.errors import engine_failure
 from trtedge.server.metrics import ServerMetrics
 
 log = logging.getLogger("trtedge.server")
@@ -40,6 +41,7 @@ class Generation:
         arrival: float,
     ):
         self._seat = seat
+        self.request_id = request_id
         self._metrics = metrics
         self._arrival = arrival
         self._loop = asyncio.get_running_loop()
@@ -79,15 +81,18 @@ class Generation:
             stream.cancel()
 
     async def deltas(self) -> AsyncIterator[tuple[int, StreamDelta]]:
-        """(response choice index, delta) in arrival order until every choice has finished; an engine error
-        is raised."""
+        """(response choice index, delta) in arrival order until every choice has finished; an engine
+        failure is raised as its ``APIError`` (500 engine_error or 503 engine_unavailable)."""
         remaining = self.num_choices
         first_seen: set[int] = set()
         last: dict[int, float] = {}
         while remaining:
             index, item = await self._queue.get()
             if isinstance(item, BaseException):
-                raise item
+                log.error(
+                    "request %s failed in the engine: %s: %s", self.request_id, type(item).__name__, item
+                )
+                raise engine_failure(item) from None
             now = time.monotonic()
             if index not in first_seen:
                 first_seen.add(index)

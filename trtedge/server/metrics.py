@@ -10,7 +10,13 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 
 class ServerMetrics:
-    def __init__(self, stats: Callable[[], dict], num_queued: Callable[[], int]):
+    def __init__(
+        self,
+        stats: Callable[[], dict],
+        num_queued: Callable[[], int],
+        num_seated: Callable[[], int] = lambda: 0,
+        cache_stats: Callable[[], dict] | None = None,
+    ):
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "trtedge_requests",
@@ -50,6 +56,23 @@ class ServerMetrics:
         Gauge("trtedge_kv_cache_blocks_total", "KV cache blocks in the pool", registry=r).set_function(
             lambda: stats()["kv_blocks_total"]
         )
+
+        Gauge(
+            "trtedge_admission_seats_in_use", "Admission seats held by requests being answered", registry=r
+        ).set_function(num_seated)
+        Gauge(
+            "trtedge_engine_restarts", "Times the engine restarted after a failed step", registry=r
+        ).set_function(lambda: stats()["restarts"])
+        Gauge(
+            "trtedge_engine_up", "1 while the engine serves, 0 once it has failed", registry=r
+        ).set_function(lambda: int(stats()["engine_error"] is None))
+        if cache_stats is not None:
+            Gauge(
+                "trtedge_prefix_cache_hits", "Requests that reused cached prompt blocks", registry=r
+            ).set_function(lambda: cache_stats()["hits"])
+            Gauge(
+                "trtedge_prefix_cache_reused_tokens", "Prompt tokens taken from the prefix cache", registry=r
+            ).set_function(lambda: cache_stats()["reused_tokens"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

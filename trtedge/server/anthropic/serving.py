@@ -16,6 +16,7 @@ from trtedge.runtime.stream import StreamDelta
 from trtedge.server import sse
 from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.anthropic.translate import error_body, to_chat_request
+from trtedge.server.auth import cache_salt
 from trtedge.server.core import ChatPlan, ChoiceReader, call_id, plan_chat, render_prompt
 from trtedge.server.errors import APIError, internal_error
 from trtedge.server.generation import Generation
@@ -40,7 +41,7 @@ class AnthropicServing:
         serving = self.openai
         serving.check_model(req.model)
         chat = to_chat_request(req)
-        plan = plan_chat(serving, chat)
+        plan = plan_chat(serving, chat, salt=cache_salt(request, chat.cache_salt))
         rid = f"msg_{uuid.uuid4().hex[:24]}"
         gen, watcher = await serving._start(chat, plan.choices, rid, request, arrival)
         if gen is None:

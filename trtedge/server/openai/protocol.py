@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trtedge.runtime.sampling_params import MAX_TOP_LOGPROBS
+from trtedge.runtime.sampling_params import MAX_LOGIT_BIAS_ENTRIES, MAX_TOP_LOGPROBS
 from trtedge.server.errors import APIError, bad_request
 from trtedge.server.openai.structured import GuidedDecoding, ResponseFormat
 
@@ -18,6 +18,7 @@ log = logging.getLogger("trtedge.server")
 
 U64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
 TokenId = Annotated[int, Field(ge=0)]
+MAX_STOP_STRINGS = 16
 
 
 class _Model(BaseModel):
@@ -53,10 +54,15 @@ class _Sampling(_Model):
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: list[TokenId] | None = None
     seed: U64 | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    logit_bias: (
+        Annotated[
+            dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]], Field(max_length=MAX_LOGIT_BIAS_ENTRIES)
+        ]
+        | None
+    ) = None
     n: Annotated[int, Field(ge=1, le=16)] = 1
     ignore_eos: bool = False
     user: str | None = None
@@ -67,6 +73,8 @@ class _Sampling(_Model):
     cache_generated_tokens: bool = True
     skip_special_tokens: bool = True
     disable_spec_decode: bool = False  # generate without speculative decoding (when the server has it)
+    # Requests with different salts never share cached prefixes (tenant isolation of context reuse).
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     # Structured output (at most one of these; see structured.py)
     response_format: ResponseFormat | None = None
     guided_decoding: GuidedDecoding | None = None
@@ -108,9 +116,11 @@ Request = TypeVar("Request", bound=_Model)
 def parse_request(body: bytes, model: type[Request]) -> Request:
     """Decode and validate a JSON body; any problem is a 400 whose ``param`` names the field."""
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(body, parse_constant=_refuse_constant)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, NaN/Infinity
         raise bad_request(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_json")
     try:
@@ -122,9 +132,14 @@ def parse_request(body: bytes, model: type[Request]) -> Request:
     return request
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _field_error(error: ValidationError) -> APIError:
     errors = error.errors(include_url=False)
-    first = max(errors, key=lambda e: len(e["loc"]))  # the most specific branch of a union
+    # The most specific branch of a union; among equals, a broken constraint over a wrong type.
+    first = max(errors, key=lambda e: (len(e["loc"]), not e["type"].endswith("_type")))
     # Drop union-branch names pydantic adds to the location (e.g. "str", "list[...]").
     loc = [str(p) for p in first["loc"] if isinstance(p, int) or not _is_type_name(str(p))]
     param = ".".join(loc) if loc else None

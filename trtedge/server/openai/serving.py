@@ -19,9 +19,16 @@ from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
 from trtedge.runtime.stream import StreamDelta
 from trtedge.server import sse
 from trtedge.server.admission import Admission
+from trtedge.server.auth import cache_salt
 from trtedge.server.config import ServeConfig
 from trtedge.server.core import call_id, plan_chat
-from trtedge.server.errors import APIError, bad_request, internal_error, not_supported
+from trtedge.server.errors import (
+    APIError,
+    bad_request,
+    engine_unavailable,
+    internal_error,
+    not_supported,
+)
 from trtedge.server.generation import Choice, Generation
 from trtedge.server.metrics import ServerMetrics
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
@@ -78,7 +85,7 @@ class OpenAIServing:
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
         guide = await self._guide(req)
-        plan = plan_chat(self, req, guide)
+        plan = plan_chat(self, req, guide, salt=cache_salt(request, req.cache_salt))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         gen, watcher = await self._start(req, plan.choices, rid, request, arrival)
         if gen is None:
@@ -188,6 +195,7 @@ class OpenAIServing:
             prompts = [req.prompt]
         guide = await self._guide(req)
         choices, echoes = [], []
+        salt = cache_salt(request, req.cache_salt)
         for p, prompt in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt.{p}"
             if isinstance(prompt, str):
@@ -201,7 +209,7 @@ class OpenAIServing:
             echo = ""
             if req.echo:
                 echo = prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(ids, False)
-            params = self._params(req, len(ids), req.max_tokens, req.logprobs, param, guide=guide)
+            params = self._params(req, len(ids), req.max_tokens, req.logprobs, param, guide=guide, salt=salt)
             choices.append(Choice(ids, params))
             echoes += [echo] * req.n
         rid = f"cmpl-{uuid.uuid4().hex}"
@@ -322,6 +330,7 @@ class OpenAIServing:
         logprobs: int | None,
         param: str,
         guide: GuidedDecodingParams | None = None,
+        salt: str | None = None,
     ) -> SamplingParams:
         capacity = self.llm.config.max_kv_cache_capacity
         explicit = max_tokens is not None
@@ -363,6 +372,7 @@ class OpenAIServing:
                 skip_special_tokens=req.skip_special_tokens,
                 disable_spec_decode=req.disable_spec_decode,
                 guided_decoding=guide,
+                cache_salt=salt,
                 **options,
             )
         except ValueError as e:
@@ -401,7 +411,7 @@ class OpenAIServing:
             raise bad_request(str(e)) from None
         except RuntimeError as e:
             watcher.stop()
-            raise APIError(503, f"the engine is not available: {e}", code="engine_unavailable") from None
+            raise engine_unavailable(str(e)) from None
         except BaseException:
             watcher.stop()
             seat.release()
@@ -419,6 +429,8 @@ class OpenAIServing:
                 o.logprobs.extend(self._visible_logprobs(d))
                 o.finish_reason = d.finish_reason
                 o.prompt_tokens, o.completion_tokens = d.prompt_tokens, d.completion_tokens
+        except APIError:
+            raise
         except Exception:
             log.exception("generation failed")
             raise internal_error() from None
