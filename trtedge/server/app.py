@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -117,7 +118,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         Route("/v1/messages/count_tokens", _guard(count_tokens, anthropic_error), methods=["POST"]),
         Route("/v1/responses", _guard(create_response), methods=["POST"]),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.admission = admission
     app.state.serving = serving
     app.state.anthropic = anthropic
@@ -195,6 +196,20 @@ async def read_body(request: Request, limit: int, timeout: float = BODY_TIMEOUT)
             408, f"the request body took over {timeout:g}s to arrive", code="request_timeout"
         ) from None
     return bytes(body)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Routing errors (unknown path 404, wrong method 405) in the same error shape as the rest."""
+    if exc.status_code == 404:
+        message = "no such endpoint (GET /openapi.json lists them)"
+    elif exc.status_code == 405:
+        message = f"method {request.method} is not allowed on this endpoint"
+    else:
+        message = exc.detail
+    error = APIError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None)
+    response = error.response()
+    response.headers.update(exc.headers or {})
+    return response
 
 
 def _guard(handler, render=APIError.response):

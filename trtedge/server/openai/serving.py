@@ -376,8 +376,7 @@ class OpenAIServing:
                 **options,
             )
         except ValueError as e:
-            name = str(e).split(" ", 1)[0]
-            raise bad_request(str(e), param=name if name.isidentifier() else None) from None
+            raise _value_error(e, param) from None
 
     async def _start(self, req: _Sampling, choices, rid: str, request: Request, arrival: float):
         """Take a seat (maybe waiting in the queue), then submit. Returns (None, None) when the client
@@ -408,7 +407,9 @@ class OpenAIServing:
             )
         except ValueError as e:
             watcher.stop()
-            raise bad_request(str(e)) from None
+            raise _value_error(
+                e, "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
+            ) from None
         except RuntimeError as e:
             watcher.stop()
             raise engine_unavailable(str(e)) from None
@@ -478,6 +479,13 @@ def _closer(gen: Generation, watcher: sse.DisconnectWatcher):
         gen.close()
 
     return close
+
+
+def _value_error(error: ValueError, default_param: str) -> APIError:
+    """A runtime ValueError as a 400 naming the field its message starts with (else ``default_param``)."""
+    name = str(error).split(" ", 1)[0]
+    known = name in ChatCompletionRequest.model_fields or name in CompletionRequest.model_fields
+    return bad_request(str(error), param=name if known else default_param)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
