@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from trtedge.runtime.stream import StreamDelta
 from trtedge.server import sse
+from trtedge.server.auth import cache_salt
 from trtedge.server.core import ChatPlan, call_id, plan_chat
 from trtedge.server.errors import APIError, internal_error
 from trtedge.server.generation import Generation
@@ -29,7 +30,7 @@ class ResponsesServing:
         serving = self.openai
         serving.check_model(req.model)
         chat = to_chat_request(req)
-        plan = plan_chat(serving, chat, await serving._guide(chat))
+        plan = plan_chat(serving, chat, await serving._guide(chat), salt=cache_salt(request, chat.cache_salt))
         rid = f"resp_{uuid.uuid4().hex}"
         gen, watcher = await serving._start(chat, plan.choices, rid, request, arrival)
         if gen is None:
