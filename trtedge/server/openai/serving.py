@@ -65,7 +65,7 @@ class OpenAIServing:
             "object": "model",
             "created": self.created,
             "owned_by": "trtedge",
-            "root": str(self.llm.checkpoint.path),
+            "root": self.model_name,  # never a server path
             "max_model_len": self.llm.config.max_kv_cache_capacity,
         }
 
