@@ -9,6 +9,7 @@ import httpx
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+MESSAGES = "/v1/messages"
 LEAKS = re.compile(r"Traceback|File \"|\.py\b|/home/|/work/|/tmp/|site-packages")
 
 

@@ -113,3 +113,9 @@ def test_slowloris_clients_neither_block_real_requests_nor_stay_connected(served
     assert [r.status_code for r in answered] == [200] * 8
     assert len(closed_by_server) == len(slow)  # each was dropped after the header deadline
     assert httpx.get(served.url + "/health", timeout=10).json()["status"] == "ok"
+
+
+def test_a_guide_over_128_kib_is_400_naming_it(served):
+    body = {"messages": HI, "guided_regex": "a" * (128 * 1024 + 1)}
+    error = assert_error(httpx.post(served.url + CHAT, json=body, timeout=60), 400)
+    assert "guided" in error["param"] and "131072" in error["message"], error

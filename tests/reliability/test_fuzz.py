@@ -1,0 +1,23 @@
+"""Fuzzing a real `trtedge serve` from its /openapi.json (the short run; tests/stress has the long one)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from tests.reliability import fuzz
+from tests.reliability.common import metrics
+
+NUM_REQUESTS = 200
+
+
+def test_fuzzed_requests_get_no_5xx_and_documented_4xx(served):
+    report = fuzz.run(served.url, NUM_REQUESTS, derandomize=True)
+    print("fuzz:", json.dumps(report))
+    assert report["requests"] >= NUM_REQUESTS
+    assert set(report["by_kind"]) >= {"valid", "raw", "get", "method"}
+    health = httpx.get(f"{served.url}/health", timeout=10).json()
+    assert health["status"] == "ok"
+    gauges = metrics(served.url)
+    assert gauges["trtedge_admission_seats_in_use"] == 0 and gauges["trtedge_kv_cache_blocks_in_use"] == 0
