@@ -224,3 +224,9 @@ def test_cli_flags_reach_the_bundle_profile_and_validation(checkpoints):
         app, ["serve", str(paths["llama"]), "--tensor-parallel-size", "0", "--print-config"]
     )
     assert result.exit_code != 0 and "--tensor-parallel-size" in result.output
+
+
+def test_quantized_weights_are_refused_with_the_flag(checkpoints):
+    paths, cache = checkpoints
+    with pytest.raises(ConfigError, match=r"--tensor-parallel-size\) > 1 splits float weights only"):
+        LLM(str(paths["llama"]), cache_dir=str(cache), tensor_parallel_size=2, weights="int8")

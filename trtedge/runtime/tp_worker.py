@@ -29,13 +29,7 @@ from trtedge.runtime.distributed import (
     shard_config,
     shard_tensor,
 )
-from trtedge.runtime.models import (
-    ARCHITECTURES,
-    dummy_tensors,
-    resolve_device,
-    resolve_dtype,
-    resolve_weight_format,
-)
+from trtedge.runtime.models import ARCHITECTURES, dummy_tensors, resolve_device, resolve_dtype
 from trtedge.runtime.models.config import ModelConfig
 
 log = logging.getLogger("trtedge")
@@ -216,6 +210,11 @@ def start_tensor_parallel(
     (``init_method`` given, RANK set) a rank other than 0 serves steps here and exits when rank 0 closes."""
     cfg = checkpoint.model_config
     check_tensor_parallel(cfg, size)
+    if weights not in ("auto", "float") or getattr(checkpoint, "quantization", None):
+        raise ValueError(
+            "tensor_parallel_size (--tensor-parallel-size) > 1 splits float weights only: use --weights "
+            "float and a float checkpoint (quantized weights are not split across ranks yet)"
+        )
     if dist.is_initialized():
         raise ValueError(
             "tensor_parallel_size (--tensor-parallel-size): this process already belongs to a "
@@ -234,7 +233,7 @@ def start_tensor_parallel(
         files=() if load_format == "dummy" else tuple(str(f) for f in checkpoint.weight_files()),
         dtype=str(torch_dtype).removeprefix("torch."),
         device_type=dev.type,
-        weight_format=resolve_weight_format(weights, checkpoint, dev, torch_dtype),
+        weight_format="float",
         max_positions=max_positions,
         size=size,
         init_method=init_method,
