@@ -103,6 +103,62 @@ def make_tiny_checkpoint(directory: Path, family: str, seed: int = 0) -> Path:
     return directory
 
 
+HYBRID_TEXT = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    linear_conv_kernel_dim=4,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    max_position_embeddings=512,
+    initializer_range=0.1,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def make_tiny_hybrid_checkpoint(directory: Path, vision: bool = True, seed: int = 0) -> Path:
+    """A random 4-layer Qwen3.5 (linear, full, linear, full attention): the vision-language checkpoint
+    (``qwen3_5``, with a one-block vision tower) or the text-only one (``qwen3_5_text``)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    if vision:
+        vision_config = dict(
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            patch_size=4,
+            temporal_patch_size=2,
+            num_position_embeddings=16,
+        )
+        config = transformers.Qwen3_5Config(text_config=HYBRID_TEXT, vision_config=vision_config)
+        model = transformers.Qwen3_5ForConditionalGeneration(config)
+    else:
+        model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**HYBRID_TEXT))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):  # random, not identity, so that a wrong formula shows
+                p.normal_(1.0 if "linear_attn" in name else 0.0, 0.2)
+            elif name.endswith("A_log"):  # slow decay: the state remembers tens of tokens, not a few
+                p.uniform_(0.005, 0.05).log_()
+    model.eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    write_word_tokenizer(directory)
+    return directory
+
+
 def write_word_tokenizer(directory: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 

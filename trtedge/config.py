@@ -23,10 +23,14 @@ def _flag(name: str) -> str:
 
 @dataclass(frozen=True)
 class ContextCacheConfig:
-    """Context (prefix) reuse: full KV blocks are content-hashed and shared by later requests."""
+    """Context (prefix) reuse: full KV blocks are content-hashed and shared by later requests.
+
+    ``recurrent_snapshot_pool_bytes`` bounds the snapshots of recurrent state that hybrid models
+    (Qwen3.5) need to resume a cached prefix; None keeps 4 x max_batch_size snapshots."""
 
     enabled: bool = False
     max_records: int = 1024
+    recurrent_snapshot_pool_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -39,6 +43,12 @@ class ContextCacheConfig:
             raise ConfigError(
                 f"context_cache_config.max_records (--context-cache-max-records) must be a non-negative "
                 f"integer, got {self.max_records!r}"
+            )
+        pool = self.recurrent_snapshot_pool_bytes
+        if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or pool < 0):
+            raise ConfigError(
+                "context_cache_config.recurrent_snapshot_pool_bytes (--context-cache-recurrent-snapshot-pool-bytes) "
+                f"must be a non-negative integer, got {pool!r}"
             )
 
     @classmethod

@@ -118,6 +118,7 @@ class LLM:
             enable_in_flight_batching=cfg.enable_in_flight_batching,
             enable_context_reuse=cfg.context_cache.enabled,
             context_cache_max_records=cfg.context_cache.max_records,
+            recurrent_snapshot_pool_bytes=cfg.context_cache.recurrent_snapshot_pool_bytes,
             cuda_graphs=not enforce_eager,
             speculative=spec,
         )
@@ -329,6 +330,7 @@ class LLM:
             "restarts": stats.restarts,
             "engine_error": self._engine_error(),
             "speculative": self.speculative_metrics(),
+            **_state_stats(engine),
         }
 
     def speculative_metrics(self) -> dict | None:
@@ -349,16 +351,26 @@ class LLM:
         }
 
     def get_context_cache_metrics(self) -> dict:
-        """Context reuse counters: lookups, hits, reused_tokens, records (held now), evictions."""
+        """Context reuse counters: lookups, hits, reused_tokens, records (held now), evictions; for
+        hybrid models also recurrent_snapshots (held now), recurrent_snapshot_capacity,
+        recurrent_snapshot_evictions and recurrent_snapshot_pool_bytes."""
         blocks = self.engine.blocks
         stats = blocks.stats
-        return {
+        metrics = {
             "lookups": stats.lookups,
             "hits": stats.hits,
             "reused_tokens": stats.reused_tokens,
             "records": blocks.num_records,
             "evictions": stats.evictions,
         }
+        state = blocks.state
+        if state is not None:
+            metrics["recurrent_snapshots"] = state.num_entries
+            metrics["recurrent_snapshot_capacity"] = state.num_snapshots
+            metrics["recurrent_snapshot_evictions"] = state.stats.evictions
+            row_bytes = self.engine.runner.states.row_bytes
+            metrics["recurrent_snapshot_pool_bytes"] = state.num_snapshots * row_bytes
+        return metrics
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -408,6 +420,14 @@ def _engine_options(options: dict) -> dict:
     if extra:
         raise TypeError(f"unexpected argument(s): {', '.join(sorted(extra))}")
     return {k: v for k, v in options.items() if k in ("priority", "request_id")}
+
+
+def _state_stats(engine) -> dict:
+    """Recurrent-state slots of hybrid models (one per batch seat), if the model has any."""
+    state = engine.blocks.state
+    if state is None:
+        return {}
+    return {"state_slots_total": state.num_slots, "state_slots_free": state.num_free_slots}
 
 
 __all__ = [

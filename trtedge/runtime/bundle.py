@@ -310,7 +310,7 @@ class Bundle(BundleComponent):
             for file in component.weight_files():
                 with safe_open(str(file), framework="pt") as f:
                     names.update((quantized_name(n) or (n,))[0] for n in f.keys())
-            if "model.embed_tokens.weight" not in names:
+            if not names & {"model.embed_tokens.weight", "model.language_model.embed_tokens.weight"}:
                 raise BundleError(f"{component.path}: bundle weights lack model.embed_tokens.weight")
             component.model_config  # noqa: B018 - raises on an unsupported config
 

@@ -20,8 +20,10 @@ from trtedge.runtime.sampling import Sampler, TokenLogprobs, mix_seed
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.snapshots import HybridStateCache
 from trtedge.runtime.speculative import SpeculativeConfig, build_decoder
 from trtedge.runtime.speculative.decoder import SpecStats
+from trtedge.runtime.state_pool import row_bytes
 from trtedge.runtime.stream import CancellableIterator, GenerationMetrics, StreamDelta
 from trtedge.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -50,6 +52,8 @@ class EngineConfig:
     num_blocks: int | None = None  # default: max_batch_size x max_kv_cache_capacity tokens
     cuda_graphs: bool = True  # capture decode steps as CUDA graphs on a GPU
     speculative: SpeculativeConfig | None = None
+    # Hybrid models: bytes of recurrent-state snapshots kept for context reuse (None: 4 x max_batch_size)
+    recurrent_snapshot_pool_bytes: int | None = None
 
 
 @dataclass
@@ -116,6 +120,7 @@ class Engine:
                 f"max_kv_cache_capacity {config.max_kv_cache_capacity} tokens"
             )
         self.num_blocks = num_blocks
+        self._model, self._tokenizer = model, tokenizer
         self.blocks = self._new_block_manager()
         sched = SchedulerConfig(
             max_batch_size=config.max_batch_size,
@@ -133,8 +138,14 @@ class Engine:
             max_blocks_per_seq=-(-config.max_kv_cache_capacity // bs),
             cuda_graphs=config.cuda_graphs,
             guides=self.guides,
+            state=self.blocks.state,
         )
         self.speculative = None
+        if config.speculative is not None and self.blocks.state is not None:
+            raise ValueError(
+                "speculative decoding (--speculative-config) is not supported with hybrid models "
+                f"({model.cfg.model_type}: their recurrent state cannot roll back rejected tokens yet)"
+            )
         if config.speculative is not None:
             self.speculative = build_decoder(
                 config.speculative,
@@ -192,6 +203,10 @@ class Engine:
             seq.seed = seed if index == 0 else mix_seed(seed, -1 - index)
             if grammar is not None:
                 seq.matcher = self.guides.matcher(grammar)
+            if self.blocks.state is not None and self.blocks.enable_reuse:
+                seq.checkpoint_limit = self.blocks.state.checkpoint_limit(
+                    prompt_ids, params.reuse_context, params.cache_generated_tokens
+                )
             detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
             request.choices.append(_Choice(seq, request, index, detok))
         request.num_open = params.n
@@ -300,6 +315,7 @@ class Engine:
             config.block_size,
             enable_reuse=config.enable_context_reuse,
             max_records=config.context_cache_max_records,
+            state=_hybrid_state(self._model, self._tokenizer, config),
         )
 
     def _drain_inbox(self) -> None:
@@ -338,6 +354,7 @@ class Engine:
                 request.first_scheduled = now
         if self.speculative is not None:
             batch = self._speculate(batch)
+        self.runner.prepare_states(batch.seqs)
         for part in _split_decode(batch):
             if part.is_empty:
                 continue
@@ -407,7 +424,7 @@ class Engine:
             choice.first_token = time.monotonic()
             if request.first_token is None:
                 request.first_token = choice.first_token
-            self.blocks.publish(seq)
+            self._publish(seq)
             if choice.index == 0:
                 self._fork(request)
         seq.token_ids.append(token)
@@ -445,6 +462,16 @@ class Engine:
         else:
             self._finish(choice, reason, delta)
 
+    def _publish(self, seq: Sequence) -> None:
+        """Offer the sequence's computed blocks (and, for hybrid models, its state checkpoint) for reuse."""
+        self.blocks.publish(seq)
+        state = self.blocks.state
+        if state is not None and state.needs_publish(seq):
+            digest = self.blocks.prefix_hashes(seq, seq.checkpoint_pos // self.blocks.block_size)[-1]
+            entry = state.publish(seq, digest)
+            if entry is not None:
+                self.runner.save_snapshot(seq, entry)
+
     def _fork(self, request: _Request) -> None:
         """Start choices 1..n-1 on the prompt blocks that choice 0 has just computed."""
         leader = request.choices[0].seq
@@ -478,7 +505,7 @@ class Engine:
 
     def _finish(self, choice: _Choice, reason: str, delta: StreamDelta | None = None) -> None:
         seq, request = choice.seq, choice.request
-        self.blocks.publish(seq)
+        self._publish(seq)
         self.scheduler.finish(seq, reason)
         if self.speculative is not None:
             self.speculative.release(seq)
@@ -549,3 +576,17 @@ class Engine:
             request.on_metrics(metrics)
         except Exception:
             log.exception("on_metrics callback raised")
+
+
+def _hybrid_state(model, tokenizer: Tokenizer, config: EngineConfig) -> HybridStateCache | None:
+    """State slots (one per batch seat) and the snapshot pool of a model with recurrent layers."""
+    if not hasattr(model, "state_spec"):
+        return None
+    per_snapshot = row_bytes(model.state_spec())
+    pool_bytes = config.recurrent_snapshot_pool_bytes
+    num_snapshots = 4 * config.max_batch_size if pool_bytes is None else pool_bytes // per_snapshot
+    if not config.enable_context_reuse:
+        num_snapshots = 0
+    lookup = getattr(tokenizer, "token_to_id", lambda _: None)
+    markers = [i for i in (lookup("<think>"),) if i is not None]
+    return HybridStateCache(config.max_batch_size, num_snapshots, config.block_size, markers)

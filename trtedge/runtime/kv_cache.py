@@ -8,6 +8,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.snapshots import HybridStateCache
 
 
 @dataclass
@@ -48,6 +49,7 @@ class BlockManager:
     max_records: int = 1024
     blocks: list[Block] = field(init=False)
     stats: ContextCacheStats = field(default_factory=ContextCacheStats)
+    state: HybridStateCache | None = None  # recurrent state slots and snapshots of hybrid models
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
@@ -72,15 +74,19 @@ class BlockManager:
         if not (self.enable_reuse and seq.params.reuse_context) or seq.block_table:
             return
         self.stats.lookups += 1
-        parent = salt_root(seq.params.cache_salt)
-        usable = (seq.num_prompt_tokens - 1) // self.block_size
-        for i in range(usable):
-            tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
-            parent = chain_hash(parent, tokens)
-            block_id = self.records.get(parent)
+        matched: list[int] = []
+        hashes = self.prefix_hashes(seq, (seq.num_prompt_tokens - 1) // self.block_size)
+        for digest in hashes:
+            block_id = self.records.get(digest)
             if block_id is None:
                 break
-            self.records.move_to_end(parent)
+            matched.append(block_id)
+        if self.state is not None:  # a recurrent layer resumes only from a snapshot at the prefix end
+            while matched and (entry := self.state.find(hashes[len(matched) - 1])) is None:
+                matched.pop()
+            seq.restore_entry = entry if matched else None
+        for digest, block_id in zip(hashes, matched):
+            self.records.move_to_end(digest)
             self._take(block_id)
             seq.block_table.append(block_id)
         if seq.block_table:
@@ -88,9 +94,19 @@ class BlockManager:
             self.stats.hits += 1
             self.stats.reused_tokens += seq.num_cached_tokens
 
+    def prefix_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """Chained content hashes of the sequence's first ``num_blocks`` blocks."""
+        hashes, parent = [], salt_root(seq.params.cache_salt)
+        for i in range(num_blocks):
+            parent = chain_hash(parent, seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            hashes.append(parent)
+        return hashes
+
     def share_prompt(self, src: Sequence, dst: Sequence) -> None:
         """Let ``dst`` (same prompt, no blocks yet) reference ``src``'s computed full prompt blocks; the
         partial last block is recomputed by ``dst`` so that no block is ever written by two sequences."""
+        if self.state is not None:  # no recurrent state at those block ends: dst looks up or recomputes
+            return
         num_full = min(len(src.block_table), (src.num_prompt_tokens - 1) // self.block_size)
         num_full = min(num_full, src.num_computed_tokens // self.block_size)
         for block_id in src.block_table[:num_full]:
@@ -99,10 +115,14 @@ class BlockManager:
         dst.num_computed_tokens = num_full * self.block_size
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        if self.state is not None and seq.state_slot is None and not self.state.has_free_slot():
+            return False
         return self.blocks_needed(num_tokens) - len(seq.block_table) <= len(self.free)
 
     def grow(self, seq: Sequence, num_tokens: int) -> None:
         """Make the block table cover ``num_tokens`` tokens (caller checked ``can_grow``)."""
+        if self.state is not None and seq.state_slot is None:
+            self.state.take_slot(seq)
         while len(seq.block_table) < self.blocks_needed(num_tokens):
             block_id, _ = self.free.popitem(last=False)
             self._forget(block_id)
@@ -146,6 +166,8 @@ class BlockManager:
 
     def release(self, seq: Sequence) -> None:
         self.truncate(seq, 0)
+        if self.state is not None:
+            self.state.release(seq)
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -13,6 +13,8 @@ from trtedge.runtime.ops.attention import AttentionBatch
 from trtedge.runtime.sampling import Sampler, TokenLogprobs
 from trtedge.runtime.scheduler import ScheduledBatch
 from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.snapshots import HybridStateCache
+from trtedge.runtime.state_pool import RecurrentBatch, RecurrentStatePool
 
 log = logging.getLogger("trtedge")
 
@@ -28,6 +30,7 @@ class ModelRunner:
         max_blocks_per_seq: int = 1,
         cuda_graphs: bool = True,
         guides=None,
+        state: HybridStateCache | None = None,
     ):
         cfg = model.cfg
         self.model = model
@@ -50,10 +53,26 @@ class ModelRunner:
         self.on_cuda = model.device.type == "cuda" and triton_attention.available()
         # On CUDA one extra scratch block takes the writes of graph padding rows.
         pool_blocks = num_blocks + 1 if self.on_cuda else num_blocks
-        shape = (cfg.num_layers, 2, pool_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        num_kv_layers = getattr(model, "num_kv_layers", cfg.num_layers)  # hybrid: full-attention layers only
+        shape = (num_kv_layers, 2, pool_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv = torch.zeros(shape, dtype=model.dtype, device=model.device)
         self.kv_bytes = self.kv.numel() * self.kv.element_size()
-        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(cfg.num_layers)]
+        self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(num_kv_layers)]
+        self.state = state
+        self.states = None
+        self._step_states = None  # this step's RecurrentBatch, for forward()
+        if state is not None:
+            self.states = RecurrentStatePool(
+                model.state_spec(), state.num_slots, state.num_snapshots, model.device
+            )
+            log.info(
+                "recurrent state: %d slots + %d snapshots of %.2f MiB each, %.1f MiB",
+                state.num_slots,
+                state.num_snapshots,
+                self.states.row_bytes / 2**20,
+                self.states.nbytes / 2**20,
+            )
+            cuda_graphs = False  # decode graphs do not cover the recurrent layers yet
         log.info(
             "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB",
             num_blocks,
@@ -70,6 +89,47 @@ class ModelRunner:
             )
 
     @torch.inference_mode()
+    def prepare_states(self, seqs: list[Sequence]) -> None:
+        """Before a step: zero the state of sequences starting from scratch, and load the snapshot of
+        those resuming a cached prefix (all at once, before this step publishes anything)."""
+        if self.states is None:
+            return
+        fresh = [s.state_slot for s in seqs if s.num_computed_tokens == 0]
+        if fresh:
+            self.states.zero(fresh)
+        resumed = [s for s in seqs if s.restore_entry is not None]
+        if resumed:
+            self.states.copy(
+                [self.states.snapshot_row(s.restore_entry) for s in resumed], [s.state_slot for s in resumed]
+            )
+            for s in resumed:
+                s.checkpoint_pos = s.published_pos = s.num_computed_tokens
+                s.restore_entry = None
+
+    @torch.inference_mode()
+    def save_snapshot(self, seq: Sequence, entry: int) -> None:
+        """Copy the sequence's checkpoint into snapshot ``entry`` of the pool."""
+        self.states.copy([self.states.checkpoint_row(seq.state_slot)], [self.states.snapshot_row(entry)])
+
+    def _recurrent_batch(self, batch: ScheduledBatch) -> RecurrentBatch:
+        checkpoints, reached = [], []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            r = self.state.checkpoint_target(seq, n)
+            checkpoints.append((r, self.states.checkpoint_row(seq.state_slot)) if r else None)
+            reached.append(seq.num_computed_tokens + r if r else seq.checkpoint_pos)
+        for seq, pos in zip(batch.seqs, reached):
+            seq.checkpoint_pos = pos
+        rows = [seq.state_slot for seq in batch.seqs]
+        device = self.model.device
+        return RecurrentBatch(
+            self.states,
+            rows,
+            list(batch.num_tokens),
+            checkpoints,
+            torch.tensor(rows, dtype=torch.long, device=device),
+        )
+
+    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int], list[TokenLogprobs | None]]:
         """Compute the scheduled tokens; return the sequences that caught up and their next tokens (a
         sequence with a jump-forward draft repeats once per draft position plus one)."""
@@ -79,6 +139,7 @@ class ModelRunner:
         query_lens, context_lens, tables = [], [], []
         last_rows: list[int] = []
         sampled: list[Sequence] = []
+        self._step_states = None if self.states is None else self._recurrent_batch(batch)
         for seq, n in zip(batch.seqs, batch.num_tokens):
             start = seq.num_computed_tokens
             end = start + n
@@ -121,7 +182,8 @@ class ModelRunner:
         attn = self._attention_batch(slots, query_lens, context_lens, tables, decode)
         input_ids = torch.tensor(ids, dtype=torch.long, device=device)
         pos = torch.tensor(positions, dtype=torch.long, device=device)
-        hidden = self.model.forward(input_ids, pos, self.kv_caches, attn)
+        extra = {} if self._step_states is None else {"states": self._step_states}
+        hidden = self.model.forward(input_ids, pos, self.kv_caches, attn, **extra)
         if not last_rows:
             return None
         rows = torch.tensor(last_rows, dtype=torch.long, device=device)

@@ -39,6 +39,12 @@ class Sequence:
         self.spec_stats = None  # speculative.SpecStats once a draft of this sequence was verified
         self.num_draft_tokens = 0  # trailing token_ids proposed by jump-forward, not yet verified
         self.num_forward_passes = 0
+        # Hybrid models (recurrent layers): the state slot, and positions of its saved checkpoint.
+        self.state_slot: int | None = None
+        self.checkpoint_limit = 0  # furthest position to checkpoint at; 0: never
+        self.checkpoint_pos = 0
+        self.published_pos = 0
+        self.restore_entry: int | None = None  # snapshot to resume from, set by a context-cache hit
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,7 @@ from trtedge.runtime.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, Un
 from trtedge.runtime.models.gemma3 import Gemma3Model
 from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.models.moe import MoeModel, expert_names
+from trtedge.runtime.models.qwen3_5 import Qwen35Model, hybrid_dummy_tensors
 
 log = logging.getLogger("trtedge")
 
@@ -23,6 +24,7 @@ ARCHITECTURES = {
     "qwen3_moe": MoeModel,
     "mixtral": MoeModel,
     "gemma3_text": Gemma3Model,
+    "qwen3_5": Qwen35Model,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
 _QUANTIZED_ARCHITECTURES = {LlamaModel}
@@ -76,6 +78,10 @@ def dummy_tensors(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
 
     def rand(*shape):
         return torch.randn(*shape, dtype=dtype, device=device) * 0.02
+
+    if cfg.linear is not None:
+        yield from hybrid_dummy_tensors(cfg, rand, lambda n: torch.zeros(n, dtype=dtype, device=device))
+        return
 
     yield "model.embed_tokens.weight", rand(cfg.vocab_size, h)
     yield "model.norm.weight", torch.ones(h, dtype=dtype, device=device)

@@ -17,6 +17,9 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3_text",
     "gemma3",
 )
+SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text")
+# Hybrid families whose MLP is a mixture of experts: refused until their layers are wired.
+_HYBRID_MOE_TYPES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
 
 
 class UnsupportedModelError(ValueError):
@@ -34,6 +37,25 @@ class RopeConfig:
     short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors up to / past the original length
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0  # multiplies cos and sin
+
+
+@dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Gated DeltaNet layers of a hybrid model (Qwen3.5): which layers they are and their shapes."""
+
+    layer_types: tuple[str, ...]  # "linear_attention" | "full_attention", one per layer
+    conv_kernel: int
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+
+    def __post_init__(self) -> None:
+        unknown = set(self.layer_types) - {"linear_attention", "full_attention"}
+        if unknown:
+            raise UnsupportedModelError(f"layer_types: unknown layer type(s) {sorted(unknown)}")
+        if self.num_value_heads % self.num_key_heads:
+            raise UnsupportedModelError("linear_num_value_heads must be a multiple of linear_num_key_heads")
 
 
 @dataclass(frozen=True)
@@ -70,6 +92,7 @@ class ModelConfig:
     norm_topk_prob: bool = True
     sparse_layers: tuple[bool, ...] = ()
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert behind a sigmoid gate
+    linear: LinearAttentionConfig | None = None  # hybrid models: their linear-attention layers
 
     def __post_init__(self):
         if not self.sliding_windows:
@@ -92,6 +115,19 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
         model_type = cfg.get("model_type")
+        if model_type in _HYBRID_MOE_TYPES:
+            raise UnsupportedModelError(
+                f"{source}: model_type {model_type!r} (hybrid attention with a mixture-of-experts MLP) is not "
+                f"supported yet; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        if model_type in ("qwen3_5", "qwen3_5_text"):  # the vision-language checkpoint: its text model
+            top = cfg
+            cfg = dict(cfg.get("text_config") or cfg) if model_type == "qwen3_5" else dict(cfg)
+            cfg.setdefault("tie_word_embeddings", top.get("tie_word_embeddings", False))
+            cfg.setdefault("torch_dtype", top.get("torch_dtype") or top.get("dtype"))
+            rope = cfg.get("rope_parameters") or {}
+            cfg.setdefault("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
+            cfg["model_type"] = model_type = "qwen3_5"
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -121,7 +157,7 @@ class ModelConfig:
                 qkv_bias=model_type == "qwen2" or attention_bias or _qwen2_moe_bias(cfg),
                 o_bias=model_type in ("llama", "mistral") and attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
-                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
+                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_5"),
                 torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
                 hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
                 partial_rotary_factor=_partial_rotary_factor(cfg),
@@ -132,9 +168,29 @@ class ModelConfig:
                 attn_logit_softcapping=None if gemma else cfg.get("attn_logit_softcapping"),
                 final_logit_softcapping=cfg.get("final_logit_softcapping"),
                 **_moe_fields(cfg, model_type, num_layers),
+                linear=_linear_config(cfg, num_layers) if model_type == "qwen3_5" else None,
             )
         except KeyError as e:
             raise UnsupportedModelError(f"{source}: missing required field {e.args[0]!r}") from None
+
+
+def _linear_config(cfg: dict, num_layers: int) -> LinearAttentionConfig:
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        interval = int(cfg.get("full_attention_interval", 4))
+        layer_types = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
+        ]
+    if len(layer_types) != num_layers:
+        raise UnsupportedModelError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
+    return LinearAttentionConfig(
+        layer_types=tuple(layer_types),
+        conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+        num_key_heads=int(cfg.get("linear_num_key_heads", 16)),
+        num_value_heads=int(cfg.get("linear_num_value_heads", 32)),
+        key_head_dim=int(cfg.get("linear_key_head_dim", 128)),
+        value_head_dim=int(cfg.get("linear_value_head_dim", 128)),
+    )
 
 
 def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
