@@ -96,6 +96,11 @@ def serve(
     context_cache_max_records: int = typer.Option(
         1024, "--context-cache-max-records", help="Most cached prefix blocks kept for reuse."
     ),
+    context_cache_recurrent_snapshot_pool_bytes: int = typer.Option(
+        None,
+        "--context-cache-recurrent-snapshot-pool-bytes",
+        help="Hybrid models (Qwen3.5): bytes of recurrent-state snapshots kept for reuse [default: 4 x max batch].",
+    ),
     speculative_config: str = typer.Option(
         None,
         "--speculative-config",
@@ -170,7 +175,11 @@ def _serve(print_config: bool, settings: dict) -> None:
     serve_keys += ("allowed_local_media_path", "engine_cache_max_size_gb", "clear_engine_cache")
     try:
         config = ServeConfig.from_env(**{k: v[k] for k in serve_keys}, log_level=v["log_level"].lower())
-        context = ContextCacheConfig(v["enable_context_reuse"], v["context_cache_max_records"])
+        context = ContextCacheConfig(
+            v["enable_context_reuse"],
+            v["context_cache_max_records"],
+            v["context_cache_recurrent_snapshot_pool_bytes"],
+        )
         spec_keys = ("speculative_config", "draft_top_k", "max_spec_draft_tokens", "max_spec_verify_tokens")
         launch_kwargs["speculative"] = speculative_from_flags(*(v[k] for k in spec_keys))
         LaunchConfig(**launch_kwargs, context_cache=context)
