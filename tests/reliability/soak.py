@@ -23,6 +23,7 @@ class SoakReport:
     completed: int = 0
     disconnected: int = 0
     cancelled_before_first_token: int = 0
+    retried_after_429: int = 0
     lost: list[str] = field(default_factory=list)  # requests that should have completed and did not
     by_endpoint: collections.Counter = field(default_factory=collections.Counter)
     rss_first_half: int = 0
@@ -40,6 +41,7 @@ class SoakReport:
             "disconnected": self.disconnected,
             "cancelled_before_first_token": self.cancelled_before_first_token,
             "lost": len(self.lost),
+            "retried_after_429": self.retried_after_429,
             "by_endpoint": dict(self.by_endpoint),
             "rss_first_half_mib": round(self.rss_first_half / 2**20, 1),
             "rss_second_half_mib": round(self.rss_second_half / 2**20, 1),
@@ -101,6 +103,10 @@ async def _one(
             await asyncio.gather(task, return_exceptions=True)
         return
     response = await client.post(path, json=body)
+    while response.status_code == 429:  # seats still held by clients that just hung up: retry
+        report.retried_after_429 += 1
+        await asyncio.sleep(float(response.headers.get("retry-after", "1")))
+        response = await client.post(path, json=body)
     problem = _problem(response, stream, body["max_tokens"], anthropic=path == MESSAGES)
     if problem:
         report.lost.append(f"{name} stream={stream}: {problem}")
