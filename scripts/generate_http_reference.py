@@ -11,6 +11,10 @@ import sys
 from pathlib import Path
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "http-reference.md"
+# Responses the server gave to EXAMPLES (sent with "stream": false) and to the GET endpoints, as
+# captured from `trtedge serve` with the embedded model; tests/e2e/test_http_examples.py checks
+# that a live server still answers with the same structure.
+RESPONSES = Path(__file__).resolve().parent / "http_response_examples.json"
 HEADER = """# HTTP reference
 
 Generated from the request models of `trtedge serve` by `scripts/generate_http_reference.py`; do not
@@ -70,7 +74,10 @@ def render() -> str:
     from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest
     from trtedge.server.responses.protocol import ResponsesRequest
 
+    responses = json.loads(RESPONSES.read_text())
     parts = [HEADER]
+    for path in ("/health", "/v1/models"):
+        parts.append(f"## GET `{path}`\n\nExample response:\n\n```json\n{json.dumps(responses[path], indent=2)}\n```\n")
     for path, model in (
         ("/v1/chat/completions", ChatCompletionRequest),
         ("/v1/completions", CompletionRequest),
@@ -90,6 +97,8 @@ def render() -> str:
         parts.append("\nExample:\n")
         parts.append(f"```bash\ncurl http://127.0.0.1:8000{path} -H 'Content-Type: application/json' -d '")
         parts.append(json.dumps(EXAMPLES[path], indent=2) + "'\n```\n")
+        streamed = " (the same request with `\"stream\": false`)" if EXAMPLES[path].get("stream") else ""
+        parts.append(f"Response{streamed}:\n\n```json\n{json.dumps(responses[path], indent=2)}\n```\n")
         for ref, sub in sorted(defs.items()):
             if ref not in _DONE:
                 _DONE.add(ref)
