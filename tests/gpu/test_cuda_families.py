@@ -17,6 +17,7 @@ class _Cfg:
     model_type = "qwen3_moe"
     hidden_act = "silu"
     norm_topk_prob = True
+    shared_expert_intermediate_size = 0
 
     def __init__(self, experts: int, top_k: int):
         self.num_experts, self.num_experts_per_tok = experts, top_k
