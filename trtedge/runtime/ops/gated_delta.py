@@ -116,7 +116,7 @@ def fla_recurrent(q, k, v, g, beta, state):
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
     q, k, v, g, beta = (x.float().unsqueeze(1).contiguous() for x in (q, k, v, g, beta))
-    out, final = fused_recurrent_gated_delta_rule(
-        q, k, v, g, beta, scale=1.0, initial_state=state.float().contiguous(), output_final_state=True
+    out, final = fused_recurrent_gated_delta_rule(  # keywords: its fifth positional parameter is gk
+        q, k, v, g=g, beta=beta, scale=1.0, initial_state=state.float().contiguous(), output_final_state=True
     )
     return out[:, 0].float(), final.float()
