@@ -56,7 +56,8 @@ def test_greedy_matches_transformers_on_the_gpu(tmp_path):
     from trtedge import LLM, SamplingParams
 
     path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=True)
-    hf = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    # On the GPU: with fla-core installed HF's own layers call its Triton kernels, which need CUDA tensors.
+    hf = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).cuda().eval()
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     prompts = [list(range(5, 29)), [(i * 37) % 500 + 3 for i in range(150)]]
     with LLM(str(path), dtype="float32", device="cuda", max_kv_cache_capacity=512, max_input_len=256) as llm:
@@ -64,6 +65,6 @@ def test_greedy_matches_transformers_on_the_gpu(tmp_path):
         batched = [o.token_ids for o in llm.generate(prompts, params)]
     for ids, out in zip(prompts, got):
         with torch.no_grad():
-            logits = hf(torch.tensor([ids + out])).logits[0]
+            logits = hf(torch.tensor([ids + out], device="cuda")).logits[0].cpu()
         assert logits[len(ids) - 1 : -1].argmax(-1).tolist() == out
     assert batched == got
