@@ -100,8 +100,10 @@ def test_offline_backend_on_a_fake_stream_with_known_timings():
     assert "prompt too long" in results[1].error
     for r in ok:
         assert r.output_tokens == 5 and len(r.chunk_times) == 5
-        assert r.ttft == pytest.approx(0.05, abs=0.03)
-        assert r.itls == pytest.approx([0.02] * 4, abs=0.015)
+        # The fake sleeps at least this long; a loaded machine may add to it, never take away.
+        assert 0.049 <= r.ttft < r.e2e
+        assert len(r.itls) == 4 and all(itl >= 0.019 for itl in r.itls)
+        assert r.e2e >= 0.049 + 4 * 0.019
     assert results[2].start >= results[0].start + results[0].e2e  # closed loop, one at a time
     m = summarize(results, duration)
     assert (m["completed"], m["failed"]) == (2, 1)
