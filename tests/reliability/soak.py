@@ -103,7 +103,7 @@ async def _one(
             await asyncio.gather(task, return_exceptions=True)
         return
     response = await client.post(path, json=body)
-    while response.status_code == 429:  # seats still held by clients that just hung up: retry
+    while response.status_code in (429, 529):  # seats still held by clients that just hung up: retry
         report.retried_after_429 += 1
         await asyncio.sleep(float(response.headers.get("retry-after", "1")))
         response = await client.post(path, json=body)
