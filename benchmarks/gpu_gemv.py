@@ -63,8 +63,9 @@ def main() -> None:
         for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             lin = SkinnyLinear(w, None)
-            cublas = time_graph(lambda: F.linear(x, w))
-            planned = time_graph(lambda: lin(x))  # the plan the layer picked by timing (None: cuBLAS)
+            cublas = time_graph(lambda x=x, w=w: F.linear(x, w))
+            # the plan the layer picked by timing (None: cuBLAS)
+            planned = time_graph(lambda x=x, lin=lin: lin(x))
             line = {
                 "shape": name,
                 "rows": rows,
@@ -83,7 +84,7 @@ def main() -> None:
                                 continue
                             plan = (block_n, block_k, split)
                             lin._reserve(plan)
-                            us = time_graph(lambda plan=plan: lin.launch(x, plan))
+                            us = time_graph(lambda plan=plan, x=x, lin=lin: lin.launch(x, plan))
                             if us < best[0]:
                                 best = (us, [block_n, block_k, split])
                 line["best_us"] = round(best[0], 2)
