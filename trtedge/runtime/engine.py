@@ -10,7 +10,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trtedge.runtime.faults import FaultInjector
 from trtedge.runtime.guided import GuidedDecoding
@@ -22,7 +22,7 @@ from trtedge.runtime.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from trtedge.runtime.sequence import Sequence
 from trtedge.runtime.snapshots import HybridStateCache
 from trtedge.runtime.speculative import SpeculativeConfig, build_decoder
-from trtedge.runtime.speculative.decoder import SpecStats
+from trtedge.runtime.speculative.decoder import SpecStats, may_speculate
 from trtedge.runtime.state_pool import row_bytes
 from trtedge.runtime.stream import CancellableIterator, GenerationMetrics, StreamDelta
 from trtedge.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -141,11 +141,6 @@ class Engine:
             state=self.blocks.state,
         )
         self.speculative = None
-        if config.speculative is not None and self.blocks.state is not None:
-            raise ValueError(
-                "speculative decoding (--speculative-config) is not supported with hybrid models "
-                f"({model.cfg.model_type}: their recurrent state cannot roll back rejected tokens yet)"
-            )
         if config.speculative is not None:
             self.speculative = build_decoder(
                 config.speculative,
@@ -191,6 +186,7 @@ class Engine:
             raise ValueError(
                 f"logit_bias token id {max(params.logit_bias)} is not below the vocabulary size {vocab_size}"
             )
+        params = self._resolve_cache_generated(params)
         grammar = self.guides.compile(params.guided_decoding) if params.guided_decoding else None
         seed = params.seed
         if seed is None:
@@ -218,6 +214,27 @@ class Engine:
             self._inbox.put(("add", request))
         self._wake.set()
         return CancellableIterator(request.channel, lambda: self._cancel(request), params.n)
+
+    def _resolve_cache_generated(self, params: SamplingParams) -> SamplingParams:
+        """``cache_generated_tokens`` unset: publish generated tokens, except where a hybrid model
+        speculates (its verification keeps no checkpoints past the prompt: only the prompt's snapshot
+        is published); set to true there, the request is refused."""
+        hybrid_spec = (
+            self.speculative is not None
+            and self.blocks.state is not None
+            and self.blocks.enable_reuse
+            and params.reuse_context
+            and may_speculate(params)
+        )
+        if params.cache_generated_tokens is None:
+            return replace(params, cache_generated_tokens=not hybrid_spec)
+        if params.cache_generated_tokens and hybrid_spec:
+            raise ValueError(
+                "cache_generated_tokens must not be true with speculative decoding on a hybrid model "
+                f"({self.runner.model.cfg.model_type}: only the prompt's recurrent state is cached); "
+                "leave it unset, set it to false, or set disable_spec_decode"
+            )
+        return params
 
     def _cancel(self, request: _Request) -> None:
         self._inbox.put(("cancel", request))
@@ -410,7 +427,7 @@ class Engine:
                     break
         if not seq.is_finished:  # rejected draft positions: free their blocks and any unpaged state
             self.blocks.truncate(seq, seq.num_computed_tokens)
-            self.runner.rollback(seq, seq.num_computed_tokens)
+            seq.num_computed_tokens = self.runner.rollback(seq, seq.num_computed_tokens)
 
     def _append(self, choice: _Choice, token: int, info: TokenLogprobs | None) -> None:
         seq, request = choice.seq, choice.request

@@ -148,7 +148,7 @@ class BlockManager:
         if not (self.enable_reuse and seq.params.reuse_context) or self.max_records == 0:
             return
         limit = seq.num_computed_tokens
-        if not seq.params.cache_generated_tokens:
+        if seq.params.cache_generated_tokens is False:  # None (unset) caches them
             limit = min(limit, seq.num_prompt_tokens)
         parent = salt_root(seq.params.cache_salt)
         for i in range(limit // self.block_size):

@@ -14,7 +14,7 @@ from trtedge.runtime.sampling import Sampler, TokenLogprobs
 from trtedge.runtime.scheduler import ScheduledBatch
 from trtedge.runtime.sequence import Sequence
 from trtedge.runtime.snapshots import HybridStateCache
-from trtedge.runtime.state_pool import RecurrentBatch, RecurrentStatePool
+from trtedge.runtime.state_pool import RecurrentBatch, RecurrentStatePool, plan_windows
 
 log = logging.getLogger("trtedge")
 
@@ -61,6 +61,7 @@ class ModelRunner:
         self.state = state
         self.states = None
         self._step_states = None  # this step's RecurrentBatch, for forward()
+        self._windows: dict[int, tuple[int, int, int]] = {}  # seq_id -> (first position, scratch row, count)
         if state is not None:
             self.states = RecurrentStatePool(
                 model.state_spec(), state.num_slots, state.num_snapshots, model.device
@@ -111,7 +112,10 @@ class ModelRunner:
         """Copy the sequence's checkpoint into snapshot ``entry`` of the pool."""
         self.states.copy([self.states.checkpoint_row(seq.state_slot)], [self.states.snapshot_row(entry)])
 
-    def _recurrent_batch(self, batch: ScheduledBatch) -> RecurrentBatch:
+    def recurrent_batch(self, batch: ScheduledBatch, windows: list[int] | None = None) -> RecurrentBatch:
+        """The recurrent layers' view of a step (before ``num_computed_tokens`` advances). ``windows``:
+        per sequence, the trailing tokens whose every state is kept so that ``rollback`` can return to
+        any of them (speculative verification, jump-forward drafts)."""
         checkpoints, reached = [], []
         for seq, n in zip(batch.seqs, batch.num_tokens):
             r = self.state.checkpoint_target(seq, n)
@@ -121,13 +125,33 @@ class ModelRunner:
             seq.checkpoint_pos = pos
         rows = [seq.state_slot for seq in batch.seqs]
         device = self.model.device
-        return RecurrentBatch(
+        states = RecurrentBatch(
             self.states,
             rows,
             list(batch.num_tokens),
             checkpoints,
             torch.tensor(rows, dtype=torch.long, device=device),
         )
+        windows = windows if windows and any(windows) else [0] * len(rows)
+        firsts = [0] * len(rows)
+        if any(windows):
+            states.windows = windows
+            states.plan = plan_windows(self.states, rows, states.query_lens, checkpoints, windows)
+            firsts = states.plan.firsts
+        self._windows = {
+            seq.seq_id: (seq.num_computed_tokens + n - w, first, w)
+            for seq, n, w, first in zip(batch.seqs, batch.num_tokens, windows, firsts)
+        }
+        return states
+
+    def _draft_windows(self, batch: ScheduledBatch) -> list[int]:
+        """Jump-forward drafts computed whole in this step: the last token before them and the draft."""
+        windows = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            k = seq.num_draft_tokens
+            whole = 0 < k < n and seq.num_computed_tokens + n == seq.num_tokens
+            windows.append(k + 1 if whole else 0)
+        return windows
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int], list[TokenLogprobs | None]]:
@@ -139,7 +163,8 @@ class ModelRunner:
         query_lens, context_lens, tables = [], [], []
         last_rows: list[int] = []
         sampled: list[Sequence] = []
-        self._step_states = None if self.states is None else self._recurrent_batch(batch)
+        if self.states is not None:
+            self._step_states = self.recurrent_batch(batch, self._draft_windows(batch))
         for seq, n in zip(batch.seqs, batch.num_tokens):
             start = seq.num_computed_tokens
             end = start + n
@@ -225,7 +250,19 @@ class ModelRunner:
         src_t = torch.tensor(src, dtype=torch.long, device=device)
         flat[:, :, torch.tensor(dst, dtype=torch.long, device=device)] = flat[:, :, src_t]
 
-    def rollback(self, seq: Sequence, num_computed: int) -> None:
+    def rollback(self, seq: Sequence, num_computed: int) -> int:
         """Speculative tokens past ``num_computed`` were rejected. Paged KV needs nothing beyond the
-        block-table truncation the caller did; state that is not paged by position (recurrent layers)
-        must be restored to what it was after ``num_computed`` tokens here."""
+        block-table truncation the caller did; recurrent state returns to what it was after
+        ``num_computed`` tokens, from the states its last verification window kept. Returns the
+        tokens still computed: ``num_computed``, or 0 when the state cannot be restored (a draft split
+        across steps), and the sequence recomputes."""
+        if self.states is None:
+            return num_computed
+        base, first, count = self._windows.pop(seq.seq_id, (num_computed, 0, 0))
+        if num_computed == base + count:
+            return num_computed
+        if base < num_computed < base + count:
+            self.states.restore(seq.state_slot, first + num_computed - base - 1)
+            return num_computed
+        log.debug("%s: recurrent state not kept at %d tokens; recomputing", seq.request_id, num_computed)
+        return 0

@@ -119,7 +119,7 @@ class SamplingParams:
     logprobs: int | None = None
     n: int = 1
     reuse_context: bool = True
-    cache_generated_tokens: bool = True
+    cache_generated_tokens: bool | None = None  # None: True, but False where a hybrid model speculates
     skip_special_tokens: bool = True
     guided_decoding: GuidedDecodingParams | None = None
     disable_spec_decode: bool = False  # generate this request without speculative decoding

@@ -68,9 +68,10 @@ class HybridStateCache:
 
     def checkpoint_target(self, seq: Sequence, num_new: int) -> int:
         """Tokens of this step (of ``num_new`` from ``num_computed_tokens``) after which to save the
-        checkpoint: the last block-aligned position the step reaches within the limit; 0 for none."""
+        checkpoint: the last block-aligned position the step reaches within the limit, never inside a
+        jump-forward draft (its tokens may be rejected); 0 for none."""
         start = seq.num_computed_tokens
-        end = min(start + num_new, seq.checkpoint_limit)
+        end = min(start + num_new, seq.checkpoint_limit, seq.num_tokens - seq.num_draft_tokens)
         aligned = end - end % self.block_size
         return aligned - start if aligned > start and aligned > seq.checkpoint_pos else 0
 

@@ -22,6 +22,8 @@ class RecurrentStatePool:
         self.ssm = torch.zeros(layers, rows, *spec["ssm_shape"], dtype=torch.float32, device=device)
         self.row_bytes = row_bytes(spec)
         self.device = device
+        self.step_conv: torch.Tensor | None = None  # scratch: states after each verified draft position
+        self.step_ssm: torch.Tensor | None = None
 
     def checkpoint_row(self, slot: int) -> int:
         return self.num_slots + slot
@@ -40,6 +42,18 @@ class RecurrentStatePool:
         self.conv.index_copy_(1, d, self.conv.index_select(1, s))
         self.ssm.index_copy_(1, d, self.ssm.index_select(1, s))
 
+    def scratch(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-layer scratch rows for the states of a step's verification windows (grown on demand)."""
+        if self.step_conv is None or self.step_conv.shape[1] < num_rows:
+            self.step_conv = self.conv.new_empty(self.conv.shape[0], num_rows, *self.conv.shape[2:])
+            self.step_ssm = self.ssm.new_empty(self.ssm.shape[0], num_rows, *self.ssm.shape[2:])
+        return self.step_conv, self.step_ssm
+
+    def restore(self, row: int, scratch_row: int) -> None:
+        """Load the state saved in ``scratch_row`` of the last step's windows into live ``row``."""
+        self.conv[:, row] = self.step_conv[:, scratch_row]
+        self.ssm[:, row] = self.step_ssm[:, scratch_row]
+
     @property
     def nbytes(self) -> int:
         return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
@@ -49,6 +63,63 @@ def row_bytes(spec: dict) -> int:
     """Bytes of one sequence's whole recurrent state (every linear-attention layer)."""
     conv = spec["num_layers"] * torch.Size(spec["conv_shape"]).numel() * spec["conv_dtype"].itemsize
     return conv + spec["num_layers"] * torch.Size(spec["ssm_shape"]).numel() * 4
+
+
+@dataclass
+class WindowStep:
+    """Step ``j`` of the verification windows: the flat token rows that are the ``j``-th window token of
+    their sequence, those sequences' live rows, the scratch rows that keep the state after it, and the
+    checkpoints that fall right after it (live rows, checkpoint rows)."""
+
+    index: torch.Tensor
+    rows: torch.Tensor
+    saves: torch.Tensor
+    checkpoints: tuple[torch.Tensor, torch.Tensor] | None
+
+
+@dataclass
+class WindowPlan:
+    conv: torch.Tensor  # the pool's scratch
+    ssm: torch.Tensor
+    steps: list[WindowStep]
+    firsts: list[int]  # per sequence: its first scratch row
+
+
+def plan_windows(
+    pool: RecurrentStatePool, rows: list[int], query_lens: list[int], checkpoints: list, windows: list[int]
+) -> WindowPlan:
+    """Speculative verification and jump-forward drafts: the last ``windows[i]`` tokens of sequence i
+    run one at a time, and the state after each is kept, so that rejecting a suffix of them can restore
+    the state of the accepted prefix (``RecurrentStatePool.restore``)."""
+    starts, firsts, offset, total = [], [], 0, 0
+    for n, w in zip(query_lens, windows):
+        starts.append(offset + n - w)
+        firsts.append(total)
+        offset += n
+        total += w
+    conv, ssm = pool.scratch(total)
+    device = pool.device
+
+    def tensor(values):
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    steps = []
+    for j in range(max(windows)):
+        sel = [i for i, w in enumerate(windows) if w > j]
+        ckpts = [
+            (rows[i], checkpoints[i][1])
+            for i in sel
+            if checkpoints[i] is not None and checkpoints[i][0] == query_lens[i] - windows[i] + j + 1
+        ]
+        steps.append(
+            WindowStep(
+                tensor([starts[i] + j for i in sel]),
+                tensor([rows[i] for i in sel]),
+                tensor([firsts[i] + j for i in sel]),
+                (tensor([a for a, _ in ckpts]), tensor([b for _, b in ckpts])) if ckpts else None,
+            )
+        )
+    return WindowPlan(conv, ssm, steps, firsts)
 
 
 @dataclass
@@ -62,7 +133,9 @@ class RecurrentBatch:
     query_lens: list[int]
     checkpoints: list[tuple[int, int] | None]
     rows_tensor: torch.Tensor | None = None  # for decode: gather/scatter all states at once
+    windows: list[int] | None = None  # per sequence: trailing tokens verified one by one (0: none)
+    plan: WindowPlan | None = None
 
     @property
     def is_decode(self) -> bool:
-        return all(n == 1 for n in self.query_lens)
+        return self.plan is None and all(n == 1 for n in self.query_lens)

@@ -18,7 +18,7 @@ from trtedge.runtime.ops import gated_delta as gd
 from trtedge.runtime.ops import triton_attention
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import make_linear
-from trtedge.runtime.state_pool import RecurrentBatch
+from trtedge.runtime.state_pool import RecurrentBatch, WindowPlan
 
 log = logging.getLogger("trtedge")
 
@@ -61,13 +61,24 @@ class GatedDeltaNet:
             out = self._decode(mixed, g, beta, conv, ssm, batch)
         else:
             out = torch.empty(t, self.num_v_heads, self.dv, dtype=torch.float32, device=x.device)
+            windows = batch.windows or [0] * len(batch.rows)
             start = 0
-            for row, n, ckpt in zip(batch.rows, batch.query_lens, batch.checkpoints):
-                end = start + n
-                out[start:end] = self._prefill(
-                    mixed[start:end], g[start:end], beta[start:end], conv, ssm, row, ckpt
-                )
-                start = end
+            for row, n, ckpt, w in zip(batch.rows, batch.query_lens, batch.checkpoints, windows):
+                head = n - w  # tokens before the verification window: chunked
+                if head:
+                    end = start + head
+                    out[start:end] = self._prefill(
+                        mixed[start:end],
+                        g[start:end],
+                        beta[start:end],
+                        conv,
+                        ssm,
+                        row,
+                        ckpt if ckpt is not None and ckpt[0] <= head else None,
+                    )
+                start += n
+            if batch.plan is not None:
+                self._windows(mixed, g, beta, conv, ssm, out, batch.plan)
         # Gated RMSNorm per value head: norm(o) * w * silu(z), in float32.
         o = F.rms_norm(out, (self.dv,), None, self.eps) * self.norm
         o = o * F.silu(z.float().view(t, self.num_v_heads, self.dv))
@@ -104,19 +115,36 @@ class GatedDeltaNet:
             ssm[ckpt[1]] = state
         return out
 
-    def _decode(self, mixed, g, beta, conv, ssm, batch: RecurrentBatch) -> torch.Tensor:
-        rows = batch.rows_tensor
+    def _step(self, mixed, g, beta, conv, ssm, rows: torch.Tensor) -> torch.Tensor:
+        """One token for each sequence whose live state is at ``rows``: the recurrent update."""
         activated, new_conv = gd.causal_conv_step(mixed, conv.index_select(0, rows), self.conv_weight)
         conv.index_copy_(0, rows, new_conv.to(conv.dtype))
         q, k, v = self._qkv(activated)
         rule = gd.fla_recurrent if self.use_fla else gd.recurrent_gated_delta
         out, state = rule(q, k, v, g, beta, ssm.index_select(0, rows))
         ssm.index_copy_(0, rows, state)
+        return out
+
+    def _decode(self, mixed, g, beta, conv, ssm, batch: RecurrentBatch) -> torch.Tensor:
+        out = self._step(mixed, g, beta, conv, ssm, batch.rows_tensor)
         for i, ckpt in enumerate(batch.checkpoints):
             if ckpt is not None:
                 conv[ckpt[1]] = conv[batch.rows[i]]
                 ssm[ckpt[1]] = ssm[batch.rows[i]]
         return out
+
+    def _windows(self, mixed, g, beta, conv, ssm, out, plan: WindowPlan) -> None:
+        """Verification windows token by token, keeping the state after each in the plan's scratch."""
+        saved_conv, saved_ssm = plan.conv[self.index], plan.ssm[self.index]
+        for step in plan.steps:
+            i = step.index
+            out[i] = self._step(mixed[i], g[i], beta[i], conv, ssm, step.rows)
+            saved_conv.index_copy_(0, step.saves, conv.index_select(0, step.rows))
+            saved_ssm.index_copy_(0, step.saves, ssm.index_select(0, step.rows))
+            if step.checkpoints is not None:
+                src, dst = step.checkpoints
+                conv.index_copy_(0, dst, conv.index_select(0, src))
+                ssm.index_copy_(0, dst, ssm.index_select(0, src))
 
 
 class GatedAttention:

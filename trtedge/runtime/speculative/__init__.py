@@ -14,8 +14,15 @@ class UnsupportedSpeculativeMethod(SpeculativeConfigError):
     pass
 
 
-def check_supported(config: SpeculativeConfig, model_type: str | None = None) -> None:
-    """Refuse methods no supported family can run yet (before anything is loaded)."""
+def check_supported(config: SpeculativeConfig, model_type: str | None = None, hybrid: bool = False) -> None:
+    """Refuse methods no supported family can run yet (before anything is loaded), and those a hybrid
+    model (recurrent layers: it verifies linear chains only, see ``runner.rollback``) cannot run."""
+    if hybrid and config.method == "eagle3":
+        raise UnsupportedSpeculativeMethod(
+            f"--speculative-config method eagle3 is not supported with hybrid models ({model_type}: "
+            "its recurrent layers verify linear draft chains only, and it has no EAGLE-3 hidden-state "
+            "taps); use ngram or draft_model"
+        )
     if config.method == "mtp":
         family = f"{model_type} has" if model_type else "the supported families have"
         raise UnsupportedSpeculativeMethod(
@@ -31,7 +38,7 @@ def build_decoder(
     from trtedge.runtime.speculative.decoder import SpeculativeDecoder
     from trtedge.runtime.speculative.ngram import NgramProposer
 
-    check_supported(config, runner.model.cfg.model_type)
+    check_supported(config, runner.model.cfg.model_type, hybrid=runner.states is not None)
     if config.method == "ngram":
         proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
     elif config.method == "draft_model":

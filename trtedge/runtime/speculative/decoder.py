@@ -1,6 +1,6 @@
 """The engine's speculative step: propose drafts for decode rows, score them with the target in one
 forward (linear chains causally, token trees under an ancestor mask with per-node positions), accept,
-and roll the rejected tokens' KV back."""
+and roll the rejected tokens' KV back (and, for hybrid models, the recurrent state: chains only)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.scheduler import ScheduledBatch
 from trtedge.runtime.sequence import Sequence
 from trtedge.runtime.speculative.config import SpeculativeConfig
@@ -41,15 +42,21 @@ class SpecStats:
         return self.emitted_tokens / self.steps if self.steps else 0.0
 
 
-def eligible(seq: Sequence) -> bool:
-    """Decode rows of requests whose sampler the verifier reproduces exactly."""
-    p = seq.params
+def may_speculate(p: SamplingParams) -> bool:
+    """Requests whose sampler the verifier reproduces exactly (and that did not opt out)."""
     return (
         not p.disable_spec_decode
         and p.logprobs is None
         and p.repetition_penalty == 1.0
         and p.frequency_penalty == 0.0
         and p.presence_penalty == 0.0
+    )
+
+
+def eligible(seq: Sequence) -> bool:
+    """Decode rows of requests that may speculate."""
+    return (
+        may_speculate(seq.params)
         and seq.num_output_tokens >= 1
         and seq.num_computed_tokens == seq.num_tokens - 1
     )
@@ -174,8 +181,16 @@ class SpeculativeDecoder:
             # the Triton varlen kernel is causal only: token trees take the torch reference path
             attn.masks, attn.prefill_plan = masks, None
         input_ids = torch.tensor(ids, dtype=torch.long, device=device)
+        extra = {}
+        if runner.states is not None:  # recurrent layers: each chain runs token by token, keeping every state
+            counts = [len(draft) + 1 for _, draft in kept]
+            extra["states"] = runner.recurrent_batch(ScheduledBatch([s for s, _ in kept], counts), counts)
         hidden = model.forward(
-            input_ids, torch.tensor(positions, dtype=torch.long, device=device), runner.kv_caches, attn
+            input_ids,
+            torch.tensor(positions, dtype=torch.long, device=device),
+            runner.kv_caches,
+            attn,
+            **extra,
         )
         return model.logits(hidden), getattr(model, "aux_hidden", None)
 
@@ -193,7 +208,7 @@ class SpeculativeDecoder:
         num_computed = start + 1 + len(verdict.path)
         seq.num_computed_tokens = num_computed
         self.blocks.truncate(seq, num_computed)
-        self.runner.rollback(seq, num_computed)
+        seq.num_computed_tokens = self.runner.rollback(seq, num_computed)
 
     def observe(self, batch: ScheduledBatch) -> None:
         """After a plain forward: proposers that read the target's hidden states (eagle3) take theirs."""

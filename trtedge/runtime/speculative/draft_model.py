@@ -16,6 +16,11 @@ class DraftModelProposer:
             raise ValueError(
                 "--speculative-config method draft_model needs model (no draft model was loaded)"
             )
+        if hasattr(draft, "state_spec"):
+            raise ValueError(
+                f"--speculative-config model: a hybrid draft model ({draft.cfg.model_type}, recurrent layers) "
+                "is not supported; use a transformer draft (llama, qwen2, qwen3, ...) or method ngram"
+            )
         cfg = draft.cfg
         self.model = draft
         self.target_vocab = target.cfg.vocab_size

@@ -70,7 +70,7 @@ class _Sampling(_Model):
     stream: bool = False
     stream_options: StreamOptions | None = None
     reuse_context: bool = True
-    cache_generated_tokens: bool = True
+    cache_generated_tokens: bool | None = None  # unset: true, but false where a hybrid model speculates
     skip_special_tokens: bool = True
     disable_spec_decode: bool = False  # generate without speculative decoding (when the server has it)
     # Requests with different salts never share cached prefixes (tenant isolation of context reuse).

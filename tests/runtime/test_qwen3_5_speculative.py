@@ -1,0 +1,197 @@
+"""Speculative decoding and jump-forward drafts on a hybrid model (Qwen3.5): rejected draft tokens
+roll the recurrent state back to the accepted prefix, so greedy output equals plain greedy decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.runtime.spec_helpers import generate, load, repetitive_prompts
+from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint
+from trtedge.runtime.engine import Engine, EngineConfig
+from trtedge.runtime.runner import ModelRunner
+from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
+from trtedge.runtime.speculative import SpeculativeConfig, UnsupportedSpeculativeMethod
+from trtedge.runtime.speculative.tree import Draft
+
+pytest.importorskip("transformers")
+
+GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return load(make_tiny_hybrid_checkpoint(tmp_path_factory.mktemp("q35") / "m", vision=False))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return repetitive_prompts(6)
+
+
+@pytest.fixture(scope="module")
+def plain(target, prompts):
+    outs, _ = generate(*target, prompts, GREEDY, batch=1)
+    return outs
+
+
+def assert_nothing_leaked(engine) -> None:
+    state = engine.blocks.state
+    assert state.num_free_slots == state.num_slots
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+@pytest.mark.parametrize("batch", [1, 6], ids=["alone", "batched"])
+def test_ngram_greedy_equals_plain_greedy(target, prompts, plain, batch):
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
+    outs, engine = generate(*target, prompts, GREEDY, speculative=spec, batch=batch)
+    assert outs == plain
+    assert engine.speculative.stats.draft_tokens > 0
+    assert_nothing_leaked(engine)
+
+
+class KnowingProposer:
+    """Drafts the true greedy continuation with one wrong token at a rotating place (or none), so that
+    every accepted length 0..k occurs and the state is restored at each window position."""
+
+    def __init__(self, prompts, outputs):
+        self.truth = {tuple(p): o for p, o in zip(prompts, outputs)}
+        self.calls = 0
+
+    def propose(self, seqs, limits):
+        drafts = []
+        for seq, k in zip(seqs, limits):
+            truth = self.truth[tuple(seq.token_ids[: seq.num_prompt_tokens])]
+            tokens = list(truth[seq.num_output_tokens : seq.num_output_tokens + k])
+            wrong = self.calls % (k + 1)
+            if wrong < len(tokens):
+                tokens[wrong] = (tokens[wrong] + 1) % 500 + 3
+            self.calls += 1
+            drafts.append(Draft.chain(tokens) if tokens else None)
+        return drafts
+
+    def verified(self, seq, draft, path, aux) -> None:
+        pass
+
+    def observe(self, seqs, num_tokens, aux) -> None:
+        pass
+
+    def release(self, seq) -> None:
+        pass
+
+
+@pytest.mark.parametrize("batch", [1, 6], ids=["alone", "batched"])
+def test_every_accepted_length_restores_the_state(target, prompts, plain, batch):
+    model, tokenizer = target
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
+    config = EngineConfig(
+        max_batch_size=batch, max_kv_cache_capacity=256, enable_in_flight_batching=batch > 1, speculative=spec
+    )
+    engine = Engine(model, tokenizer, config)
+    engine.speculative.proposer = KnowingProposer(prompts, plain)
+    try:
+        streams = [engine.submit(p, GREEDY) for p in prompts]
+        outs = [[t for d in s for t in d.token_ids] for s in streams]
+    finally:
+        engine.shutdown()
+    assert outs == plain
+    stats = engine.speculative.stats
+    assert 0 < stats.accepted_tokens < stats.draft_tokens and stats.mean_accepted_length > 2
+    assert_nothing_leaked(engine)
+
+
+@pytest.mark.parametrize("batch", [1, 6], ids=["alone", "batched"])
+def test_draft_model_greedy_equals_plain_greedy(target, prompts, plain, batch, tmp_path_factory):
+    draft_path = make_tiny_checkpoint(tmp_path_factory.mktemp("draft") / "d", "qwen2", seed=3)
+    draft, _ = load(draft_path)
+    spec = SpeculativeConfig(method="draft_model", model=str(draft_path), num_speculative_tokens=3)
+    outs, engine = generate(*target, prompts, GREEDY, speculative=spec, draft=draft, batch=batch)
+    assert outs == plain
+    assert engine.speculative.stats.draft_tokens > 0
+    assert_nothing_leaked(engine)
+
+
+def test_trees_and_hybrid_drafts_are_refused(target, tmp_path):
+    model, tokenizer = target
+    eagle = SpeculativeConfig(method="eagle3", model="head", draft_top_k=2, num_speculative_tokens=2)
+    with pytest.raises(UnsupportedSpeculativeMethod, match="eagle3 is not supported with hybrid.*chains"):
+        Engine(model, tokenizer, EngineConfig(speculative=eagle))
+    spec = SpeculativeConfig(method="draft_model", model="d")
+    with pytest.raises(ValueError, match="hybrid draft model .*not supported"):
+        Engine(model, tokenizer, EngineConfig(speculative=spec), draft=model)
+
+
+def test_reuse_publishes_the_prompt_snapshot_and_refuses_cache_generated_tokens(target, prompts, plain):
+    model, tokenizer = target
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
+    config = EngineConfig(max_kv_cache_capacity=256, enable_context_reuse=True, speculative=spec)
+    engine = Engine(model, tokenizer, config)
+    try:
+        with pytest.raises(ValueError, match="^cache_generated_tokens must not be true with speculative"):
+            engine.submit(prompts[0], SamplingParams(max_tokens=4, cache_generated_tokens=True))
+        ok = SamplingParams(max_tokens=4, cache_generated_tokens=True, disable_spec_decode=True)
+        list(engine.submit(prompts[0], ok))  # a request that does not speculate may cache its output
+        prompt = prompts[1] * 2  # 38 tokens: a snapshot at 32
+        first = [t for d in engine.submit(prompt, GREEDY) for t in d.token_ids]
+        state = engine.blocks.state
+        published = state.stats.published
+        metrics = []
+        second = engine.submit(prompt + first[:5], GREEDY, on_metrics=metrics.append)
+        second_ids = [t for d in second for t in d.token_ids]
+        assert state.stats.published == published  # only prompt-end snapshots: none past the prompt
+        assert metrics[0].reused_tokens == 32
+    finally:
+        engine.shutdown()
+    assert_nothing_leaked(engine)
+    cold, _ = generate(model, tokenizer, [prompt + first[:5]], GREEDY, batch=1)
+    assert second_ids == cold[0]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+def test_jump_forward_drafts_roll_the_recurrent_state_back(target, prompts, plain, split):
+    """Jump-forward through the runner's draft path: a stand-in proposer drafts partly wrong tokens (a
+    real guide forces tokens that the word-level test vocabulary tokenizes one way only, so they would
+    never be rejected). Split: four short requests decode under a 16-token budget, so the last one's
+    draft is cut across two steps and the sequence recomputes its state."""
+    model, tokenizer = target
+    guide = GuidedDecodingParams(regex="(w[0-9]+)*", jump_forward=True)
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, guided_decoding=guide)
+    if split:
+        prompts = [p[:3] for p in prompts[:4]]
+        plain, _ = generate(model, tokenizer, prompts, GREEDY, batch=1)
+    knowing = KnowingProposer(prompts, plain)
+
+    def propose(seq):
+        limit = min(4, seq.params.max_tokens - seq.num_output_tokens - 1)
+        [draft] = knowing.propose([seq], [limit]) if limit > 0 else [None]
+        if draft is not None:
+            seq.token_ids.extend(draft.tokens)
+            seq.num_draft_tokens = len(draft)
+
+    recomputed = []
+    rollback = ModelRunner.rollback
+
+    def counting_rollback(runner, seq, num_computed):
+        kept = rollback(runner, seq, num_computed)
+        recomputed.append(kept == 0)
+        return kept
+
+    config = EngineConfig(
+        max_batch_size=len(prompts),
+        max_kv_cache_capacity=256,
+        enable_in_flight_batching=True,
+        max_num_batched_tokens=16 if split else 2048,
+    )
+    engine = Engine(model, tokenizer, config)
+    engine.guides.propose = propose
+    engine.runner.rollback = counting_rollback.__get__(engine.runner)
+    metrics = []
+    try:
+        streams = [engine.submit(p, params, on_metrics=metrics.append) for p in prompts]
+        outs = [[t for d in s for t in d.token_ids] for s in streams]
+    finally:
+        engine.shutdown()
+    assert outs == plain
+    jumped = sum(m.jump_forward_tokens for m in metrics)
+    assert 0 < jumped < sum(m.generated_tokens for m in metrics)
+    assert any(recomputed) == split and not all(recomputed)
+    assert_nothing_leaked(engine)
