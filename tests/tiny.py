@@ -125,13 +125,22 @@ HYBRID_TEXT = dict(
 )
 
 
-def make_tiny_hybrid_checkpoint(directory: Path, vision: bool = True, seed: int = 0) -> Path:
+def make_tiny_hybrid_checkpoint(
+    directory: Path, vision: bool = True, seed: int = 0, moe: bool = False
+) -> Path:
     """A random 4-layer Qwen3.5 (linear, full, linear, full attention): the vision-language checkpoint
-    (``qwen3_5``, with a one-block vision tower) or the text-only one (``qwen3_5_text``)."""
+    (``qwen3_5``, with a one-block vision tower) or the text-only one (``qwen3_5_text``); with ``moe``
+    the text-only Qwen3.5-MoE (``qwen3_5_moe_text``: 4 experts, top-2, a gated shared expert)."""
     import transformers
 
     torch.manual_seed(seed)
-    if vision:
+    if moe:
+        experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+        config = transformers.Qwen3_5MoeTextConfig(
+            **HYBRID_TEXT, **experts, shared_expert_intermediate_size=48
+        )
+        model = transformers.Qwen3_5MoeForCausalLM(config)
+    elif vision:
         vision_config = dict(
             depth=1,
             hidden_size=32,

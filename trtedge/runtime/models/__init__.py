@@ -25,6 +25,7 @@ ARCHITECTURES = {
     "mixtral": MoeModel,
     "gemma3_text": Gemma3Model,
     "qwen3_5": Qwen35Model,
+    "qwen3_5_moe": Qwen35Model,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
 _QUANTIZED_ARCHITECTURES = {LlamaModel}
@@ -80,7 +81,8 @@ def dummy_tensors(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
         return torch.randn(*shape, dtype=dtype, device=device) * 0.02
 
     if cfg.linear is not None:
-        yield from hybrid_dummy_tensors(cfg, rand, lambda n: torch.zeros(n, dtype=dtype, device=device))
+        zeros = lambda n: torch.zeros(n, dtype=dtype, device=device)  # noqa: E731
+        yield from hybrid_dummy_tensors(cfg, rand, zeros, _mlp_shapes)
         return
 
     yield "model.embed_tokens.weight", rand(cfg.vocab_size, h)

@@ -17,9 +17,16 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3_text",
     "gemma3",
 )
-SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text")
+SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 # Hybrid families whose MLP is a mixture of experts: refused until their layers are wired.
-_HYBRID_MOE_TYPES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
+_HYBRID_MOE_TYPES = ("qwen3_next",)
+# Qwen3.5 checkpoints (vision-language or text-only) -> the text model's family.
+_QWEN3_5 = {
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe",
+    "qwen3_5_moe_text": "qwen3_5_moe",
+}
 
 
 class UnsupportedModelError(ValueError):
@@ -120,14 +127,14 @@ class ModelConfig:
                 f"{source}: model_type {model_type!r} (hybrid attention with a mixture-of-experts MLP) is not "
                 f"supported yet; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        if model_type in ("qwen3_5", "qwen3_5_text"):  # the vision-language checkpoint: its text model
+        if model_type in _QWEN3_5:  # the vision-language checkpoint: its text model
             top = cfg
-            cfg = dict(cfg.get("text_config") or cfg) if model_type == "qwen3_5" else dict(cfg)
+            cfg = dict(cfg.get("text_config") or cfg)
             cfg.setdefault("tie_word_embeddings", top.get("tie_word_embeddings", False))
             cfg.setdefault("torch_dtype", top.get("torch_dtype") or top.get("dtype"))
             rope = cfg.get("rope_parameters") or {}
             cfg.setdefault("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
-            cfg["model_type"] = model_type = "qwen3_5"
+            cfg["model_type"] = model_type = _QWEN3_5[model_type]
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -157,7 +164,7 @@ class ModelConfig:
                 qkv_bias=model_type == "qwen2" or attention_bias or _qwen2_moe_bias(cfg),
                 o_bias=model_type in ("llama", "mistral") and attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
-                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_5"),
+                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_5", "qwen3_5_moe"),
                 torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
                 hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
                 partial_rotary_factor=_partial_rotary_factor(cfg),
@@ -168,7 +175,7 @@ class ModelConfig:
                 attn_logit_softcapping=None if gemma else cfg.get("attn_logit_softcapping"),
                 final_logit_softcapping=cfg.get("final_logit_softcapping"),
                 **_moe_fields(cfg, model_type, num_layers),
-                linear=_linear_config(cfg, num_layers) if model_type == "qwen3_5" else None,
+                linear=_linear_config(cfg, num_layers) if model_type in _QWEN3_5 else None,
             )
         except KeyError as e:
             raise UnsupportedModelError(f"{source}: missing required field {e.args[0]!r}") from None
@@ -211,7 +218,7 @@ def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
 
 
 def _moe_fields(cfg: dict, model_type: str, num_layers: int) -> dict:
-    if model_type not in ("qwen2_moe", "qwen3_moe", "mixtral"):
+    if model_type not in ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_5_moe"):
         return {}
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if model_type == "mixtral":
@@ -226,7 +233,7 @@ def _moe_fields(cfg: dict, model_type: str, num_layers: int) -> dict:
         num_experts=experts,
         num_experts_per_tok=int(cfg["num_experts_per_tok"]),
         moe_intermediate_size=size,
-        norm_topk_prob=model_type == "mixtral" or bool(cfg.get("norm_topk_prob", False)),
+        norm_topk_prob=model_type in ("mixtral", "qwen3_5_moe") or bool(cfg.get("norm_topk_prob", False)),
         sparse_layers=sparse,
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
     )

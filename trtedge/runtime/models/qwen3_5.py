@@ -1,6 +1,7 @@
-"""Qwen3.5 (text): Gated DeltaNet layers (short causal conv1d + gated delta rule, one recurrent state
-per sequence) interleaved with gated full-attention layers (output gate, partial rotary, q/k norm)
-over the paged KV cache. Vision-tower and multi-token-prediction weights are skipped."""
+"""Qwen3.5 and Qwen3.5-MoE (text): Gated DeltaNet layers (short causal conv1d + gated delta rule, one
+recurrent state per sequence) interleaved with gated full-attention layers (output gate, partial
+rotary, q/k norm) over the paged KV cache; the MoE variant's MLP is routed experts plus a gated shared
+expert. Vision-tower and multi-token-prediction weights are skipped."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from trtedge.runtime.models.config import ModelConfig
-from trtedge.runtime.models.layers import require, rotate
+from trtedge.runtime.models.layers import GatedMLP, require, rotate
+from trtedge.runtime.models.moe import SparseMoE
 from trtedge.runtime.models.rope import rope_inv_freq
 from trtedge.runtime.ops import gated_delta as gd
 from trtedge.runtime.ops import triton_attention
@@ -183,26 +185,27 @@ class GatedAttention:
 
 
 class Qwen35Layer:
-    def __init__(self, cfg, w, weight_format: str, mixer):
+    def __init__(self, cfg, w, weight_format: str, mixer, index: int):
         self.mixer = mixer
         self.input_norm = 1.0 + w["input_layernorm.weight"].float()
         self.post_norm = 1.0 + w["post_attention_layernorm.weight"].float()
-        self.gate_up = make_linear(
-            torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]]), None, weight_format
+        # Qwen3.5-MoE: routed experts plus a sigmoid-gated shared expert (SparseMoE does both)
+        sparse = cfg.num_experts and cfg.sparse_layers[index]
+        self.ffn = (
+            SparseMoE(cfg, w, weight_format)
+            if sparse
+            else GatedMLP.from_layer(w, cfg.hidden_act, weight_format)
         )
-        self.down = make_linear(w["mlp.down_proj.weight"], None, weight_format)
         self.eps = cfg.rms_norm_eps
 
     @property
     def linears(self) -> list:
         mixer = self.mixer
         mixing = [mixer.in_proj, mixer.out_proj] if isinstance(mixer, GatedDeltaNet) else [mixer.qkv, mixer.o]
-        return mixing + [self.gate_up, self.down]
+        return mixing + self.ffn.linears
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(x, self.post_norm, self.eps)
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        return x + self.ffn(rms_norm(x, self.post_norm, self.eps))
 
 
 class Qwen35Model:
@@ -249,13 +252,13 @@ class Qwen35Model:
         )
         self.layers: list[Qwen35Layer] = []
         num_linear = 0
-        for kind, w in zip(lin.layer_types, per_layer):
+        for index, (kind, w) in enumerate(zip(lin.layer_types, per_layer)):
             if kind == "linear_attention":
                 mixer = GatedDeltaNet(cfg, w, weight_format, num_linear)
                 num_linear += 1
             else:
                 mixer = GatedAttention(cfg, w, weight_format, cfg.rms_norm_eps)
-            self.layers.append(Qwen35Layer(cfg, w, weight_format, mixer))
+            self.layers.append(Qwen35Layer(cfg, w, weight_format, mixer, index))
         self.num_linear_layers = num_linear
         self.num_kv_layers = cfg.num_layers - num_linear
         rotary_dim = cfg.rotary_dim
@@ -305,7 +308,7 @@ class Qwen35Model:
         return sum(m.nbytes for m in [self.lm_head] + [m for layer in self.layers for m in layer.linears])
 
 
-def hybrid_dummy_tensors(cfg: ModelConfig, rand, zeros):
+def hybrid_dummy_tensors(cfg: ModelConfig, rand, zeros, mlp_shapes):
     """Random weights in HF names for ``dummy_tensors`` (norm weights 0: Qwen3.5 scales by 1 + w)."""
     lin, h = cfg.linear, cfg.hidden_size
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -336,11 +339,7 @@ def hybrid_dummy_tensors(cfg: ModelConfig, rand, zeros):
                 yield p + f"self_attn.{name}.weight", rand(*shape)
             for name in ("q_norm", "k_norm"):
                 yield p + f"self_attn.{name}.weight", zeros(cfg.head_dim)
-        for name, shape in {
-            "gate_proj": (cfg.intermediate_size, h),
-            "up_proj": (cfg.intermediate_size, h),
-            "down_proj": (h, cfg.intermediate_size),
-        }.items():
-            yield p + f"mlp.{name}.weight", rand(*shape)
+        for name, shape in mlp_shapes(cfg, i).items():
+            yield p + name + ".weight", rand(*shape)
         for name in ("input_layernorm", "post_attention_layernorm"):
             yield p + name + ".weight", zeros(h)
