@@ -68,3 +68,78 @@ def test_greedy_matches_transformers_on_the_gpu(tmp_path):
             logits = hf(torch.tensor([ids + out], device="cuda")).logits[0].cpu()
         assert logits[len(ids) - 1 : -1].argmax(-1).tolist() == out
     assert batched == got
+
+
+def test_speculative_and_jump_forward_restore_the_state_on_the_gpu(tmp_path):
+    """Draft windows run fla's recurrent kernel token by token; rollback restores the kept states."""
+    from tests.runtime.spec_helpers import repetitive_prompts
+    from tests.runtime.test_qwen3_5_speculative import KnowingProposer
+    from trtedge.runtime.checkpoint import resolve_checkpoint
+    from trtedge.runtime.engine import Engine, EngineConfig
+    from trtedge.runtime.models import load_model
+    from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
+    from trtedge.runtime.speculative import SpeculativeConfig
+
+    checkpoint = resolve_checkpoint(str(make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False)))
+    model = load_model(checkpoint, dtype="float32", device="cuda", weights="auto", max_positions=512)
+    tokenizer = checkpoint.load_tokenizer()
+    prompts = repetitive_prompts(6)
+    greedy = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+
+    def run(params, speculative=None, setup=None):
+        config = EngineConfig(
+            max_batch_size=6,
+            max_kv_cache_capacity=256,
+            enable_in_flight_batching=True,
+            speculative=speculative,
+        )
+        engine = Engine(model, tokenizer, config)
+        if setup is not None:
+            setup(engine)
+        try:
+            outs = [[t for d in s for t in d.token_ids] for s in [engine.submit(p, params) for p in prompts]]
+        finally:
+            engine.shutdown()
+        assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+        assert engine.blocks.state.num_free_slots == engine.blocks.state.num_slots
+        return outs, engine
+
+    plain, _ = run(greedy)
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
+    knowing = KnowingProposer(prompts, plain)
+    outs, engine = run(greedy, spec, lambda e: setattr(e.speculative, "proposer", knowing))
+    assert outs == plain
+    assert 0 < engine.speculative.stats.accepted_tokens < engine.speculative.stats.draft_tokens
+    outs, _ = run(greedy, spec)
+    assert outs == plain
+
+    def jump(engine):
+        def propose(seq):
+            limit = min(4, seq.params.max_tokens - seq.num_output_tokens - 1)
+            [draft] = knowing.propose([seq], [limit]) if limit > 0 else [None]
+            if draft is not None:
+                seq.token_ids.extend(draft.tokens)
+                seq.num_draft_tokens = len(draft)
+
+        engine.guides.propose = propose
+
+    guide = GuidedDecodingParams(regex="(w[0-9]+)*", jump_forward=True)
+    guided = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, guided_decoding=guide)
+    outs, _ = run(guided, setup=jump)
+    assert outs == plain
+
+
+def test_qwen3_5_moe_greedy_matches_transformers_on_the_gpu(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from trtedge import LLM, SamplingParams
+
+    path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False, moe=True)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    prompts = [list(range(5, 29)), [(i * 37) % 500 + 3 for i in range(150)]]
+    with LLM(str(path), dtype="float32", device="cuda", max_kv_cache_capacity=512, max_input_len=256) as llm:
+        got = [llm.generate(ids, params).token_ids for ids in prompts]
+    for ids, out in zip(prompts, got):
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids + out], device="cuda")).logits[0].cpu()
+        assert logits[len(ids) - 1 : -1].argmax(-1).tolist() == out
