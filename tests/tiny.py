@@ -126,16 +126,22 @@ HYBRID_TEXT = dict(
 
 
 def make_tiny_hybrid_checkpoint(
-    directory: Path, vision: bool = True, seed: int = 0, moe: bool = False
+    directory: Path, vision: bool = True, seed: int = 0, moe: bool = False, family: str = "qwen3_5"
 ) -> Path:
     """A random 4-layer Qwen3.5 (linear, full, linear, full attention): the vision-language checkpoint
     (``qwen3_5``, with a one-block vision tower) or the text-only one (``qwen3_5_text``); with ``moe``
-    the text-only Qwen3.5-MoE (``qwen3_5_moe_text``: 4 experts, top-2, a gated shared expert)."""
+    the text-only Qwen3.5-MoE (``qwen3_5_moe_text``: 4 experts, top-2, a gated shared expert); with
+    ``family="qwen3_next"`` a Qwen3-Next (fused projections; MoE but a dense layer 1)."""
     import transformers
 
     torch.manual_seed(seed)
-    if moe:
-        experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    if family == "qwen3_next":
+        config = transformers.Qwen3NextConfig(
+            **HYBRID_TEXT, **experts, shared_expert_intermediate_size=48, mlp_only_layers=[1]
+        )
+        model = transformers.Qwen3NextForCausalLM(config)
+    elif moe:
         config = transformers.Qwen3_5MoeTextConfig(
             **HYBRID_TEXT, **experts, shared_expert_intermediate_size=48
         )

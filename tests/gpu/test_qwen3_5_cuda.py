@@ -129,11 +129,12 @@ def test_speculative_and_jump_forward_restore_the_state_on_the_gpu(tmp_path):
     assert outs == plain
 
 
-def test_qwen3_5_moe_greedy_matches_transformers_on_the_gpu(tmp_path):
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_next"])
+def test_hybrid_moe_greedy_matches_transformers_on_the_gpu(family, tmp_path):
     transformers = pytest.importorskip("transformers")
     from trtedge import LLM, SamplingParams
 
-    path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False, moe=True)
+    path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False, moe=True, family=family)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
     params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     prompts = [list(range(5, 29)), [(i * 37) % 500 + 3 for i in range(150)]]

@@ -43,10 +43,12 @@ def hf_greedy_choices(hf, ids: list[int], output: list[int]) -> list[int]:
     return logits[len(ids) - 1 : -1].argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_text", "qwen3_5_moe_text"])
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"])
 def test_greedy_64_tokens_match_transformers(kind, hybrid, tmp_path, caplog):
     vision, moe = kind == "qwen3_5", kind == "qwen3_5_moe_text"
-    path = hybrid if vision else make_tiny_hybrid_checkpoint(tmp_path / "text", vision=False, moe=moe)
+    path = hybrid
+    if not vision:
+        path = make_tiny_hybrid_checkpoint(tmp_path / "text", vision=False, moe=moe, family=kind)
     cls = transformers.Qwen3_5ForConditionalGeneration if vision else transformers.AutoModelForCausalLM
     hf = cls.from_pretrained(path, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
@@ -183,9 +185,9 @@ def test_checkpoint_stops_before_a_thinking_marker(hybrid):
     assert state.checkpoint_limit(ids[:40], reuse=False, cache_generated=True) == 0
 
 
-def test_qwen3_next_is_refused_with_a_clear_error():
-    with pytest.raises(UnsupportedModelError, match="qwen3_next.*mixture-of-experts.*not supported yet"):
-        ModelConfig.from_hf({"model_type": "qwen3_next"})
+def test_unknown_hybrid_families_are_refused_naming_the_supported_ones():
+    with pytest.raises(UnsupportedModelError, match="'qwen3_6'.*supported: .*qwen3_5_moe, .*qwen3_next"):
+        ModelConfig.from_hf({"model_type": "qwen3_6"})
 
 
 def test_dummy_weights_load_for_benchmarks(hybrid):

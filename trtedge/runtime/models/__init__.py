@@ -26,6 +26,7 @@ ARCHITECTURES = {
     "gemma3_text": Gemma3Model,
     "qwen3_5": Qwen35Model,
     "qwen3_5_moe": Qwen35Model,
+    "qwen3_next": Qwen35Model,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
 _QUANTIZED_ARCHITECTURES = {LlamaModel}

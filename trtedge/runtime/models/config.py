@@ -17,15 +17,15 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3_text",
     "gemma3",
 )
-SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
-# Hybrid families whose MLP is a mixture of experts: refused until their layers are wired.
-_HYBRID_MOE_TYPES = ("qwen3_next",)
-# Qwen3.5 checkpoints (vision-language or text-only) -> the text model's family.
+SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
+# Hybrid (Gated DeltaNet + gated attention) checkpoints, vision-language or text-only -> the text
+# model's family.
 _QWEN3_5 = {
     "qwen3_5": "qwen3_5",
     "qwen3_5_text": "qwen3_5",
     "qwen3_5_moe": "qwen3_5_moe",
     "qwen3_5_moe_text": "qwen3_5_moe",
+    "qwen3_next": "qwen3_next",
 }
 
 
@@ -122,11 +122,6 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
         model_type = cfg.get("model_type")
-        if model_type in _HYBRID_MOE_TYPES:
-            raise UnsupportedModelError(
-                f"{source}: model_type {model_type!r} (hybrid attention with a mixture-of-experts MLP) is not "
-                f"supported yet; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
         if model_type in _QWEN3_5:  # the vision-language checkpoint: its text model
             top = cfg
             cfg = dict(cfg.get("text_config") or cfg)
@@ -164,7 +159,7 @@ class ModelConfig:
                 qkv_bias=model_type == "qwen2" or attention_bias or _qwen2_moe_bias(cfg),
                 o_bias=model_type in ("llama", "mistral") and attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
-                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_5", "qwen3_5_moe"),
+                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text") or model_type in _QWEN3_5,
                 torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
                 hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
                 partial_rotary_factor=_partial_rotary_factor(cfg),
@@ -218,7 +213,7 @@ def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
 
 
 def _moe_fields(cfg: dict, model_type: str, num_layers: int) -> dict:
-    if model_type not in ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_5_moe"):
+    if model_type not in ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_5_moe", "qwen3_next"):
         return {}
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if model_type == "mixtral":

@@ -28,6 +28,7 @@ _NAMES = {
     "qwen3_moe": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "mixtral": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
     "qwen3_5_moe": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
+    "qwen3_next": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
 }
 
 

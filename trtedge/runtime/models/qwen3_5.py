@@ -41,6 +41,8 @@ class GatedDeltaNet:
         self.dk, self.dv = lin.key_head_dim, lin.value_head_dim
         self.key_dim, self.value_dim = self.num_k_heads * self.dk, self.num_v_heads * self.dv
         p = "linear_attn."
+        if p + "in_proj_qkvz.weight" in w:
+            w = unfuse_projections(w, self.num_k_heads, self.dk, self.num_v_heads, self.dv)
         # One product for the four input projections: qkv (conv input), z (output gate), b (beta), a (decay).
         names = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
         self.in_proj = make_linear(torch.cat([w[p + n + ".weight"] for n in names]), None, weight_format)
@@ -147,6 +149,21 @@ class GatedDeltaNet:
                 src, dst = step.checkpoints
                 conv.index_copy_(0, dst, conv.index_select(0, src))
                 ssm.index_copy_(0, dst, ssm.index_select(0, src))
+
+
+def unfuse_projections(w: dict, nk: int, dk: int, nv: int, dv: int) -> dict:
+    """Qwen3-Next groups q, k, v, z (and b, a) by key head in two fused projections; split them into
+    Qwen3.5's four (value heads of one key head stay consecutive, as ``_qkv`` expects)."""
+    p, rep = "linear_attn.", nv // nk
+    w = dict(w)
+    q, k, v, z = (
+        w.pop(p + "in_proj_qkvz.weight").unflatten(0, (nk, -1)).split([dk, dk, rep * dv, rep * dv], 1)
+    )
+    b, a = w.pop(p + "in_proj_ba.weight").unflatten(0, (nk, -1)).split([rep, rep], 1)
+    w[p + "in_proj_qkv.weight"] = torch.cat([x.flatten(0, 1) for x in (q, k, v)])
+    for name, x in (("z", z), ("b", b), ("a", a)):
+        w[p + f"in_proj_{name}.weight"] = x.flatten(0, 1)
+    return w
 
 
 class GatedAttention:
