@@ -201,8 +201,8 @@ def target_format(name: str, shape, mode: str, source_type: str | None = None) -
     not a multiple of 32) take int8, as llama.cpp's Q4 files keep their token embedding in Q8_0.
     auto follows a GGUF tensor's own class: Q4_* -> int4, other quantized types -> int8.
     """
-    if len(shape) != 2 or not name.endswith(".weight"):
-        return None
+    if len(shape) != 2 or not name.endswith(".weight") or name.startswith(("visual.", "model.visual.")):
+        return None  # vision encoders stay float
     if mode == "auto":
         if not source_type or source_type in _FLOAT_SOURCES:
             return None

@@ -10,6 +10,7 @@ from trtedge.runtime.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, Un
 from trtedge.runtime.models.gemma3 import Gemma3Model
 from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.models.moe import MoeModel, expert_names
+from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel, is_vision_tensor
 from trtedge.runtime.models.qwen3_5 import Qwen35Model, hybrid_dummy_tensors
 
 log = logging.getLogger("trtedge")
@@ -27,9 +28,10 @@ ARCHITECTURES = {
     "qwen3_5": Qwen35Model,
     "qwen3_5_moe": Qwen35Model,
     "qwen3_next": Qwen35Model,
+    "qwen2_5_vl": Qwen25VLModel,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
-_QUANTIZED_ARCHITECTURES = {LlamaModel}
+_QUANTIZED_ARCHITECTURES = {LlamaModel, Qwen25VLModel}
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -151,6 +153,8 @@ def load_model(
             torch_dtype,
         )
     tensors = dummy_tensors(cfg, torch_dtype, dev) if load_format == "dummy" else checkpoint.iter_tensors()
+    if not getattr(checkpoint, "has_vision", True):  # a text-only bundle of a vision-language model
+        tensors = ((name, t) for name, t in tensors if not is_vision_tensor(name))
     tensors = prepare_tensors(tensors, checkpoint, weights, native, torch_dtype)
     model = cls(cfg, tensors, torch_dtype, dev, own_format, max_positions)
     weight_format = "+".join(

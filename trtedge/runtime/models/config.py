@@ -18,6 +18,7 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3",
 )
 SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
+SUPPORTED_MODEL_TYPES += ("qwen2_5_vl",)
 # Hybrid (Gated DeltaNet + gated attention) checkpoints, vision-language or text-only -> the text
 # model's family.
 _QWEN3_5 = {
@@ -100,6 +101,10 @@ class ModelConfig:
     sparse_layers: tuple[bool, ...] = ()
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert behind a sigmoid gate
     linear: LinearAttentionConfig | None = None  # hybrid models: their linear-attention layers
+    # Vision-language models (Qwen2.5-VL): rotary sections (temporal, height, width) of M-RoPE, and
+    # the config.json fields of the vision encoder (vision_config, placeholder token ids).
+    mrope_section: tuple[int, ...] = ()
+    vision: dict | None = None
 
     def __post_init__(self):
         if not self.sliding_windows:
@@ -130,6 +135,12 @@ class ModelConfig:
             rope = cfg.get("rope_parameters") or {}
             cfg.setdefault("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
             cfg["model_type"] = model_type = _QWEN3_5[model_type]
+        vision = None
+        if model_type == "qwen2_5_vl":  # the text model is qwen2's (flat in 4.x configs, text_config in 5.x)
+            top = cfg
+            cfg = {**cfg, **(cfg.get("text_config") or {}), "model_type": model_type}
+            cfg.setdefault("torch_dtype", top.get("torch_dtype") or top.get("dtype"))
+            vision = {k: top[k] for k in ("vision_config", "image_token_id", "video_token_id") if k in top}
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -156,7 +167,7 @@ class ModelConfig:
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 rope=_rope_config(cfg, source, "full_attention"),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
-                qkv_bias=model_type == "qwen2" or attention_bias or _qwen2_moe_bias(cfg),
+                qkv_bias=model_type in ("qwen2", "qwen2_5_vl") or attention_bias or _qwen2_moe_bias(cfg),
                 o_bias=model_type in ("llama", "mistral") and attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
                 qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text") or model_type in _QWEN3_5,
@@ -171,6 +182,8 @@ class ModelConfig:
                 final_logit_softcapping=cfg.get("final_logit_softcapping"),
                 **_moe_fields(cfg, model_type, num_layers),
                 linear=_linear_config(cfg, num_layers) if model_type in _QWEN3_5 else None,
+                mrope_section=_mrope_section(cfg) if model_type == "qwen2_5_vl" else (),
+                vision=vision,
             )
         except KeyError as e:
             raise UnsupportedModelError(f"{source}: missing required field {e.args[0]!r}") from None
@@ -197,7 +210,7 @@ def _linear_config(cfg: dict, num_layers: int) -> LinearAttentionConfig:
 
 def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
     window = int(cfg.get("sliding_window") or 0)
-    qwen = cfg.get("model_type") in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+    qwen = cfg.get("model_type") in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_5_vl")
     if not window or (qwen and not cfg.get("use_sliding_window")):
         return (0,) * num_layers
     types = cfg.get("layer_types")
@@ -238,6 +251,14 @@ def _qwen2_moe_bias(cfg: dict) -> bool:
     return cfg.get("model_type") == "qwen2_moe" and bool(cfg.get("qkv_bias", True))
 
 
+def _mrope_section(cfg: dict) -> tuple[int, ...]:
+    params = {**(cfg.get("rope_scaling") or {}), **(cfg.get("rope_parameters") or {})}
+    section = params.get("mrope_section")
+    if not section:
+        raise UnsupportedModelError("config.json: a qwen2_5_vl text model needs rope mrope_section")
+    return tuple(int(n) for n in section)
+
+
 def _partial_rotary_factor(cfg: dict) -> float:
     params = cfg.get("rope_parameters") or {}
     return float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
@@ -260,7 +281,7 @@ def _rope_config(cfg: dict, source: str, layer_type: str) -> RopeConfig:
     if layer_type == "sliding_attention" and "rope_theta" not in merged:
         theta = float(default_theta)
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
-    if kind == "default":
+    if kind in ("default", "mrope"):  # mrope: M-RoPE sections over the default frequencies
         return RopeConfig(theta=theta)
     if kind == "linear":
         return RopeConfig(theta=theta, kind="linear", factor=float(merged["factor"]))

@@ -138,14 +138,20 @@ class LlamaModel:
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return embedding(input_ids, self.embed)
 
-    def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
-        if self.decode_kernels is not None and batch.is_decode and not self.aux_layers:
+    def rope_for(self, positions: torch.Tensor) -> dict:
+        """cos and sin of each rope kind at ``positions``, shaped to broadcast over heads."""
+        return {
+            k: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)) for k, (cos, sin) in self.rope.items()
+        }
+
+    def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch, embeds=None) -> torch.Tensor:
+        """``embeds``: (rows, values) that replace the token embeddings of those rows (media tokens)."""
+        if self.decode_kernels is not None and batch.is_decode and not self.aux_layers and embeds is None:
             return self._decode_fused(input_ids, positions, kv_caches, batch)
         x = self.embed_tokens(input_ids)
-        rope = {
-            k: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
-            for k, (cos, sin) in self.rope.items()
-        }
+        if embeds is not None:
+            x = x.index_copy(0, embeds[0], embeds[1].to(x.dtype))
+        rope = self.rope_for(positions)
         aux = {}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             if i in self.aux_layers:
