@@ -88,6 +88,7 @@ class LaunchConfig:
     tensor_parallel_size: int = 1
     distributed_init_method: str | None = None  # e.g. env:// under torchrun; None: a local TCP store
     speculative: SpeculativeConfig | None = None  # --speculative-config; also a dict or its JSON
+    mm_embedding_cache_bytes: int = 512 * 2**20  # vision models: LRU cache of encoder outputs
 
     def __post_init__(self) -> None:
         try:
@@ -114,6 +115,11 @@ class LaunchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} ({_flag(name)}) must be a positive integer, got {value!r}")
+        cache = self.mm_embedding_cache_bytes
+        if isinstance(cache, bool) or not isinstance(cache, int) or cache < 0:
+            raise ConfigError(
+                f"mm_embedding_cache_bytes (--mm-embedding-cache-bytes) must be a non-negative integer, got {cache!r}"
+            )
         if self.max_input_len > self.max_kv_cache_capacity:
             raise ConfigError(
                 f"max_input_len (--max-input-len) {self.max_input_len} exceeds max_kv_cache_capacity "

@@ -14,6 +14,9 @@ from trtedge.runtime.engine import Engine, EngineConfig, EngineError, EngineUnav
 from trtedge.runtime.guided import GuidedUnavailableError
 from trtedge.runtime.guided import available as structured_output_available
 from trtedge.runtime.models import load_model
+from trtedge.runtime.multimodal import MultimodalPrompt, has_media
+from trtedge.runtime.multimodal.processor import VisionProcessor
+from trtedge.runtime.multimodal.prompt import PlaceholderTokens, expand_placeholders, process_media
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig
 from trtedge.runtime.stream import CancellableIterator, CompletionOutput, GenerationMetrics, RequestOutput
@@ -56,6 +59,7 @@ class LLM:
         tensor_parallel_size: int = 1,
         distributed_init_method: str | None = None,
         speculative_config: SpeculativeConfig | dict | str | None = None,
+        mm_embedding_cache_bytes: int = 512 * 2**20,
     ):
         self.config = LaunchConfig(
             model=model,
@@ -76,6 +80,7 @@ class LLM:
             tensor_parallel_size=tensor_parallel_size,
             distributed_init_method=distributed_init_method,
             speculative=speculative_config,
+            mm_embedding_cache_bytes=mm_embedding_cache_bytes,
         )
         spec = self.config.speculative
         # the runtime bundle (key, path, manifest) stands in for the checkpoint: a hit converts nothing
@@ -121,7 +126,14 @@ class LLM:
             recurrent_snapshot_pool_bytes=cfg.context_cache.recurrent_snapshot_pool_bytes,
             cuda_graphs=not enforce_eager,
             speculative=spec,
+            mm_embedding_cache_bytes=cfg.mm_embedding_cache_bytes,
         )
+        # the image / video processor when the model has a vision encoder loaded (see runtime.multimodal)
+        self.vision: VisionProcessor | None = None
+        if getattr(self.model, "vision", None) is not None:
+            self.vision = VisionProcessor.from_dir(
+                Path(self.checkpoint.path), self.model.cfg.vision["vision_config"]
+            )
         try:
             self.engine = Engine(self.model, self.tokenizer, engine_config, draft=self.draft)
         except BaseException:
@@ -173,8 +185,11 @@ class LLM:
         chat_template_kwargs: dict | None = None,
         enable_thinking: bool | None = None,
         reasoning_effort: str | None = None,
-    ) -> list[int]:
-        """Token ids for a chat (messages), a text prompt or token ids (passed through)."""
+    ) -> list[int] | MultimodalPrompt:
+        """Token ids for a chat (messages), a text prompt or token ids (passed through); a
+        ``MultimodalPrompt`` for messages with image / video parts (see ``trtedge.runtime.multimodal``)."""
+        if isinstance(prompt, MultimodalPrompt):
+            return prompt
         if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
             return list(prompt)
         if isinstance(prompt, str):
@@ -186,13 +201,34 @@ class LLM:
             raise ValueError(
                 "messages need the chat template; pass a string prompt with apply_chat_template=False"
             )
-        return self.tokenizer.encode_chat(
+        items = None
+        if has_media(prompt):
+            if self.vision is None:
+                raise ValueError(
+                    f"this model has no vision component ({self.model_name}): image and video input is not "
+                    "supported (a vision-language model built with --components llm is text-only)"
+                )
+            prompt, items = process_media(prompt, self.vision)
+        ids = self.tokenizer.encode_chat(
             prompt,
             add_generation_prompt=add_generation_prompt,
             tools=tools,
             enable_thinking=enable_thinking,
             reasoning_effort=reasoning_effort,
             chat_template_kwargs=chat_template_kwargs,
+        )
+        if items is None:
+            return ids
+        return expand_placeholders(ids, items, self._placeholders())
+
+    def _placeholders(self) -> PlaceholderTokens:
+        vision = self.model.cfg.vision
+        v = vision.get("vision_config") or {}
+        return PlaceholderTokens(
+            image=int(vision.get("image_token_id", 151655)),
+            video=int(vision.get("video_token_id", 151656)),
+            merge_size=int(v.get("spatial_merge_size", 2)),
+            tokens_per_second=float(v.get("tokens_per_second", 4)),
         )
 
     def check_lengths(self, num_prompt_tokens: int, max_tokens: int) -> None:
@@ -241,10 +277,11 @@ class LLM:
         min_priority = self.config.min_request_priority
         if min_priority is not None and priority < min_priority:
             raise ValueError(f"priority {priority} is below min_request_priority {min_priority}")
-        ids = self.encode_prompt(prompt, **prompt_options)
+        prompt = self.encode_prompt(prompt, **prompt_options)
+        ids = prompt.ids if isinstance(prompt, MultimodalPrompt) else prompt
         self.check_lengths(len(ids), params.max_tokens)
         self.check_token_ids(ids)
-        return self.engine.submit(ids, params, priority, on_metrics, request_id)
+        return self.engine.submit(prompt, params, priority, on_metrics, request_id)
 
     def generate(
         self,
@@ -279,7 +316,9 @@ class LLM:
         return stream, ids, box
 
     @staticmethod
-    def _collect(stream: CancellableIterator, ids: list[int], box: dict) -> RequestOutput:
+    def _collect(stream: CancellableIterator, ids, box: dict) -> RequestOutput:
+        if isinstance(ids, MultimodalPrompt):
+            ids = ids.ids
         choices: dict[int, CompletionOutput] = {}
         with stream:
             for delta in stream:

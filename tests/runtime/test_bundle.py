@@ -84,14 +84,18 @@ def test_profile_and_speculative_config_are_validated():
     with pytest.raises(BundleError, match="needs model"):
         BuildProfile.create(speculative={"method": "draft_model"})
     with pytest.raises(BundleError, match="--components"):
-        BuildProfile.create(components="llm,vision")
+        BuildProfile.create(components="llm,audio")
     with pytest.raises(BundleError, match="draft model"):
         BuildProfile.create(components="draft")
-    assert BuildProfile.create(components="all").components == ("llm",)
+    # "all" names the vision encoder too; a model without one drops it (text models' keys stay as they were)
+    text, vlm = {"model_type": "llama"}, {"model_type": "qwen2_5_vl", "vision_config": {}}
+    assert BuildProfile.create(components="all").components == ("llm", "vision")
+    assert BuildProfile.create(components="all").fit(text).components == ("llm",)
+    assert BuildProfile.create(components="all").fit(vlm).components == ("llm", "vision")
     profile = BuildProfile.create(components="all", speculative={"method": "draft_model", "model": "x"})
-    assert profile.components == ("llm", "draft")
+    assert profile.fit(text).components == ("llm", "draft")
     ngram = BuildProfile.create(components="all", speculative={"method": "ngram"})
-    assert ngram == BuildProfile()  # no draft: the plain bundle
+    assert ngram.fit(text) == BuildProfile()  # no draft: the plain bundle
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, True])

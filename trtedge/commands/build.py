@@ -24,7 +24,7 @@ def build(
         autocompletion=cached_models,
         help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M.",
     ),
-    components: str = typer.Option("all", "--components", help="all, or a comma list of: llm, draft."),
+    components: str = typer.Option("all", "--components", help="all, or a comma list of: llm, draft, vision."),
     cache_dir: str = typer.Option(
         None, "--cache-dir", help="Cache directory (default $TRTEDGE_CACHE_DIR or ~/.cache/trtedge)."
     ),

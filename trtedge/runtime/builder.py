@@ -50,6 +50,10 @@ def build_bundle(
     components = {"llm": _build_component(checkpoint, profile, out_dir, fingerprint, cache, progress)}
     if "draft" in profile.components and draft is not None:
         components["draft"] = _build_component(draft, profile, out_dir / "draft", None, cache, progress)
+    if "vision" in profile.components:
+        components["vision"] = _build_component(
+            checkpoint, profile, out_dir / "vision", fingerprint, cache, progress, vision=True
+        )
     _test_delay()
     manifest = {
         "layout_version": profile.layout_version,
@@ -64,10 +68,12 @@ def build_bundle(
     return manifest
 
 
-def _build_component(checkpoint, profile, out_dir: Path, fp, cache, progress) -> dict:
+def _build_component(checkpoint, profile, out_dir: Path, fp, cache, progress, vision: bool = False) -> dict:
+    """The LLM (its text model's tensors) or, with ``vision``, the vision encoder's tensors (float)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     fp = fp or checkpoint_fingerprint(checkpoint.path)
-    _write_tokenizer(checkpoint, out_dir)
+    if not vision:
+        _write_tokenizer(checkpoint, out_dir)
     _write(out_dir / "config.json", json.dumps(checkpoint.config, indent=1).encode())
     section = {
         "model": checkpoint.name,
@@ -80,19 +86,21 @@ def _build_component(checkpoint, profile, out_dir: Path, fp, cache, progress) ->
         "config": checkpoint.config,
         "quantization": checkpoint.quantization,
     }
-    mode = profile.weights
-    dtype = _stored_dtype(checkpoint, _WEIGHT_DTYPES.get(mode, profile.dtype))
+    mode = "float" if vision else profile.weights
+    dtype = _stored_dtype(checkpoint, _WEIGHT_DTYPES.get(profile.weights, profile.dtype))
     quantizes = mode in ("int8", "int4") or (mode == "auto" and checkpoint.kind == "gguf")
     if dtype is None and not quantizes:
         weights = {name: digest for name, digest in fp[1].items() if name.endswith(".safetensors")}
         section["weights"] = {"externalized": True, "files": weights, "dtype": "checkpoint"}
         return section
     key = {"checkpoint": fp[0], "dtype": dtype, "weights": mode, "layout": profile.layout_version}
+    if vision:
+        key["component"] = "vision"
     weights_key = digest_json(key)[:24]
     files = _link_weights(cache, weights_key, out_dir) if cache else None
     counts = None
     if files is None:
-        files, counts = _write_shards(checkpoint, out_dir, dtype, mode, progress)
+        files, counts = _write_shards(checkpoint, out_dir, dtype, mode, progress, vision)
     section["weights"] = {
         "externalized": False,
         "files": files,
@@ -152,7 +160,7 @@ def _link_weights(cache: Cache, weights_key: str, out_dir: Path) -> list[str] | 
             weights = section.get("weights", {})
             if weights.get("key") != weights_key:
                 continue
-            src_dir = entry.path / "draft" if name == "draft" else entry.path
+            src_dir = entry.path if name == "llm" else entry.path / name
             try:
                 for file in weights["files"]:
                     os.link(src_dir / file, out_dir / file)
@@ -165,9 +173,14 @@ def _link_weights(cache: Cache, weights_key: str, out_dir: Path) -> list[str] | 
     return None
 
 
-def _write_shards(checkpoint, out_dir: Path, dtype: str | None, mode: str, progress: Progress | None):
-    """Write the weights in shards, quantizing those ``mode`` asks for; returns (files, counts by format)."""
+def _write_shards(
+    checkpoint, out_dir: Path, dtype: str | None, mode: str, progress: Progress | None, vision: bool = False
+):
+    """Write the weights in shards, quantizing those ``mode`` asks for; returns (files, counts by format).
+    Only the vision encoder's tensors with ``vision``, else only the others."""
     from safetensors.torch import save_file
+
+    from trtedge.runtime.models.qwen2_5_vl import is_vision_tensor
 
     total = len([k for k in checkpoint.quantization if k != "dominant"]) or None
     torch_dtype = _TORCH_DTYPES[dtype] if dtype else None
@@ -186,6 +199,8 @@ def _write_shards(checkpoint, out_dir: Path, dtype: str | None, mode: str, progr
         shard, size = {}, 0
 
     for i, (name, tensor) in enumerate(_source_tensors(checkpoint, mode)):
+        if is_vision_tensor(name) != vision:
+            continue
         fmt = target_format(name, tensor.shape, mode, checkpoint.quantization.get(name))
         stored = _convert(name, tensor, fmt, torch_dtype)
         counts[fmt or "float"] = counts.get(fmt or "float", 0) + 1

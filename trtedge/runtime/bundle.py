@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from trtedge.runtime.bundle_cache import (  # noqa: F401 - clear/prune are public here too
@@ -32,7 +32,8 @@ from trtedge.runtime.speculative.config import METHODS, SpeculativeConfig, Specu
 
 log = logging.getLogger("trtedge")
 
-COMPONENTS = ("llm", "draft")
+COMPONENTS = ("llm", "draft", "vision")
+VISION_MODEL_TYPES = ("qwen2_5_vl",)  # families whose vision encoder trtedge builds and runs
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4")
 
@@ -49,6 +50,8 @@ TEXT_FILES = (
     "chat_template.jinja",
     "chat_template.json",
     "model.safetensors.index.json",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
 )
 
 
@@ -87,6 +90,8 @@ class BuildProfile:
                 f"--speculative-config method must be one of {', '.join(METHODS)}, "
                 f"got {self.speculative_method!r}"
             )
+        if "vision" in self.components and "llm" not in self.components:
+            raise BundleError("--components vision needs llm too (the vision encoder feeds the language model)")
         if "draft" in self.components and not self.draft_model:
             raise BundleError("--components draft needs a draft model in --speculative-config")
 
@@ -100,8 +105,8 @@ class BuildProfile:
             names = [c.strip() for c in components.split(",") if c.strip()]
         else:
             names = list(components)
-        if names == ["all"]:
-            names = ["llm", "draft"] if draft else ["llm"]
+        if names == ["all"]:  # vision is dropped again for a model without a vision encoder
+            names = ["llm", "draft", "vision"] if draft else ["llm", "vision"]
         return cls(
             speculative_method="draft_model" if draft else None,  # what a launch with it looks up
             draft_model=draft,
@@ -123,8 +128,16 @@ class BuildProfile:
             tensor_parallel_size=config.tensor_parallel_size,
             speculative_method="draft_model" if paired else None,
             draft_model=spec.model if paired else None,
-            components=("llm", "draft") if paired else ("llm",),
+            components=("llm", "draft", "vision") if paired else ("llm", "vision"),
         )
+
+    def fit(self, config: dict | None) -> BuildProfile:
+        """This profile for a checkpoint with ``config`` (config.json): without "vision" unless the model
+        has a vision encoder trtedge runs (text models keep the keys they always had)."""
+        vision = bool(config) and config.get("model_type") in VISION_MODEL_TYPES and "vision_config" in config
+        if vision or "vision" not in self.components:
+            return self
+        return replace(self, components=tuple(c for c in self.components if c != "vision"))
 
     def key_fields(self) -> dict:
         fields = asdict(self)
@@ -283,7 +296,22 @@ class Bundle(BundleComponent):
         self.draft = None
         if "draft" in comps:
             self.draft = BundleComponent(path / "draft", comps["draft"], comps["draft"]["model"], draft_path)
+        # the vision encoder's weights: the checkpoint's own files, or converted ones under vision/
+        self.vision = None
+        if "vision" in comps:
+            self.vision = BundleComponent(path / "vision", comps["vision"], self.source, checkpoint_path)
         self._lock: FileLock | None = None
+
+    @property
+    def has_vision(self) -> bool:
+        return self.vision is not None
+
+    def iter_tensors(self) -> Iterator[tuple[str, object]]:
+        from trtedge.runtime.models.qwen2_5_vl import is_vision_tensor
+
+        yield from ((n, t) for n, t in super().iter_tensors() if not is_vision_tensor(n))
+        if self.vision is not None:
+            yield from ((n, t) for n, t in self.vision.iter_tensors() if is_vision_tensor(n))
 
     def touch(self) -> None:
         try:
@@ -366,6 +394,7 @@ def prepare_bundle(
     if clear:
         cache.clear()
     source = _locate(model, cache)
+    profile = profile.fit(_read_config(source.path))
     fp, files = fingerprint(source.path)
     draft_source = draft_fp = draft_path = None
     if profile.draft_model:
@@ -416,6 +445,13 @@ def prepare_bundle(
     for e in evicted:
         log.info("evicted bundle %s (%s, %.1f MiB)", e.key, e.model, e.size_bytes / 2**20)
     return bundle
+
+
+def _read_config(path: Path) -> dict | None:
+    try:
+        return json.loads((path / "config.json").read_text()) if path.is_dir() else None
+    except (OSError, ValueError):
+        return None  # resolving the checkpoint reports it
 
 
 def _build_once(cache: Cache, key: str, build: Callable[[Path], None]) -> bool:

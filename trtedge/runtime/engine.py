@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from trtedge.runtime.faults import FaultInjector
 from trtedge.runtime.guided import GuidedDecoding
 from trtedge.runtime.kv_cache import BlockManager
+from trtedge.runtime.multimodal import MultimodalPrompt
 from trtedge.runtime.runner import ModelRunner
 from trtedge.runtime.sampling import Sampler, TokenLogprobs, mix_seed
 from trtedge.runtime.sampling_params import SamplingParams
@@ -54,6 +55,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     # Hybrid models: bytes of recurrent-state snapshots kept for context reuse (None: 4 x max_batch_size)
     recurrent_snapshot_pool_bytes: int | None = None
+    mm_embedding_cache_bytes: int = 512 * 2**20  # vision models: encoder outputs kept for repeated media
 
 
 @dataclass
@@ -139,6 +141,7 @@ class Engine:
             cuda_graphs=config.cuda_graphs,
             guides=self.guides,
             state=self.blocks.state,
+            mm_embedding_cache_bytes=config.mm_embedding_cache_bytes,
         )
         self.speculative = None
         if config.speculative is not None:
@@ -174,13 +177,18 @@ class Engine:
     # ---- called from any thread -------------------------------------------------------------
     def submit(
         self,
-        prompt_ids: list[int],
+        prompt_ids: list[int] | MultimodalPrompt,
         params: SamplingParams,
         priority: int = 0,
         on_metrics: Callable[[GenerationMetrics], None] | None = None,
         request_id: str | None = None,
     ) -> CancellableIterator:
         """Queue a request; its ``params.n`` choices stream into one iterator (``StreamDelta.index``)."""
+        mm = prompt_ids if isinstance(prompt_ids, MultimodalPrompt) else None
+        if mm is not None:
+            if self.runner.media is None:
+                raise ValueError("this model has no vision component: images and videos are not supported")
+            prompt_ids = mm.ids
         vocab_size = self.runner.model.cfg.vocab_size
         if params.logit_bias and max(params.logit_bias) >= vocab_size:
             raise ValueError(
@@ -196,6 +204,7 @@ class Engine:
         for index in range(params.n):
             rid = request_id if index == 0 or request_id is None else f"{request_id}-{index}"
             seq = Sequence(prompt_ids, params, priority, rid)
+            seq.mm = mm
             seq.seed = seed if index == 0 else mix_seed(seed, -1 - index)
             if grammar is not None:
                 seq.matcher = self.guides.matcher(grammar)

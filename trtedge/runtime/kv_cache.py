@@ -26,12 +26,23 @@ class ContextCacheStats:
     evictions: int = 0
 
 
-def chain_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
+def chain_hash(parent: bytes | None, token_ids: list[int], extra: bytes = b"") -> bytes:
     h = hashlib.blake2b(digest_size=16)
     if parent is not None:
         h.update(parent)
     h.update(b"".join(t.to_bytes(4, "little") for t in token_ids))
+    h.update(extra)
     return h.digest()
+
+
+def block_hash(parent: bytes | None, seq: Sequence, index: int, block_size: int) -> bytes:
+    """The chained hash of a sequence's block ``index``: its tokens and, for media placeholder tokens,
+    the content hashes of the images / videos they stand for (same text, other image: other KV)."""
+    start, end = index * block_size, (index + 1) * block_size
+    extra = b""
+    if seq.mm is not None:
+        extra = b"".join(it.hash for it in seq.mm.items if it.offset < end and it.end > start)
+    return chain_hash(parent, seq.token_ids[start:end], extra)
 
 
 def salt_root(salt: str | None) -> bytes | None:
@@ -98,7 +109,7 @@ class BlockManager:
         """Chained content hashes of the sequence's first ``num_blocks`` blocks."""
         hashes, parent = [], salt_root(seq.params.cache_salt)
         for i in range(num_blocks):
-            parent = chain_hash(parent, seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            parent = block_hash(parent, seq, i, self.block_size)
             hashes.append(parent)
         return hashes
 
@@ -154,12 +165,11 @@ class BlockManager:
         for i in range(limit // self.block_size):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
-                tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
-                block.hash = chain_hash(parent, tokens)
-                if block.hash in self.records:
-                    block.hash = None  # another block holds this content already
-                    parent = chain_hash(parent, tokens)
+                digest = block_hash(parent, seq, i, self.block_size)
+                if digest in self.records:  # another block holds this content already
+                    parent = digest
                     continue
+                block.hash = digest
                 self.records[block.hash] = block.block_id
                 self._trim_records()
             parent = block.hash

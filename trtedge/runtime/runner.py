@@ -8,6 +8,7 @@ import logging
 import torch
 
 from trtedge.runtime.guided import draft_rows
+from trtedge.runtime.multimodal.inputs import MediaInputs, media_inputs
 from trtedge.runtime.ops import triton_attention, triton_prefill
 from trtedge.runtime.ops.attention import AttentionBatch
 from trtedge.runtime.sampling import Sampler, TokenLogprobs
@@ -31,6 +32,7 @@ class ModelRunner:
         cuda_graphs: bool = True,
         guides=None,
         state: HybridStateCache | None = None,
+        mm_embedding_cache_bytes: int = 0,
     ):
         cfg = model.cfg
         self.model = model
@@ -80,6 +82,9 @@ class ModelRunner:
             block_size,
             num_blocks * block_size,
             self.kv_bytes / 2**20,
+        )
+        self.media = (
+            MediaInputs(model.vision, mm_embedding_cache_bytes) if getattr(model, "vision", None) else None
         )
         self.graphs = None
         if self.on_cuda and cuda_graphs:
@@ -169,7 +174,8 @@ class ModelRunner:
             start = seq.num_computed_tokens
             end = start + n
             ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
+            delta = seq.mm.rope_delta if seq.mm is not None else 0  # M-RoPE: generated tokens' offset
+            positions.extend(range(start + delta, end + delta))
             table = seq.block_table
             bs = self.block_size
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
@@ -181,16 +187,24 @@ class ModelRunner:
                 k = seq.num_draft_tokens if seq.num_draft_tokens < n else 0
                 last_rows.extend(range(len(ids) - 1 - k, len(ids)))
                 sampled.extend([seq] * (k + 1))
+        embeds = None
+        if any(seq.mm is not None for seq in batch.seqs):
+            positions, embeds = media_inputs(self.media, batch, positions, self.model.device)
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_computed_tokens += n
+            if seq.mm is not None and seq.num_computed_tokens >= seq.num_prompt_tokens:
+                seq.mm_embeds = {}  # the prompt is in the KV cache: its media embeddings are done with
         masks = self.guides.start_masks(sampled) if self.guides is not None and sampled else None
-        decode = all(q == 1 for q in query_lens)
+        decode = all(q == 1 for q in query_lens) and embeds is None
         if decode and self.graphs is not None and self.graphs.fits(len(ids)) and not self.model.aux_layers:
             logits = self.graphs.run(ids, positions, slots, tables, context_lens)
             tokens, infos = self.sampler(logits, draft_rows(sampled), masks)
             return sampled, tokens, infos
         plan = (ids, positions, slots, query_lens, context_lens, tables, last_rows)
-        logits = self.forward(*plan) if self.tp is None else self.tp.step(self.forward, plan)
+        if embeds is not None:
+            logits = self.forward(*plan, embeds=embeds)
+        else:
+            logits = self.forward(*plan) if self.tp is None else self.tp.step(self.forward, plan)
         if not sampled:
             return [], [], []
         tokens, infos = self.sampler(logits, draft_rows(sampled), masks)
@@ -198,7 +212,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(
-        self, ids, positions, slots, query_lens, context_lens, tables, last_rows
+        self, ids, positions, slots, query_lens, context_lens, tables, last_rows, embeds=None
     ) -> torch.Tensor | None:
         """The model over a flattened batch: the logits of ``last_rows`` (None when there are none). The
         other tensor-parallel ranks run this with the plan rank 0 sent."""
@@ -206,8 +220,13 @@ class ModelRunner:
         decode = all(q == 1 for q in query_lens)
         attn = self._attention_batch(slots, query_lens, context_lens, tables, decode)
         input_ids = torch.tensor(ids, dtype=torch.long, device=device)
-        pos = torch.tensor(positions, dtype=torch.long, device=device)
+        if isinstance(positions, torch.Tensor):  # (3, T) multimodal positions
+            pos = positions.to(device)
+        else:
+            pos = torch.tensor(positions, dtype=torch.long, device=device)
         extra = {} if self._step_states is None else {"states": self._step_states}
+        if embeds is not None:
+            extra["embeds"] = embeds
         hidden = self.model.forward(input_ids, pos, self.kv_caches, attn, **extra)
         if not last_rows:
             return None

@@ -45,6 +45,10 @@ class Sequence:
         self.checkpoint_pos = 0
         self.published_pos = 0
         self.restore_entry: int | None = None  # snapshot to resume from, set by a context-cache hit
+        # Vision-language prompts: the MultimodalPrompt (media items, M-RoPE positions) and the
+        # encoder embeddings of its items while the prompt is being prefilled (runner-owned).
+        self.mm = None
+        self.mm_embeds: dict = {}
 
     @property
     def num_tokens(self) -> int:

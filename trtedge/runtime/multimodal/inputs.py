@@ -1,0 +1,77 @@
+"""What a step's forward needs for sequences with media: M-RoPE positions of their prompt tokens,
+and the encoder embeddings that replace the placeholder tokens' embeddings.
+
+Each media item is encoded once per request, when the first chunk holding any of its tokens is
+prefilled (all items missing in a step go through the encoder together, across requests), and kept
+on the sequence until its prompt is fully in the KV cache; a chunk boundary may cut an item, the
+next chunk takes the rest. Repeated items come from an LRU cache keyed by content hash.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trtedge.runtime.multimodal.cache import EmbeddingCache
+
+
+class MediaInputs:
+    """The vision encoder and its embedding cache (engine thread only)."""
+
+    def __init__(self, encoder, cache_bytes: int):
+        self.encoder = encoder
+        self.cache = EmbeddingCache(cache_bytes)
+        self.num_encoded = 0  # items run through the encoder
+
+    def encode(self, items: list) -> list[torch.Tensor]:
+        """Embeddings of each item: from the cache, else one encoder pass for all the others."""
+        out: list[torch.Tensor | None] = [self.cache.get(it.hash) for it in items]
+        todo: dict[bytes, list[int]] = {}
+        for i, (it, emb) in enumerate(zip(items, out)):
+            if emb is None:
+                todo.setdefault(it.hash, []).append(i)
+        if todo:
+            firsts = [items[idx[0]] for idx in todo.values()]
+            pixels = torch.cat([it.pixels for it in firsts])
+            result = self.encoder(pixels, [it.grid for it in firsts])
+            self.num_encoded += len(firsts)
+            for it, emb, idx in zip(firsts, result.split([it.num_tokens for it in firsts]), todo.values()):
+                self.cache.put(it.hash, emb)
+                for i in idx:
+                    out[i] = emb
+        return out
+
+
+def media_inputs(media: MediaInputs | None, batch, positions: list[int], device) -> tuple:
+    """(positions, embeds) for the runner: (3, T) positions when some row computes prompt tokens of a
+    multimodal sequence (else the 1D list unchanged), and (rows, values) of media embeddings or None."""
+    rows = []  # (seq, start, end, first row of the sequence in the flattened batch)
+    row = 0
+    for seq, n in zip(batch.seqs, batch.num_tokens):
+        start = seq.num_computed_tokens
+        if seq.mm is not None and start < seq.num_prompt_tokens:
+            rows.append((seq, start, start + n, row))
+        row += n
+    if not rows:
+        return positions, None
+    if media is None:
+        raise ValueError("this model has no vision component: the request's images cannot be encoded")
+    pos = torch.tensor(positions, dtype=torch.long).expand(3, -1).clone()
+    needed = []
+    for seq, start, end, first in rows:
+        stop = min(end, seq.num_prompt_tokens)
+        pos[:, first : first + stop - start] = seq.mm.positions[:, start:stop]
+        for i, item in enumerate(seq.mm.items):
+            if item.offset < end and item.end > start and i not in seq.mm_embeds:
+                needed.append((seq, i, item))
+    for (seq, i, _), emb in zip(needed, media.encode([it for _, _, it in needed])):
+        seq.mm_embeds[i] = emb
+    index, values = [], []
+    for seq, start, end, first in rows:
+        for i, item in enumerate(seq.mm.items):
+            a, b = max(start, item.offset), min(end, item.end)
+            if a < b:
+                index.append(torch.arange(first + a - start, first + b - start))
+                values.append(seq.mm_embeds[i][a - item.offset : b - item.offset])
+    if not index:
+        return pos, None
+    return pos, (torch.cat(index).to(device), torch.cat(values).to(device))

@@ -1,0 +1,103 @@
+"""Chat messages with image / video parts -> a MultimodalPrompt: each media part is processed, the
+chat template renders its placeholder (one <|image_pad|> / <|video_pad|> token), and each
+placeholder is expanded to the item's number of tokens; then the M-RoPE positions are computed."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from trtedge.runtime.models.mrope import mrope_positions
+from trtedge.runtime.multimodal import MediaItem, MultimodalPrompt
+from trtedge.runtime.multimodal.processor import VisionProcessor
+
+
+@dataclass(frozen=True)
+class PlaceholderTokens:
+    """Token ids of the placeholders the chat template writes, and the encoder's geometry."""
+
+    image: int
+    video: int
+    merge_size: int = 2
+    tokens_per_second: float = 1.0
+
+
+def process_media(messages: list[dict], processor: VisionProcessor) -> tuple[list[dict], list[MediaItem]]:
+    """Messages with each image / video part replaced by a bare ``{"type": ...}`` part for the
+    template, and the processed items in prompt order (offsets not yet known)."""
+    items: list[MediaItem] = []
+    out = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        parts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in ("image", "video"):
+                parts.append(part)
+                continue
+            where = f"messages[{i}].content[{j}]"
+            try:
+                if kind == "image":
+                    items.append(processor.image(_pil(part.get("image"), where)))
+                else:
+                    frames = part.get("video")
+                    if not isinstance(frames, (list, tuple)):
+                        raise ValueError("'video' must be a list of PIL images")
+                    frames = [_pil(f, where) for f in frames]
+                    items.append(processor.video(frames, float(part.get("fps") or 0)))
+            except (ValueError, TypeError, OSError) as e:
+                raise ValueError(f"{where}: cannot process the {kind} ({e})") from None
+            parts.append({"type": kind})
+        out.append({**message, "content": parts})
+    return out, items
+
+
+def expand_placeholders(
+    ids: list[int], items: list[MediaItem], tokens: PlaceholderTokens
+) -> MultimodalPrompt:
+    """Replace the i-th placeholder token of each kind by the i-th item of that kind's tokens."""
+    pending = {
+        "image": [it for it in items if it.kind == "image"],
+        "video": [it for it in items if it.kind == "video"],
+    }
+    kinds = {tokens.image: "image", tokens.video: "video"}
+    out: list[int] = []
+    placed: list[MediaItem] = []
+    for token in ids:
+        kind = kinds.get(token)
+        if kind is None:
+            out.append(token)
+            continue
+        if not pending[kind]:
+            raise ValueError(f"the prompt has more {kind} placeholders than {kind} parts")
+        item = dataclasses.replace(pending[kind].pop(0), offset=len(out))
+        out.extend([token] * item.num_tokens)
+        placed.append(item)
+    missing = [k for k, left in pending.items() if left]
+    if missing:
+        raise ValueError(
+            f"the chat template placed no placeholder for some {missing[0]} parts "
+            "(it must write <|vision_start|><|image_pad|><|vision_end|> for each image)"
+        )
+    merge = tokens.merge_size
+    spans = [
+        (
+            it.offset,
+            (it.grid[0], it.grid[1] // merge, it.grid[2] // merge),
+            tokens.tokens_per_second * it.second_per_grid if it.kind == "video" else 1.0,
+        )
+        for it in placed
+    ]
+    positions, delta = mrope_positions(len(out), spans)
+    return MultimodalPrompt(out, tuple(placed), positions, delta)
+
+
+def _pil(value, where: str):
+    from PIL import Image
+
+    if not isinstance(value, Image.Image):
+        raise ValueError(f"expected a PIL image, got {type(value).__name__}")
+    return value
