@@ -309,9 +309,11 @@ class Bundle(BundleComponent):
     def iter_tensors(self) -> Iterator[tuple[str, object]]:
         from trtedge.runtime.models.qwen2_5_vl import is_vision_tensor
 
+        if self.vision is None:
+            yield from super().iter_tensors()
+            return
         yield from ((n, t) for n, t in super().iter_tensors() if not is_vision_tensor(n))
-        if self.vision is not None:
-            yield from ((n, t) for n, t in self.vision.iter_tensors() if is_vision_tensor(n))
+        yield from ((n, t) for n, t in self.vision.iter_tensors() if is_vision_tensor(n))
 
     def touch(self) -> None:
         try:

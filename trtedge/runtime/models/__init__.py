@@ -153,7 +153,7 @@ def load_model(
             torch_dtype,
         )
     tensors = dummy_tensors(cfg, torch_dtype, dev) if load_format == "dummy" else checkpoint.iter_tensors()
-    if not getattr(checkpoint, "has_vision", True):  # a text-only bundle of a vision-language model
+    if cfg.vision is not None and not getattr(checkpoint, "has_vision", True):  # a text-only bundle
         tensors = ((name, t) for name, t in tensors if not is_vision_tensor(name))
     tensors = prepare_tensors(tensors, checkpoint, weights, native, torch_dtype)
     model = cls(cfg, tensors, torch_dtype, dev, own_format, max_positions)
