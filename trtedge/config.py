@@ -10,6 +10,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4")
 LOAD_FORMATS = ("auto", "dummy")
+COMPONENTS = ("all", "llm")  # what a launch loads: everything the model has, or its language model only
 DEFAULT_MAX_INPUT_LEN = 4096
 
 
@@ -89,6 +90,7 @@ class LaunchConfig:
     distributed_init_method: str | None = None  # e.g. env:// under torchrun; None: a local TCP store
     speculative: SpeculativeConfig | None = None  # --speculative-config; also a dict or its JSON
     mm_embedding_cache_bytes: int = 512 * 2**20  # vision models: LRU cache of encoder outputs
+    components: str = "all"  # "all" or "llm" (a vision-language model loaded text-only)
 
     def __post_init__(self) -> None:
         try:
@@ -119,6 +121,10 @@ class LaunchConfig:
         if isinstance(cache, bool) or not isinstance(cache, int) or cache < 0:
             raise ConfigError(
                 f"mm_embedding_cache_bytes (--mm-embedding-cache-bytes) must be a non-negative integer, got {cache!r}"
+            )
+        if self.components not in COMPONENTS:
+            raise ConfigError(
+                f"components (--components) must be one of {', '.join(COMPONENTS)}, got {self.components!r}"
             )
         if self.max_input_len > self.max_kv_cache_capacity:
             raise ConfigError(

@@ -60,6 +60,7 @@ class LLM:
         distributed_init_method: str | None = None,
         speculative_config: SpeculativeConfig | dict | str | None = None,
         mm_embedding_cache_bytes: int = 512 * 2**20,
+        components: str = "all",
     ):
         self.config = LaunchConfig(
             model=model,
@@ -81,6 +82,7 @@ class LLM:
             distributed_init_method=distributed_init_method,
             speculative=speculative_config,
             mm_embedding_cache_bytes=mm_embedding_cache_bytes,
+            components=components,
         )
         spec = self.config.speculative
         # the runtime bundle (key, path, manifest) stands in for the checkpoint: a hit converts nothing
@@ -370,6 +372,25 @@ class LLM:
             "engine_error": self._engine_error(),
             "speculative": self.speculative_metrics(),
             **_state_stats(engine),
+            **({"mm_embedding_cache": self.get_mm_embedding_cache_metrics()} if self.vision else {}),
+        }
+
+    def get_mm_embedding_cache_metrics(self) -> dict | None:
+        """The vision encoder's embedding cache (None without a vision component): hits, misses,
+        evictions, entries and bytes held now, max_bytes, and encoded_items (items run through the
+        encoder, cache misses batched per step)."""
+        media = self.engine.runner.media
+        if media is None:
+            return None
+        cache = media.cache
+        return {
+            "hits": cache.stats.hits,
+            "misses": cache.stats.misses,
+            "evictions": cache.stats.evictions,
+            "entries": len(cache),
+            "bytes": cache.bytes,
+            "max_bytes": cache.max_bytes,
+            "encoded_items": media.num_encoded,
         }
 
     def speculative_metrics(self) -> dict | None:

@@ -81,7 +81,12 @@ def user(*parts) -> list[dict]:
 
 
 def test_processor_matches_hf(llm):
-    images = [random_image(40, 56, 0), random_image(64, 64, 1), random_image(100, 30, 2), random_image(300, 200, 3)]
+    images = [
+        random_image(40, 56, 0),
+        random_image(64, 64, 1),
+        random_image(100, 30, 2),
+        random_image(300, 200, 3),
+    ]
     ref = hf_processor()(images, return_tensors="pt")
     items = [llm.vision.image(im) for im in images]
     assert [list(it.grid) for it in items] == ref["image_grid_thw"].tolist()
@@ -124,3 +129,130 @@ def test_greedy_matches_hf(llm, hf, parts):
     out = llm.chat(messages, SamplingParams(**GREEDY))
     assert out.prompt_tokens == len(prompt.ids)
     assert out.token_ids == hf_greedy(hf, prompt)
+
+
+def image_prompt(image, text: str = "w8 w9") -> list[dict]:
+    return user("w5 w6 w7", image, text)
+
+
+def test_image_cut_by_prefill_chunks_matches_hf(checkpoint, hf):
+    from trtedge import LLM, SamplingParams
+
+    with LLM(
+        str(checkpoint), max_kv_cache_capacity=512, max_input_len=400, max_num_batched_tokens=16
+    ) as small:
+        messages = image_prompt(random_image(40, 56, 0))
+        prompt = small.encode_prompt(messages)
+        item = prompt.items[0]
+        assert item.offset % 16 and item.num_tokens > 16  # the image spans three chunks
+        out = small.chat(messages, SamplingParams(**GREEDY))
+        assert out.token_ids == hf_greedy(hf, prompt)
+
+
+def test_context_reuse_keys_on_the_image(checkpoint, hf):
+    from trtedge import LLM, SamplingParams
+
+    with LLM(
+        str(checkpoint),
+        max_kv_cache_capacity=512,
+        max_input_len=400,
+        context_cache_config={"enabled": True},
+    ) as llm:
+        a, b = random_image(40, 56, 0), random_image(40, 56, 7)
+        text = " ".join(f"w{i}" for i in range(30, 70))  # same long text after the image
+        pa, pb = llm.encode_prompt(image_prompt(a, text)), llm.encode_prompt(image_prompt(b, text))
+        assert pa.ids == pb.ids and pa.items[0].hash != pb.items[0].hash
+        first = llm.chat(image_prompt(a, text), SamplingParams(**GREEDY))
+        other = llm.chat(image_prompt(b, text), SamplingParams(**GREEDY))
+        again = llm.chat(image_prompt(a, text), SamplingParams(**GREEDY))
+        # same text, other image: nothing from the image's first block on is reused
+        assert other.metrics.reused_tokens <= pb.items[0].offset
+        assert other.token_ids == hf_greedy(hf, pb)
+        # the same image again: the blocks holding the image (and the text after it) are reused
+        assert again.metrics.reused_tokens >= pa.items[0].end
+        assert again.token_ids == first.token_ids == hf_greedy(hf, pa)
+        cache = llm.get_mm_embedding_cache_metrics()
+        assert cache["misses"] == 2 and cache["encoded_items"] == 2
+
+
+def test_embedding_cache_is_lru_and_bounded():
+    from trtedge.runtime.multimodal.cache import EmbeddingCache
+
+    cache = EmbeddingCache(max_bytes=3 * 4 * 8)  # three float32 tensors of 8 values
+    for key in b"abc":
+        cache.put(bytes([key]), torch.zeros(8))
+    assert cache.get(b"a") is not None  # a is now the most recent
+    cache.put(b"d", torch.zeros(8))
+    assert cache.get(b"b") is None and cache.get(b"a") is not None and len(cache) == 3
+    assert cache.bytes <= cache.max_bytes and cache.stats.evictions == 1
+    cache.put(b"big", torch.zeros(100))  # larger than the whole cache: not kept
+    assert cache.get(b"big") is None and cache.bytes <= cache.max_bytes
+    assert (cache.stats.hits, cache.stats.misses) == (2, 2)
+
+
+def test_repeated_image_hits_the_embedding_cache_within_its_byte_bound(checkpoint):
+    from trtedge import LLM, SamplingParams
+
+    one_image = 35 * 64 * 4  # 35 tokens x 64 wide x float32
+    with LLM(str(checkpoint), max_kv_cache_capacity=512, mm_embedding_cache_bytes=one_image) as llm:
+        params = SamplingParams(max_tokens=2)
+        a, b = random_image(40, 56, 0), random_image(40, 56, 1)
+        for image in (a, a, b, b, a):
+            llm.chat(image_prompt(image), params)
+        m = llm.get_mm_embedding_cache_metrics()
+        assert (m["hits"], m["misses"], m["evictions"]) == (2, 3, 2)
+        assert m["entries"] == 1 and m["bytes"] <= one_image
+        assert llm.stats()["mm_embedding_cache"]["hits"] == 2
+
+
+def test_preempted_requests_recompute_their_images(llm, hf):
+    from trtedge import SamplingParams
+    from trtedge.runtime.engine import Engine, EngineConfig
+
+    calls = []
+    encoder = llm.model.vision
+
+    def counting(pixels, grids):
+        calls.append(len(grids))
+        return encoder(pixels, grids)
+
+    # 9 blocks of 16 tokens cannot hold both requests (47 + 32 tokens each): one is preempted
+    config = EngineConfig(
+        max_batch_size=2, max_kv_cache_capacity=128, num_blocks=9, enable_in_flight_batching=True
+    )
+    engine = Engine(llm.model, llm.tokenizer, config)
+    engine.runner.media.encoder = counting
+    try:
+        prompts = [llm.encode_prompt(image_prompt(random_image(40, 56, s))) for s in (0, 3)]
+        streams = [engine.submit(p, SamplingParams(**GREEDY)) for p in prompts]
+        outputs = [[t for d in s for t in d.token_ids] for s in streams]
+        assert engine.stats.preemptions > 0
+        assert calls[0] == 2  # both requests' images went through the encoder in one batch
+        assert outputs == [hf_greedy(hf, p) for p in prompts]
+    finally:
+        engine.shutdown()
+
+
+def test_text_only_bundle_refuses_media(checkpoint, tmp_path):
+    from trtedge import LLM, SamplingParams
+    from trtedge.runtime.bundle import BuildProfile, prepare_bundle
+
+    full = prepare_bundle(str(checkpoint), BuildProfile.create(components="all"), cache_dir=tmp_path)
+    text = prepare_bundle(str(checkpoint), BuildProfile.create(components="llm"), cache_dir=tmp_path)
+    assert set(full.manifest["components"]) == {"llm", "vision"} and full.key != text.key
+    assert set(text.manifest["components"]) == {"llm"}
+    full.release()
+    text.release()
+    with LLM(str(checkpoint), cache_dir=str(tmp_path), components="llm", max_kv_cache_capacity=256) as llm:
+        assert llm.vision is None and llm.model.vision is None
+        assert set(llm.bundle.manifest["components"]) == {"llm"}
+        with pytest.raises(ValueError, match="no vision component"):
+            llm.encode_prompt(image_prompt(random_image()))
+        assert llm.chat(user("w5 w6"), SamplingParams(max_tokens=3)).completion_tokens == 3
+
+
+def test_unprocessable_image_names_the_content_part(llm):
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content\[1\]: cannot process the image"):
+        llm.encode_prompt(user("w5", object()))
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content\[2\].*aspect ratio"):
+        llm.encode_prompt(user("w5", random_image(), random_image(600, 2)))

@@ -101,6 +101,14 @@ def serve(
         "--context-cache-recurrent-snapshot-pool-bytes",
         help="Hybrid models (Qwen3.5): bytes of recurrent-state snapshots kept for reuse [default: 4 x max batch].",
     ),
+    mm_embedding_cache_bytes: int = typer.Option(
+        512 * 2**20,
+        "--mm-embedding-cache-bytes",
+        help="Vision models: bytes of image/video encoder outputs kept for repeated media (0: off).",
+    ),
+    components: str = typer.Option(
+        "all", "--components", help="all, or llm: load a vision-language model text-only."
+    ),
     speculative_config: str = typer.Option(
         None,
         "--speculative-config",
@@ -168,6 +176,7 @@ def _serve(print_config: bool, settings: dict) -> None:
     launch_keys = ("cache_dir", "max_input_len", "max_kv_cache_capacity", "max_batch_size")
     launch_keys += ("enable_in_flight_batching", "dtype", "device", "weights", "min_request_priority")
     launch_keys += ("load_format", "tensor_parallel_size", "distributed_init_method")
+    launch_keys += ("mm_embedding_cache_bytes", "components")
     launch_kwargs = {"model": model, **{k: v[k] for k in launch_keys}}
     serve_keys = ("host", "port", "served_model_name", "api_key", "api_key_file", "reasoning_parser")
     serve_keys += ("tool_call_parser",)

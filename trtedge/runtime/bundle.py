@@ -91,7 +91,9 @@ class BuildProfile:
                 f"got {self.speculative_method!r}"
             )
         if "vision" in self.components and "llm" not in self.components:
-            raise BundleError("--components vision needs llm too (the vision encoder feeds the language model)")
+            raise BundleError(
+                "--components vision needs llm too (the vision encoder feeds the language model)"
+            )
         if "draft" in self.components and not self.draft_model:
             raise BundleError("--components draft needs a draft model in --speculative-config")
 
@@ -119,6 +121,7 @@ class BuildProfile:
         """The profile of a LaunchConfig: the LLM, paired with the draft checkpoint for draft_model."""
         spec = config.speculative
         paired = spec is not None and spec.method == "draft_model"
+        vision = getattr(config, "components", "all") == "all"
         return cls(
             max_input_len=config.max_input_len,
             max_kv_cache_capacity=config.max_kv_cache_capacity,
@@ -128,7 +131,7 @@ class BuildProfile:
             tensor_parallel_size=config.tensor_parallel_size,
             speculative_method="draft_model" if paired else None,
             draft_model=spec.model if paired else None,
-            components=("llm", "draft", "vision") if paired else ("llm", "vision"),
+            components=(("llm", "draft") if paired else ("llm",)) + (("vision",) if vision else ()),
         )
 
     def fit(self, config: dict | None) -> BuildProfile:

@@ -188,6 +188,10 @@ class Engine:
         if mm is not None:
             if self.runner.media is None:
                 raise ValueError("this model has no vision component: images and videos are not supported")
+            if self.speculative is not None or self.runner.tp is not None:
+                raise ValueError(
+                    "image and video input is not supported with speculative decoding or tensor parallelism yet"
+                )
             prompt_ids = mm.ids
         vocab_size = self.runner.model.cfg.vocab_size
         if params.logit_bias and max(params.logit_bias) >= vocab_size:
