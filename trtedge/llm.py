@@ -247,6 +247,15 @@ class LLM:
                 f"{num_prompt_tokens + max_tokens} exceeds max_kv_cache_capacity {cfg.max_kv_cache_capacity}"
             )
 
+    def _check_positions(self, prompt: MultimodalPrompt, max_tokens: int) -> None:
+        # a video's temporal positions may run ahead of its token count; the rotary tables cover 4x
+        last = len(prompt.ids) + prompt.rope_delta + max_tokens
+        if last > 4 * self.config.max_kv_cache_capacity:
+            raise PromptTooLongError(
+                f"the media's rotary positions reach {last}, past 4 x max_kv_cache_capacity "
+                f"({self.config.max_kv_cache_capacity}); sample the video at a higher fps or raise the capacity"
+            )
+
     def check_token_ids(self, ids: list[int]) -> None:
         vocab = self.model.cfg.vocab_size
         bad = next(
@@ -282,6 +291,8 @@ class LLM:
         prompt = self.encode_prompt(prompt, **prompt_options)
         ids = prompt.ids if isinstance(prompt, MultimodalPrompt) else prompt
         self.check_lengths(len(ids), params.max_tokens)
+        if isinstance(prompt, MultimodalPrompt):
+            self._check_positions(prompt, params.max_tokens)
         self.check_token_ids(ids)
         return self.engine.submit(prompt, params, priority, on_metrics, request_id)
 
