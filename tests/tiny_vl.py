@@ -142,3 +142,60 @@ def random_image(width: int = 40, height: int = 56, seed: int = 0):
 
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
+
+
+QWEN3_VISION = dict(
+    depth=3,
+    hidden_size=32,
+    intermediate_size=48,
+    num_heads=2,
+    out_hidden_size=64,
+    patch_size=4,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    num_position_embeddings=16,
+    deepstack_visual_indexes=[0, 1],
+)
+QWEN3_TEXT = dict(
+    TEXT,
+    num_hidden_layers=3,
+    head_dim=16,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [2, 3, 3],
+        "mrope_interleaved": True,
+    },
+)
+
+
+def make_tiny_qwen3_vl(directory: Path, seed: int = 0) -> Path:
+    """Save a random Qwen3-VL (3 text layers, 3 vision blocks, DeepStack after blocks 0 and 1, a 4x4
+    learned position grid) with the same tokenizer, template and preprocessor config as above."""
+    import transformers
+
+    config = transformers.Qwen3VLConfig(
+        text_config=QWEN3_TEXT,
+        vision_config=QWEN3_VISION,
+        image_token_id=TOKEN_IDS["<|image_pad|>"],
+        video_token_id=TOKEN_IDS["<|video_pad|>"],
+        vision_start_token_id=TOKEN_IDS["<|vision_start|>"],
+        vision_end_token_id=TOKEN_IDS["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Qwen3VLForConditionalGeneration(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or ".norm1." in name or ".norm2." in name:
+                p.normal_(1.0, 0.2)
+            elif p.dim() >= 2:
+                p.normal_(0.0, 0.1)
+            else:
+                p.normal_(0.0, 0.05)
+    model.eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    write_vl_tokenizer(directory)
+    (directory / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=1))
+    return directory

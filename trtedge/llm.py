@@ -226,11 +226,20 @@ class LLM:
     def _placeholders(self) -> PlaceholderTokens:
         vision = self.model.cfg.vision
         v = vision.get("vision_config") or {}
+        timestamps = None
+        if self.model.cfg.model_type == "qwen3_vl":  # each video frame pair after its time as text
+
+            def timestamps(seconds: float) -> list[int]:
+                return self.tokenizer.encode(f"<{seconds:.1f} seconds>", add_special_tokens=False)
+
         return PlaceholderTokens(
             image=int(vision.get("image_token_id", 151655)),
             video=int(vision.get("video_token_id", 151656)),
             merge_size=int(v.get("spatial_merge_size", 2)),
             tokens_per_second=float(v.get("tokens_per_second", 4)),
+            timestamp_ids=timestamps,
+            vision_start=int(vision.get("vision_start_token_id", 151652)),
+            vision_end=int(vision.get("vision_end_token_id", 151653)),
         )
 
     def check_lengths(self, num_prompt_tokens: int, max_tokens: int) -> None:

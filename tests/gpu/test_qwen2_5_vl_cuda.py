@@ -60,3 +60,17 @@ def test_greedy_with_media_matches_transformers_on_the_gpu(checkpoint):
         streams = [llm.generate_stream(p, SamplingParams(**GREEDY)) for p in prompts]
         outputs = [[t for d in s for t in d.token_ids] for s in streams]
     assert outputs == [hf_greedy(hf, p) for p in prompts]
+
+
+def test_qwen3_vl_greedy_with_media_matches_transformers_on_the_gpu(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tests.tiny_vl import make_tiny_qwen3_vl
+    from trtedge import LLM, SamplingParams
+
+    path = make_tiny_qwen3_vl(tmp_path / "qwen3_vl")
+    hf = transformers.Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    messages = user("w5 w6", random_image(40, 56, 0), "w7", [random_image(48, 40, s) for s in range(4)])
+    with LLM(str(path), device="cuda", dtype="float32", max_kv_cache_capacity=512) as llm:
+        prompt = llm.encode_prompt(messages)
+        out = llm.chat(messages, SamplingParams(**GREEDY)).token_ids
+    assert out == hf_greedy(hf, prompt, video_seconds=False)

@@ -41,7 +41,7 @@ def hf_processor():
     return Qwen2VLImageProcessorPil(**{k: PREPROCESSOR[k] for k in keys})
 
 
-def hf_greedy(hf, prompt: MultimodalPrompt) -> list[int]:
+def hf_greedy(hf, prompt: MultimodalPrompt, video_seconds: bool = True) -> list[int]:
     """HF's greedy continuation of a prompt, fed our pixels (the processors are compared separately)."""
     ids = torch.tensor([prompt.ids])
     kinds = torch.zeros_like(ids)
@@ -55,7 +55,8 @@ def hf_greedy(hf, prompt: MultimodalPrompt) -> list[int]:
     if videos:
         kw["pixel_values_videos"] = torch.cat([it.pixels for it in videos])
         kw["video_grid_thw"] = torch.tensor([it.grid for it in videos])
-        kw["second_per_grid_ts"] = torch.tensor([it.second_per_grid for it in videos])
+        if video_seconds:
+            kw["second_per_grid_ts"] = torch.tensor([it.second_per_grid for it in videos])
     out = hf.generate(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),

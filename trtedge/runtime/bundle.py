@@ -33,7 +33,7 @@ from trtedge.runtime.speculative.config import METHODS, SpeculativeConfig, Specu
 log = logging.getLogger("trtedge")
 
 COMPONENTS = ("llm", "draft", "vision")
-VISION_MODEL_TYPES = ("qwen2_5_vl",)  # families whose vision encoder trtedge builds and runs
+VISION_MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl")  # families whose vision encoder trtedge builds and runs
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4")
 

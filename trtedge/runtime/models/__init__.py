@@ -12,6 +12,7 @@ from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.models.moe import MoeModel, expert_names
 from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel, is_vision_tensor
 from trtedge.runtime.models.qwen3_5 import Qwen35Model, hybrid_dummy_tensors
+from trtedge.runtime.models.qwen3_vl import Qwen3VLModel
 
 log = logging.getLogger("trtedge")
 
@@ -29,9 +30,10 @@ ARCHITECTURES = {
     "qwen3_5_moe": Qwen35Model,
     "qwen3_next": Qwen35Model,
     "qwen2_5_vl": Qwen25VLModel,
+    "qwen3_vl": Qwen3VLModel,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
-_QUANTIZED_ARCHITECTURES = {LlamaModel, Qwen25VLModel}
+_QUANTIZED_ARCHITECTURES = {LlamaModel, Qwen25VLModel, Qwen3VLModel}
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -18,7 +18,7 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3",
 )
 SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
-SUPPORTED_MODEL_TYPES += ("qwen2_5_vl",)
+SUPPORTED_MODEL_TYPES += ("qwen2_5_vl", "qwen3_vl")
 # Hybrid (Gated DeltaNet + gated attention) checkpoints, vision-language or text-only -> the text
 # model's family.
 _QWEN3_5 = {
@@ -104,6 +104,7 @@ class ModelConfig:
     # Vision-language models (Qwen2.5-VL): rotary sections (temporal, height, width) of M-RoPE, and
     # the config.json fields of the vision encoder (vision_config, placeholder token ids).
     mrope_section: tuple[int, ...] = ()
+    mrope_interleaved: bool = False  # Qwen3-VL: the sections interleave (t, h, w, t, h, w, ...)
     vision: dict | None = None
 
     def __post_init__(self):
@@ -136,11 +137,18 @@ class ModelConfig:
             cfg.setdefault("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
             cfg["model_type"] = model_type = _QWEN3_5[model_type]
         vision = None
-        if model_type == "qwen2_5_vl":  # the text model is qwen2's (flat in 4.x configs, text_config in 5.x)
+        if model_type in ("qwen2_5_vl", "qwen3_vl"):  # qwen2's / qwen3's text model (+ M-RoPE)
             top = cfg
             cfg = {**cfg, **(cfg.get("text_config") or {}), "model_type": model_type}
             cfg.setdefault("torch_dtype", top.get("torch_dtype") or top.get("dtype"))
-            vision = {k: top[k] for k in ("vision_config", "image_token_id", "video_token_id") if k in top}
+            keys = (
+                "vision_config",
+                "image_token_id",
+                "video_token_id",
+                "vision_start_token_id",
+                "vision_end_token_id",
+            )
+            vision = {k: top[k] for k in keys if k in top}
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -170,7 +178,8 @@ class ModelConfig:
                 qkv_bias=model_type in ("qwen2", "qwen2_5_vl") or attention_bias or _qwen2_moe_bias(cfg),
                 o_bias=model_type in ("llama", "mistral") and attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
-                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text") or model_type in _QWEN3_5,
+                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl")
+                or model_type in _QWEN3_5,
                 torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
                 hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
                 partial_rotary_factor=_partial_rotary_factor(cfg),
@@ -182,7 +191,8 @@ class ModelConfig:
                 final_logit_softcapping=cfg.get("final_logit_softcapping"),
                 **_moe_fields(cfg, model_type, num_layers),
                 linear=_linear_config(cfg, num_layers) if model_type in _QWEN3_5 else None,
-                mrope_section=_mrope_section(cfg) if model_type == "qwen2_5_vl" else (),
+                mrope_section=_mrope_section(cfg) if vision is not None else (),
+                mrope_interleaved=model_type == "qwen3_vl",
                 vision=vision,
             )
         except KeyError as e:
@@ -255,7 +265,7 @@ def _mrope_section(cfg: dict) -> tuple[int, ...]:
     params = {**(cfg.get("rope_scaling") or {}), **(cfg.get("rope_parameters") or {})}
     section = params.get("mrope_section")
     if not section:
-        raise UnsupportedModelError("config.json: a qwen2_5_vl text model needs rope mrope_section")
+        raise UnsupportedModelError("config.json: a vision-language text model needs rope mrope_section")
     return tuple(int(n) for n in section)
 
 

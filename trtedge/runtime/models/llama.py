@@ -141,22 +141,27 @@ class LlamaModel:
     def rope_for(self, positions: torch.Tensor) -> dict:
         """cos and sin of each rope kind at ``positions``, shaped to broadcast over heads."""
         return {
-            k: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)) for k, (cos, sin) in self.rope.items()
+            k: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+            for k, (cos, sin) in self.rope.items()
         }
 
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch, embeds=None) -> torch.Tensor:
-        """``embeds``: (rows, values) that replace the token embeddings of those rows (media tokens)."""
+        """``embeds``: (rows, values) that replace the token embeddings of those rows (media tokens);
+        values wider than hidden_size carry DeepStack features, added after the first layers."""
         if self.decode_kernels is not None and batch.is_decode and not self.aux_layers and embeds is None:
             return self._decode_fused(input_ids, positions, kv_caches, batch)
         x = self.embed_tokens(input_ids)
+        width = x.shape[-1]
         if embeds is not None:
-            x = x.index_copy(0, embeds[0], embeds[1].to(x.dtype))
+            x = x.index_copy(0, embeds[0], embeds[1][:, :width].to(x.dtype))
         rope = self.rope_for(positions)
         aux = {}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             if i in self.aux_layers:
                 aux[i] = x
             x = layer(x, *rope[layer.rope], k_cache, v_cache, batch)
+            if embeds is not None and (i + 2) * width <= embeds[1].shape[1]:
+                x = x.index_add(0, embeds[0], embeds[1][:, (i + 1) * width : (i + 2) * width].to(x.dtype))
         if self.aux_layers:
             aux[len(self.layers)] = x
             self.aux_hidden = torch.cat([aux[i] for i in self.aux_layers], dim=-1)

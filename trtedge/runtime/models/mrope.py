@@ -48,7 +48,12 @@ class MropeModel(LlamaModel):
         section = list(cfg.mrope_section)
         if sum(section) != half:
             raise ValueError(f"mrope_section {section} must add up to head_dim / 2 = {half}")
-        axis = torch.cat([torch.full((n,), i % 3, dtype=torch.long) for i, n in enumerate(section)])
+        if cfg.mrope_interleaved:  # t everywhere but every third frequency from 1 (h) and from 2 (w)
+            axis = torch.zeros(half, dtype=torch.long)
+            axis[1 : section[1] * 3 : 3] = 1
+            axis[2 : section[2] * 3 : 3] = 2
+        else:
+            axis = torch.cat([torch.full((n,), i % 3, dtype=torch.long) for i, n in enumerate(section)])
         self.mrope_axis = torch.cat([axis, axis]).to(device)  # which position rotates each dimension
 
     def rope_for(self, positions: torch.Tensor) -> dict:

@@ -37,6 +37,8 @@ class MediaItem:
     offset: int  # index of the first placeholder token in the prompt ids
     num_tokens: int  # placeholder tokens (= encoder output rows)
     second_per_grid: float = 1.0  # videos: seconds covered by one temporal patch
+    fps: float = 0.0  # videos: the rate the frames were sampled at
+    num_frames: int = 1  # videos: frames given (before the last is repeated to fill a temporal patch)
 
     @property
     def end(self) -> int:

@@ -7,6 +7,7 @@ repeated to temporal_patch_size frames; a video's frames are grouped temporal_pa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -125,7 +126,8 @@ class VisionProcessor:
         )
         stack = [self._frame(f, w, h) for f in frames]
         stack += [stack[-1]] * (-len(stack) % self.temporal_patch_size)
-        return self._item("video", np.stack(stack), offset, self.temporal_patch_size / fps)
+        item = self._item("video", np.stack(stack), offset, self.temporal_patch_size / fps)
+        return dataclasses.replace(item, fps=float(fps), num_frames=len(frames))
 
     def _frame(self, image, width: int, height: int) -> np.ndarray:
         from PIL import Image

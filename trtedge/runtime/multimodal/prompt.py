@@ -5,6 +5,8 @@ placeholder is expanded to the item's number of tokens; then the M-RoPE position
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from trtedge.runtime.models.mrope import mrope_positions
@@ -20,6 +22,11 @@ class PlaceholderTokens:
     video: int
     merge_size: int = 2
     tokens_per_second: float = 1.0
+    # Qwen3-VL: each temporal patch of a video is its own segment, after its time as text:
+    # "<t seconds>" <|vision_start|> pads <|vision_end|>; this encodes that text (None: one segment).
+    timestamp_ids: Callable[[float], list[int]] | None = None
+    vision_start: int = 151652
+    vision_end: int = 151653
 
 
 def process_media(messages: list[dict], processor: VisionProcessor) -> tuple[list[dict], list[MediaItem]]:
@@ -73,9 +80,17 @@ def expand_placeholders(
             continue
         if not pending[kind]:
             raise ValueError(f"the prompt has more {kind} placeholders than {kind} parts")
-        item = dataclasses.replace(pending[kind].pop(0), offset=len(out))
+        item = pending[kind].pop(0)
+        if kind == "video" and tokens.timestamp_ids is not None:
+            for time, frame in zip(frame_times(item), split_frames(item)):
+                out.extend(tokens.timestamp_ids(time))
+                out.append(tokens.vision_start)
+                placed.append(dataclasses.replace(frame, offset=len(out)))
+                out.extend([token] * frame.num_tokens)
+                out.append(tokens.vision_end)
+            continue
+        placed.append(dataclasses.replace(item, offset=len(out)))
         out.extend([token] * item.num_tokens)
-        placed.append(item)
     missing = [k for k, left in pending.items() if left]
     if missing:
         raise ValueError(
@@ -101,3 +116,28 @@ def _pil(value, where: str):
     if not isinstance(value, Image.Image):
         raise ValueError(f"expected a PIL image, got {type(value).__name__}")
     return value
+
+
+def frame_times(item: MediaItem) -> list[float]:
+    """Seconds at the middle of each temporal patch of a video (frames sampled evenly from 0)."""
+    per = round(item.second_per_grid * item.fps)  # frames per temporal patch
+    last = item.num_frames - 1
+    indices = [min(i, last) for i in range(item.grid[0] * per)]  # the last frame repeats to fill
+    return [(indices[g * per] + indices[g * per + per - 1]) / 2 / item.fps for g in range(item.grid[0])]
+
+
+def split_frames(item: MediaItem) -> list[MediaItem]:
+    """A video as one item per temporal patch (the encoder attends within a frame, so the embeddings
+    are the same as the whole video's)."""
+    t, h, w = item.grid
+    per = h * w
+    frames = []
+    for g in range(t):
+        digest = hashlib.blake2b(item.hash + g.to_bytes(4, "little"), digest_size=16).digest()
+        pixels = item.pixels[g * per : (g + 1) * per]
+        frames.append(
+            dataclasses.replace(
+                item, pixels=pixels, grid=(1, h, w), hash=digest, num_tokens=item.num_tokens // t
+            )
+        )
+    return frames
