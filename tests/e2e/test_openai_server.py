@@ -155,6 +155,16 @@ def test_errors_reach_the_sdk_as_openai_errors(client, model):
         )
 
 
+def test_a_text_only_model_refuses_images(client, model):
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}
+    with pytest.raises(openai.BadRequestError, match="this model has no vision component") as e:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": [{"type": "text", "text": "What?"}, image]}]
+        )
+    assert e.value.body["param"] == "messages.0.content.1.image_url"
+
+
 def test_api_key_required_on_v1_but_not_health(server, model):
     wrong = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):

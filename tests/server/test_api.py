@@ -74,7 +74,16 @@ def test_content_parts_developer_role_and_raw_prompt(llm):
     assert raw.status_code == 200 and raw.json()["usage"]["prompt_tokens"] < templated
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]
     assert_error(
-        request(app, "POST", CHAT, json={"messages": image}), 400, "messages.0.content.0", "not supported"
+        request(app, "POST", CHAT, json={"messages": image}),
+        400,
+        "messages.0.content.0.image_url",
+        "this model has no vision component",
+    )
+    audio = [
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}
+    ]
+    assert_error(
+        request(app, "POST", CHAT, json={"messages": audio}), 400, "messages.0.content.0", "not supported"
     )
 
 
@@ -356,6 +365,7 @@ def test_health_reports_capabilities_and_engine(llm):
         "context_reuse": False,
         "speculative": None,
         "structured_output": True,
+        "vision": False,
     }
     assert "scheduling" not in body
     assert body["engine"]["kv_blocks_free"] == body["engine"]["kv_blocks_total"] == 64

@@ -79,7 +79,7 @@ def test_tool_conversation_prompt_matches_the_template(serving, model_dir):
     assert plan.prompt_text == expected
     assert '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>' in expected
     assert '"description": "The weather in a city"' in expected and expected.endswith("<answer> ")
-    assert plan.choices[0].prompt_ids == serving.llm.tokenizer.encode(expected, add_special_tokens=False)
+    assert plan.choices[0].prompt == serving.llm.tokenizer.encode(expected, add_special_tokens=False)
     assert plan.tool_format.name == "hermes"  # auto: the template shows <tool_call>
 
 
@@ -186,7 +186,27 @@ def test_anthropic_and_responses_render_the_same_prompt(serving, model_dir):
             "/v1/responses",
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             400,
-            "input.0.content.0",
+            "input.0.content.0.image_url",
+            "no vision component",
+        ),
+        (
+            "/v1/messages",
+            {
+                "max_tokens": 4,
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": "y"},
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "what is this?"},
+                            {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}},
+                        ],
+                    },
+                ],
+            },
+            400,
+            "messages.2.content.1.source",
             "no vision component",
         ),
         (

@@ -64,7 +64,33 @@ def serve(
         600.0, "--queue-timeout", help="Seconds a request may wait in the queue before a 429."
     ),
     allowed_local_media_path: str = typer.Option(
-        None, "--allowed-local-media-path", help="Directory file:// media may be read from (media: not yet)."
+        None, "--allowed-local-media-path", help="Directory that image and video file paths may be read from."
+    ),
+    allow_remote_media: bool = typer.Option(
+        False, "--allow-remote-media", help="Fetch http(s) image and video URLs (refused with 403 otherwise)."
+    ),
+    max_media_bytes: int = typer.Option(
+        20 * 2**20,
+        "--max-media-bytes",
+        help="Largest image or video (bytes) a request may send or name; 413 past it.",
+    ),
+    media_fetch_timeout: float = typer.Option(
+        10.0, "--media-fetch-timeout", help="Seconds to fetch one remote image or video."
+    ),
+    max_video_frames: int = typer.Option(
+        32,
+        "--max-video-frames",
+        help="Most frames sampled from one video (fewer are spread over its length).",
+    ),
+    max_image_tokens: int = typer.Option(
+        None,
+        "--max-image-tokens",
+        help="Most image tokens (all images and videos) in one request; 400 past it.",
+    ),
+    max_image_tokens_per_image: int = typer.Option(
+        None,
+        "--max-image-tokens-per-image",
+        help="Most image tokens one image or video may take; 400 past it.",
     ),
     log_level: str = typer.Option("info", "--log-level", help="critical|error|warning|info|debug|trace."),
     cache_dir: str = typer.Option(
@@ -181,7 +207,9 @@ def _serve(print_config: bool, settings: dict) -> None:
     serve_keys = ("host", "port", "served_model_name", "api_key", "api_key_file", "reasoning_parser")
     serve_keys += ("tool_call_parser",)
     serve_keys += ("enable_auto_tool_choice", "max_queued_requests", "queue_timeout")
-    serve_keys += ("allowed_local_media_path", "engine_cache_max_size_gb", "clear_engine_cache")
+    serve_keys += ("allowed_local_media_path", "allow_remote_media", "max_media_bytes", "media_fetch_timeout")
+    serve_keys += ("max_video_frames", "max_image_tokens", "max_image_tokens_per_image")
+    serve_keys += ("engine_cache_max_size_gb", "clear_engine_cache")
     try:
         config = ServeConfig.from_env(**{k: v[k] for k in serve_keys}, log_level=v["log_level"].lower())
         context = ContextCacheConfig(

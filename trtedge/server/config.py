@@ -38,6 +38,12 @@ class ServeConfig:
     max_queued_requests: int = 16
     queue_timeout: float = 600.0
     allowed_local_media_path: str | None = None
+    allow_remote_media: bool = False
+    max_media_bytes: int = 20 * 2**20
+    media_fetch_timeout: float = 10.0
+    max_video_frames: int = 32
+    max_image_tokens: int | None = None
+    max_image_tokens_per_image: int | None = None
     log_level: str = "info"
     engine_cache_max_size_gb: float | None = None
     clear_engine_cache: bool = False
@@ -61,13 +67,16 @@ class ServeConfig:
         q = self.max_queued_requests
         if isinstance(q, bool) or not isinstance(q, int) or q < 0:
             raise ServerConfigError(f"--max-queued-requests must be a non-negative integer, got {q!r}")
-        t = self.queue_timeout
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
-            raise ServerConfigError(f"--queue-timeout must be a positive number of seconds, got {t!r}")
+        _positive_seconds("--queue-timeout", self.queue_timeout)
         if self.allowed_local_media_path is not None and not Path(self.allowed_local_media_path).is_dir():
             raise ServerConfigError(
                 f"--allowed-local-media-path must be an existing directory, got {self.allowed_local_media_path!r}"
             )
+        _positive_int("--max-media-bytes", self.max_media_bytes)
+        _positive_seconds("--media-fetch-timeout", self.media_fetch_timeout)
+        _positive_int("--max-video-frames", self.max_video_frames)
+        _positive_int("--max-image-tokens", self.max_image_tokens, optional=True)
+        _positive_int("--max-image-tokens-per-image", self.max_image_tokens_per_image, optional=True)
         _choice("--log-level", self.log_level, LOG_LEVELS)
         gb = self.engine_cache_max_size_gb
         if gb is not None and (isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0):
@@ -109,3 +118,15 @@ def _check_api_keys(keys: dict, api_key: str | None) -> None:
 def _choice(flag: str, value: str | None, allowed: tuple[str, ...]) -> None:
     if value is not None and value not in allowed:
         raise ServerConfigError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _positive_int(flag: str, value, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ServerConfigError(f"{flag} must be a positive integer, got {value!r}")
+
+
+def _positive_seconds(flag: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ServerConfigError(f"{flag} must be a positive number of seconds, got {value!r}")

@@ -7,6 +7,7 @@ that each surface writes in its own wire format."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field, replace
@@ -16,6 +17,7 @@ from trtedge.runtime.stream import StreamDelta
 from trtedge.runtime.tokenizer import TemplateError
 from trtedge.server.errors import bad_request, not_supported
 from trtedge.server.generation import Choice
+from trtedge.server.multimodal import MEDIA_PARTS, Media, load_media
 from trtedge.server.openai.protocol import ChatCompletionRequest
 from trtedge.server.parsers import Format, OutputParser, reasoning_parser, tool_call_guide, tool_format
 from trtedge.server.parsers.reasoning import HARMONY
@@ -77,43 +79,83 @@ class Prompt:
     tools: list[dict] | None
     tool_choice: str | dict
     template: str
+    engine_prompt: Any = None  # what the engine is given: ``ids``, or a MultimodalPrompt with images
+
+    def __post_init__(self) -> None:
+        if self.engine_prompt is None:
+            object.__setattr__(self, "engine_prompt", self.ids)
 
 
-def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest) -> Prompt:
-    """Validate tools and tool_choice and render the conversation into prompt tokens."""
-    tokenizer = serving.llm.tokenizer
+async def prepare_prompt(serving: OpenAIServing, req: ChatCompletionRequest) -> Prompt:
+    """``render_prompt`` after loading the request's images and videos (off the event loop when any)."""
+    media = await load_media(serving, req)
+    if not media:
+        return render_prompt(serving, req)
+    return await asyncio.to_thread(render_prompt, serving, req, media)
+
+
+async def prepare_chat(
+    serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = None, salt: str | None = None
+) -> ChatPlan:
+    """``plan_chat`` after loading the request's images and videos (off the event loop when any)."""
+    media = await load_media(serving, req)
+    if not media:
+        return plan_chat(serving, req, guide, salt)
+    return await asyncio.to_thread(plan_chat, serving, req, guide, salt, media)
+
+
+def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest, media: Media | None = None) -> Prompt:
+    """Validate tools and tool_choice and render the conversation into prompt tokens; ``media`` holds
+    the decoded media parts (see ``load_media``)."""
+    llm = serving.llm
+    tokenizer = llm.tokenizer
     tools = _tools(req)
     choice = _tool_choice(req, tools)
     template = (
         tokenizer.chat_templates.get("tool_use" if tools else "default") or tokenizer.chat_template or ""
     )
-    messages = _template_messages(req)
+    messages = _template_messages(req, media or {})
+    options = dict(
+        add_generation_prompt=req.add_generation_prompt,
+        tools=tools,
+        enable_thinking=req.enable_thinking,
+        reasoning_effort=req.reasoning_effort,
+        chat_template_kwargs=req.chat_template_kwargs,
+    )
+    engine_prompt = None
     try:
         if not req.apply_chat_template:
             text = "\n".join(m.get("content") or "" for m in messages)
             ids = tokenizer.encode(text, add_special_tokens=True)
+        elif media:
+            try:
+                engine_prompt = llm.encode_prompt(messages, **options)
+            except TemplateError:
+                raise
+            except ValueError as e:  # the vision processor refused a picture
+                raise bad_request(str(e), param="messages", code="invalid_media") from None
+            ids = list(engine_prompt.ids)
+            text = tokenizer.decode(ids, skip_special_tokens=False)
         else:
-            text = tokenizer.apply_chat_template(
-                messages,
-                add_generation_prompt=req.add_generation_prompt,
-                tools=tools,
-                enable_thinking=req.enable_thinking,
-                reasoning_effort=req.reasoning_effort,
-                chat_template_kwargs=req.chat_template_kwargs,
-            )
+            text = tokenizer.apply_chat_template(messages, **options)
             ids = tokenizer.encode(text, add_special_tokens=False)
     except (TemplateError, ValueError) as e:
         raise bad_request(f"cannot apply the chat template: {e}", param="messages") from None
-    return Prompt(text, ids, tools, choice, template)
+    return Prompt(text, ids, tools, choice, template, engine_prompt)
 
 
 def plan_chat(
-    serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = None, salt: str | None = None
+    serving: OpenAIServing,
+    req: ChatCompletionRequest,
+    guide: Any = None,
+    salt: str | None = None,
+    media: Media | None = None,
 ) -> ChatPlan:
     """Render the conversation and build the engine request and its output parsers; ``guide`` is the
-    request's own structured-output guide (response_format), if any; ``salt`` its cache domain."""
+    request's own structured-output guide (response_format), if any; ``salt`` its cache domain;
+    ``media`` the decoded media parts."""
     config = serving.config
-    prompt = render_prompt(serving, req)
+    prompt = render_prompt(serving, req, media)
     tools, choice = prompt.tools, prompt.tool_choice
     fmt = tool_format(config.tool_call_parser, prompt.template) if tools and choice != "none" else None
     if choice == "auto" and not config.enable_auto_tool_choice:
@@ -149,7 +191,7 @@ def plan_chat(
     if harmony and params.skip_special_tokens:
         params = replace(params, skip_special_tokens=False)
     return ChatPlan(
-        choices=[Choice(prompt.ids, params)],
+        choices=[Choice(prompt.engine_prompt, params)],
         prompt_text=prompt.text,
         tool_format=fmt,
         tools={t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or ()},
@@ -206,19 +248,25 @@ def _tool_choice(req: ChatCompletionRequest, tools: list[dict] | None) -> str | 
     return {"type": "function", "function": {"name": name}}
 
 
-def _template_messages(req: ChatCompletionRequest) -> list[dict]:
+def _template_messages(req: ChatCompletionRequest, media: Media) -> list[dict]:
     messages = []
     for i, m in enumerate(req.messages):
         content = m.content
         if isinstance(content, list):
-            texts = []
+            parts: list[dict] = []
             for j, part in enumerate(content):
+                if part.type in MEDIA_PARTS and (i, j) in media:
+                    parts.append(media[i, j])
+                    continue
                 if part.type not in _TEXT_PARTS:
                     raise not_supported(f"{part.type!r} content", f"messages.{i}.content.{j}")
                 if part.text is None:
                     raise bad_request("a text part needs 'text'", param=f"messages.{i}.content.{j}.text")
-                texts.append(part.text)
-            content = "\n".join(texts)
+                parts.append({"type": "text", "text": part.text})
+            if any(p["type"] != "text" for p in parts):
+                content = parts
+            else:
+                content = "\n".join(p["text"] for p in parts)
         role = "system" if m.role == "developer" else m.role
         message: dict[str, Any] = {"role": role, "content": content or ""}
         if m.name is not None:

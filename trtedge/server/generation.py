@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from trtedge.llm import LLM
 from trtedge.runtime.sampling_params import SamplingParams
@@ -22,10 +23,15 @@ log = logging.getLogger("trtedge.server")
 
 @dataclass(frozen=True)
 class Choice:
-    """One engine request: a prompt and its params, whose ``n`` choices are consecutive response choices."""
+    """One engine request: a prompt (token ids, or a MultimodalPrompt) and its params, whose ``n`` choices
+    are consecutive response choices."""
 
-    prompt_ids: list[int]
+    prompt: Any
     params: SamplingParams
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(getattr(self.prompt, "ids", self.prompt))
 
 
 class Generation:
@@ -54,7 +60,7 @@ class Generation:
         try:
             for i, choice in enumerate(choices):
                 stream = llm.generate_stream(
-                    choice.prompt_ids, choice.params, priority=priority, request_id=f"{request_id}-p{i}"
+                    choice.prompt, choice.params, priority=priority, request_id=f"{request_id}-p{i}"
                 )
                 self.streams.append(stream)
         except BaseException:

@@ -17,7 +17,7 @@ from trtedge.server import sse
 from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.anthropic.translate import error_body, to_chat_request
 from trtedge.server.auth import cache_salt
-from trtedge.server.core import ChatPlan, ChoiceReader, call_id, plan_chat, render_prompt
+from trtedge.server.core import ChatPlan, ChoiceReader, call_id, prepare_chat, prepare_prompt
 from trtedge.server.errors import APIError, internal_error
 from trtedge.server.generation import Generation
 from trtedge.server.openai.serving import OpenAIServing
@@ -33,7 +33,7 @@ class AnthropicServing:
 
     async def count_tokens(self, req: CountTokensRequest) -> Response:
         self.openai.check_model(req.model)
-        prompt = render_prompt(self.openai, to_chat_request(req))
+        prompt = await prepare_prompt(self.openai, to_chat_request(req))
         return JSONResponse({"input_tokens": len(prompt.ids)})
 
     async def messages(self, req: MessagesRequest, request: Request) -> Response:
@@ -41,7 +41,7 @@ class AnthropicServing:
         serving = self.openai
         serving.check_model(req.model)
         chat = to_chat_request(req)
-        plan = plan_chat(serving, chat, salt=cache_salt(request, chat.cache_salt))
+        plan = await prepare_chat(serving, chat, salt=cache_salt(request, chat.cache_salt))
         rid = f"msg_{uuid.uuid4().hex[:24]}"
         gen, watcher = await serving._start(chat, plan.choices, rid, request, arrival)
         if gen is None:
@@ -100,7 +100,7 @@ class AnthropicServing:
         def event(name: str, data: dict) -> bytes:
             return sse.event({"type": name, **data}, name=name)
 
-        prompt_tokens = len(plan.choices[0].prompt_ids)
+        prompt_tokens = plan.choices[0].num_prompt_tokens
         message = {
             "id": rid,
             "type": "message",

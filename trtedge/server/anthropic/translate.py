@@ -9,9 +9,10 @@ from pydantic import ValidationError
 
 from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.errors import APIError, bad_request, not_supported
+from trtedge.server.multimodal import media_part, take_media_params
 from trtedge.server.openai.protocol import ChatCompletionRequest
 
-NO_VISION = "this model has no vision component; image blocks cannot be served"
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 
 
 def to_chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
@@ -44,17 +45,20 @@ def to_chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletion
         user = (req.metadata or {}).get("user_id")
         if isinstance(user, str):
             body["user"] = user
+    media_params = take_media_params(messages)
     try:
-        return ChatCompletionRequest.model_validate(body)
+        chat = ChatCompletionRequest.model_validate(body)
     except ValidationError as e:
         error = e.errors(include_url=False)[0]
         raise bad_request(f"{'.'.join(map(str, error['loc']))}: {error['msg']}") from None
+    chat._media_params = media_params
+    return chat
 
 
 def _messages(role: str, content: str | list[dict], param: str) -> list[dict]:
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    texts: list[str] = []
+    parts: list[dict] = []
     reasoning: list[str] = []
     calls: list[dict] = []
     results: list[dict] = []
@@ -62,9 +66,9 @@ def _messages(role: str, content: str | list[dict], param: str) -> list[dict]:
         where = f"{param}.{j}"
         kind = block.get("type")
         if kind == "text":
-            texts.append(_string(block, "text", where))
-        elif kind == "image":
-            raise bad_request(NO_VISION, param=where)
+            parts.append({"type": "text", "text": _string(block, "text", where)})
+        elif kind == "image" and role == "user":
+            parts.append(_image(block, where))
         elif kind == "tool_use" and role == "assistant":
             arguments = block.get("input", {})
             if not isinstance(arguments, dict):
@@ -84,6 +88,7 @@ def _messages(role: str, content: str | list[dict], param: str) -> list[dict]:
         else:
             raise not_supported(f"a {kind!r} block in a {role} message", where)
     out = list(results)
+    texts = [p["text"] for p in parts if p["type"] == "text"]
     if role == "assistant":
         message: dict[str, Any] = {"role": role, "content": "".join(texts)}
         if calls:
@@ -91,9 +96,29 @@ def _messages(role: str, content: str | list[dict], param: str) -> list[dict]:
         if reasoning:
             message["reasoning_content"] = "".join(reasoning)
         out.append(message)
+    elif len(texts) < len(parts):
+        out.append({"role": role, "content": parts})
     elif texts or not results:
         out.append({"role": role, "content": "\n".join(texts)})
     return out
+
+
+def _image(block: dict, param: str) -> dict:
+    source = block.get("source")
+    where = f"{param}.source"
+    if not isinstance(source, dict):
+        raise bad_request('an image block needs a source: {"type": "base64" | "url", ...}', param=where)
+    kind = source.get("type")
+    if kind == "base64":
+        media_type = source.get("media_type")
+        if media_type not in IMAGE_TYPES:
+            raise bad_request(
+                f"media_type must be one of {', '.join(IMAGE_TYPES)}", param=f"{where}.media_type"
+            )
+        return media_part(f"data:{media_type};base64,{_string(source, 'data', where)}", where)
+    if kind == "url":
+        return media_part(_string(source, "url", where), where)
+    raise not_supported(f"an image source of type {kind!r}", f"{where}.type")
 
 
 def _text(blocks: str | list[dict], param: str) -> str:
@@ -101,8 +126,6 @@ def _text(blocks: str | list[dict], param: str) -> str:
         return blocks
     texts = []
     for j, block in enumerate(blocks):
-        if block.get("type") == "image":
-            raise bad_request(NO_VISION, param=f"{param}.{j}")
         if block.get("type") != "text":
             raise not_supported(f"a {block.get('type')!r} block here", f"{param}.{j}")
         texts.append(_string(block, "text", f"{param}.{j}"))

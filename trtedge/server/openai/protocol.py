@@ -8,7 +8,7 @@ import json
 import logging
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from trtedge.runtime.sampling_params import MAX_LOGIT_BIAS_ENTRIES, MAX_TOP_LOGPROBS
 from trtedge.server.errors import APIError, bad_request
@@ -30,9 +30,22 @@ class StreamOptions(_Model):
     continuous_usage_stats: bool = False
 
 
+class ImageURL(_Model):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class VideoURL(_Model):
+    url: str
+    fps: Annotated[float, Field(gt=0.0, le=60.0)] | None = None  # frames sampled per second (default 2)
+    nframes: Annotated[int, Field(ge=1)] | None = None  # at most this many frames
+
+
 class ContentPart(_Model):
     type: str
     text: str | None = None
+    image_url: str | ImageURL | None = None
+    video_url: str | VideoURL | None = None
 
 
 class ChatMessage(_Model):
@@ -86,6 +99,9 @@ class _Sampling(_Model):
 
 
 class ChatCompletionRequest(_Sampling):
+    # Where each media part came from in the client's own request (set by the Anthropic and Responses
+    # translations): (message, part) -> the param that errors about that part name.
+    _media_params: dict[tuple[int, int], str] = PrivateAttr(default_factory=dict)
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
@@ -154,4 +170,5 @@ def _is_type_name(part: str) -> bool:
         part in ("str", "int", "float", "bool", "dict", "list", "none")
         or part.startswith(("list[", "dict[", "function-", "constrained-", "literal["))
         or "[" in part
+        or (part[:1].isupper() and part.isalnum())  # a model in a union (ImageURL, ...)
     )

@@ -21,7 +21,7 @@ from trtedge.server import sse
 from trtedge.server.admission import Admission
 from trtedge.server.auth import cache_salt
 from trtedge.server.config import ServeConfig
-from trtedge.server.core import call_id, plan_chat
+from trtedge.server.core import call_id, prepare_chat
 from trtedge.server.errors import (
     APIError,
     bad_request,
@@ -85,7 +85,7 @@ class OpenAIServing:
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
         guide = await self._guide(req)
-        plan = plan_chat(self, req, guide, salt=cache_salt(request, req.cache_salt))
+        plan = await prepare_chat(self, req, guide, salt=cache_salt(request, req.cache_salt))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         gen, watcher = await self._start(req, plan.choices, rid, request, arrival)
         if gen is None:

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from trtedge.runtime.stream import StreamDelta
 from trtedge.server import sse
 from trtedge.server.auth import cache_salt
-from trtedge.server.core import ChatPlan, call_id, plan_chat
+from trtedge.server.core import ChatPlan, call_id, prepare_chat
 from trtedge.server.errors import APIError, internal_error
 from trtedge.server.generation import Generation
 from trtedge.server.openai.serving import OpenAIServing
@@ -30,7 +30,8 @@ class ResponsesServing:
         serving = self.openai
         serving.check_model(req.model)
         chat = to_chat_request(req)
-        plan = plan_chat(serving, chat, await serving._guide(chat), salt=cache_salt(request, chat.cache_salt))
+        guide = await serving._guide(chat)
+        plan = await prepare_chat(serving, chat, guide, salt=cache_salt(request, chat.cache_salt))
         rid = f"resp_{uuid.uuid4().hex}"
         gen, watcher = await serving._start(chat, plan.choices, rid, request, arrival)
         if gen is None:
@@ -60,7 +61,7 @@ class ResponsesServing:
         yield event({"type": "response.in_progress", "response": head.response([], None, 0, 0)})
         reader = plan.reader()
         items = _Items()
-        prompt, completion, finish = len(plan.choices[0].prompt_ids), 0, None
+        prompt, completion, finish = plan.choices[0].num_prompt_tokens, 0, None
         try:
             async for _, d in gen.deltas():
                 if gen.cancelled:

@@ -7,10 +7,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from trtedge.server.errors import bad_request, not_supported
+from trtedge.server.multimodal import media_part, take_media_params
 from trtedge.server.openai.protocol import ChatCompletionRequest
 from trtedge.server.responses.protocol import ResponsesRequest
 
-NO_VISION = "this model has no vision component; image inputs cannot be served"
 _TEXT = ("input_text", "output_text", "text", "refusal")
 _EFFORTS = ("none", "minimal", "low", "medium", "high")
 
@@ -53,11 +53,14 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         else:
             schema = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
             body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    media_params = take_media_params(messages)
     try:
-        return ChatCompletionRequest.model_validate(body)
+        chat = ChatCompletionRequest.model_validate(body)
     except ValidationError as e:
         error = e.errors(include_url=False)[0]
         raise bad_request(f"{'.'.join(map(str, error['loc']))}: {error['msg']}") from None
+    chat._media_params = media_params
+    return chat
 
 
 def _add_item(messages: list[dict], item: dict, param: str) -> None:
@@ -91,21 +94,41 @@ def _add_item(messages: list[dict], item: dict, param: str) -> None:
         raise not_supported(f"an input item of type {kind!r}", f"{param}.type")
 
 
-def _content(item: dict, param: str) -> str:
+def _content(item: dict, param: str) -> str | list[dict]:
+    """The text of an item's content, or its parts when it holds images."""
     content = item.get("content")
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request("content must be a string or a list of parts", param=f"{param}.content")
-    texts = []
+    parts = []
     for j, part in enumerate(content):
+        where = f"{param}.content.{j}"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "input_image":
-            raise bad_request(NO_VISION, param=f"{param}.content.{j}")
+            parts.append(_image(part, where))
+            continue
         if kind not in _TEXT:
-            raise not_supported(f"a {kind!r} content part", f"{param}.content.{j}")
-        texts.append(_string(part, "refusal" if kind == "refusal" else "text", f"{param}.content.{j}"))
-    return "\n".join(texts)
+            raise not_supported(f"a {kind!r} content part", where)
+        parts.append(
+            {"type": "text", "text": _string(part, "refusal" if kind == "refusal" else "text", where)}
+        )
+    if any(p["type"] != "text" for p in parts):
+        return parts
+    return "\n".join(p["text"] for p in parts)
+
+
+def _image(part: dict, param: str) -> dict:
+    if part.get("detail") not in (None, "auto", "low", "high"):
+        raise bad_request('detail must be "auto", "low" or "high"', param=f"{param}.detail")
+    if isinstance(part.get("image_url"), str):
+        return media_part(part["image_url"], f"{param}.image_url", part.get("detail"))
+    if part.get("file_id") is not None:
+        raise not_supported(
+            "file_id (trtedge has no Files API: send image_url, a data: URL or a file path)",
+            f"{param}.file_id",
+        )
+    raise bad_request("an input_image needs image_url (a string)", param=f"{param}.image_url")
 
 
 def _string(item: dict, key: str, param: str) -> str:

@@ -1,0 +1,147 @@
+"""The image and video parts of a chat request, loaded for ``LLM.encode_prompt``.
+
+``load_media`` runs before the request takes an admission seat, so every refusal costs nothing: a model
+without a vision component (400), Pillow / PyAV missing (501), then part by part: the source (media.py:
+403 / 404 / 413 / 400), decoding (decoding.py: 400 / 413) and the image-token limits (400 naming the
+flag). Fetching is async and decoding runs in a worker thread: the event loop never waits on either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trtedge.server.decoding import decode_image, decode_video, require
+from trtedge.server.errors import APIError, bad_request
+from trtedge.server.media import fetch_media
+from trtedge.server.openai.protocol import ChatCompletionRequest, ContentPart, ImageURL, VideoURL
+
+if TYPE_CHECKING:
+    from trtedge.server.openai.serving import OpenAIServing
+
+MEDIA_PARTS = {"image_url": "image", "video_url": "video"}
+DEFAULT_FPS = 2.0
+NO_VISION = "this model has no vision component; image and video inputs cannot be served"
+
+Media = dict[tuple[int, int], dict]  # (message, part) -> {"type": "image", ...} | {"type": "video", ...}
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """One media part of a request, where it sits and what it asks for."""
+
+    where: tuple[int, int]
+    kind: str  # "image" | "video"
+    url: str
+    param: str  # the request field errors about this part name
+    detail: str | None = None
+    fps: float | None = None
+    nframes: int | None = None
+
+
+def media_refs(req: ChatCompletionRequest) -> list[MediaRef]:
+    """The request's image and video parts, in order; a media part outside a user message is a 400."""
+    refs = []
+    for i, m in enumerate(req.messages):
+        if not isinstance(m.content, list):
+            continue
+        for j, part in enumerate(m.content):
+            if part.type in MEDIA_PARTS:
+                param = req._media_params.get((i, j)) or f"messages.{i}.content.{j}.{part.type}"
+                refs.append(_ref(part, (i, j), param, m.role))
+    return refs
+
+
+def _ref(part: ContentPart, where: tuple[int, int], param: str, role: str) -> MediaRef:
+    kind = MEDIA_PARTS[part.type]
+    source = getattr(part, part.type)
+    if source is None:
+        raise bad_request(f'a {part.type} part needs {part.type!r}: {{"url": ...}}', param=param)
+    if role != "user":
+        raise bad_request(f"only user messages may carry {kind}s", param=param)
+    if isinstance(source, str):
+        return MediaRef(where, kind, source, param)
+    if isinstance(source, ImageURL):
+        return MediaRef(where, kind, source.url, param, detail=source.detail)
+    assert isinstance(source, VideoURL)
+    return MediaRef(where, kind, source.url, param, fps=source.fps, nframes=source.nframes)
+
+
+async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Media:
+    """The decoded pictures of every media part, as template content parts; {} for a text-only request."""
+    refs = media_refs(req)
+    if not refs:
+        return {}
+    vision = getattr(serving.llm, "vision", None)
+    if vision is None:
+        raise bad_request(NO_VISION, param=refs[0].param, code="no_vision_component")
+    if not req.apply_chat_template:
+        raise bad_request(
+            "images and videos need the chat template: drop apply_chat_template=false",
+            param="apply_chat_template",
+        )
+    require(video=any(r.kind == "video" for r in refs))
+    config = serving.config
+    media: Media = {}
+    total = 0
+    for ref in refs:
+        data = await fetch_media(ref.url, config, ref.param)
+        if ref.kind == "image":
+            image = await asyncio.to_thread(decode_image, data, ref.param, ref.detail)
+            part: dict[str, Any] = {"type": "image", "image": image}
+            tokens = vision.image_tokens(*image.size)
+        else:
+            limit = min(ref.nframes or config.max_video_frames, config.max_video_frames)
+            frames, fps = await asyncio.to_thread(
+                decode_video, data, ref.param, ref.fps or DEFAULT_FPS, limit
+            )
+            part = {"type": "video", "video": frames, "fps": fps}
+            tokens = vision.video_tokens(len(frames), *frames[0].size)
+        del data
+        total += tokens
+        _check_tokens(config, ref, tokens, total)
+        media[ref.where] = part
+    return media
+
+
+def _check_tokens(config, ref: MediaRef, tokens: int, total: int) -> None:
+    per_item = config.max_image_tokens_per_image
+    if per_item is not None and tokens > per_item:
+        raise APIError(
+            400,
+            f"this {ref.kind} takes {tokens} image tokens, more than --max-image-tokens-per-image "
+            f"{per_item}; send it smaller"
+            + (" or with fewer frames (nframes)" if ref.kind == "video" else ""),
+            param=ref.param,
+            code="too_many_image_tokens",
+        )
+    if config.max_image_tokens is not None and total > config.max_image_tokens:
+        raise APIError(
+            400,
+            f"the request's images and videos take {total} image tokens (so far), more than "
+            f"--max-image-tokens {config.max_image_tokens}",
+            param=ref.param,
+            code="too_many_image_tokens",
+        )
+
+
+def media_part(url: str, param: str, detail: str | None = None) -> dict:
+    """An OpenAI image_url part for a translated request (Anthropic, Responses); ``param`` is where the image
+    sits in the client's own request, taken out again by ``take_media_params``."""
+    image_url = {"url": url} if detail is None else {"url": url, "detail": detail}
+    return {"type": "image_url", "image_url": image_url, _PARAM: param}
+
+
+def take_media_params(messages: list[dict]) -> dict[tuple[int, int], str]:
+    """(message, part) -> param of every ``media_part`` in ``messages``, removing the marks."""
+    params = {}
+    for i, m in enumerate(messages):
+        if isinstance(m.get("content"), list):
+            for j, part in enumerate(m["content"]):
+                if _PARAM in part:
+                    params[i, j] = part.pop(_PARAM)
+    return params
+
+
+_PARAM = "__param"
