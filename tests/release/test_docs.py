@@ -39,7 +39,8 @@ def test_every_committed_page_is_in_the_nav():
         ["git", "ls-files", "docs/*.md"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
     nav = set(re.findall(r":\s*(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
-    missing = sorted(Path(p).name for p in tracked if Path(p).name not in nav)
+    pages = [Path(p).relative_to("docs").as_posix() for p in tracked]  # nav paths are relative to docs/
+    missing = sorted(p for p in pages if p not in nav)
     assert not missing, f"add to the nav in mkdocs.yml: {missing}"
 
 
