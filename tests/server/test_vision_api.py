@@ -1,87 +1,64 @@
-"""Image and video requests through the HTTP API (OpenAI chat, Anthropic messages, Responses) against the
-embedded model dressed as a vision model (``VisionStub``: the images reach ``encode_prompt`` as pictures
-and come back as words), so that the server's side is tested apart from the vision runtime: translation,
-sources, limits and their statuses, and that no refusal leaks a seat or a KV block."""
+"""Image and video requests through the HTTP API (OpenAI chat, Anthropic messages, Responses) in process,
+on a tiny random Qwen2.5-VL: what reaches ``LLM.encode_prompt`` (recorded by ``Spy``), the sources, the
+limits and their statuses, and that no refusal leaks a seat or a KV block. A text-only bundle of the same
+checkpoint (``--components llm``) answers 400."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import io
-import math
-from dataclasses import dataclass
+import json
 
 import httpx
 import pytest
 
-from tests.server.conftest import load_llm
 from trtedge.server.app import build_app
 from trtedge.server.config import ServeConfig
 
 Image = pytest.importorskip("PIL.Image")
+tiny_vl = pytest.importorskip("tests.tiny_vl")
 
 CHAT = "/v1/chat/completions"
 
 
-@dataclass
-class StubPrompt:
-    ids: list[int]
-    items: list
-
-
-class StubVision:
-    """28x28 pixels per token, two frames per temporal patch (Qwen2.5-VL's arithmetic)."""
-
-    def image_tokens(self, width: int, height: int) -> int:
-        return math.ceil(width / 28) * math.ceil(height / 28)
-
-    def video_tokens(self, num_frames: int, width: int, height: int) -> int:
-        return math.ceil(num_frames / 2) * self.image_tokens(width, height)
-
-
-class VisionStub:
-    """An LLM whose images are told to the text model as "a picture W by H"."""
+class Spy:
+    """The LLM, recording the media parts each ``encode_prompt`` call is given."""
 
     def __init__(self, llm):
         self._llm = llm
-        self.vision = StubVision()
         self.seen: list[list[dict]] = []
 
     def __getattr__(self, name):
         return getattr(self._llm, name)
 
     def encode_prompt(self, messages, **options):
-        media, plain = [], []
-        for m in messages:
-            if isinstance(m["content"], list):
-                media += [p for p in m["content"] if p["type"] != "text"]
-                m = {**m, "content": " ".join(_words(p) for p in m["content"])}
-            plain.append(m)
-        self.seen.append(media)
-        return StubPrompt(self._llm.encode_prompt(plain, **options), media)
-
-    def generate_stream(self, prompt, params=None, **options):
-        return self._llm.generate_stream(getattr(prompt, "ids", prompt), params, **options)
-
-
-def _words(part: dict) -> str:
-    if part["type"] == "text":
-        return part["text"]
-    if part["type"] == "image":
-        return "a picture {} by {}".format(*part["image"].size)
-    return f"a video of {len(part['video'])} frames"
+        content = [m["content"] for m in messages if isinstance(m["content"], list)]
+        self.seen.append([p for parts in content for p in parts if p["type"] != "text"])
+        return self._llm.encode_prompt(messages, **options)
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory):
-    llm = load_llm(tmp_path_factory)
-    yield llm
-    llm.close()
+def checkpoint(tmp_path_factory):
+    return tiny_vl.make_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny-vl"))
+
+
+def _load(tmp_path_factory, checkpoint, **kwargs):
+    from trtedge import LLM
+
+    cache = tmp_path_factory.getbasetemp() / "trtedge-cache"
+    return LLM(str(checkpoint), cache_dir=str(cache), max_kv_cache_capacity=512, max_input_len=400, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory, checkpoint):
+    with _load(tmp_path_factory, checkpoint) as llm:
+        yield llm
 
 
 @pytest.fixture
 def stub(llm):
-    return VisionStub(llm)
+    return Spy(llm)
 
 
 def png(width: int = 56, height: int = 28) -> bytes:
@@ -117,6 +94,7 @@ def image_part(url: str, **extra) -> dict:
 
 
 def assert_clean(app, llm) -> None:
+    """No seat held, every KV block free (context reuse is off: nothing stays cached)."""
     stats = llm.stats()
     assert app.state.admission.num_active == 0
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["active_requests"] == 0
@@ -129,7 +107,8 @@ def test_chat_image_reaches_the_model_as_a_picture(stub, llm):
     [[part]] = stub.seen
     assert part["type"] == "image" and part["image"].mode == "RGB" and part["image"].size == (56, 28)
     plain = post(app, CHAT, ask())
-    assert r.json()["usage"]["prompt_tokens"] > plain.json()["usage"]["prompt_tokens"]
+    grown = r.json()["usage"]["prompt_tokens"] - plain.json()["usage"]["prompt_tokens"]
+    assert grown == llm.vision.image_tokens(56, 28) + 2  # the placeholders between vision start and end
     # a bare string image_url and "detail": "low" (fits 512 x 512)
     post(app, CHAT, ask({"type": "image_url", "image_url": data_url(png(1024, 256))}))
     post(app, CHAT, ask(image_part(data_url(png(1024, 256)), detail="low")))
@@ -150,6 +129,10 @@ def test_anthropic_base64_image_and_count_tokens(stub, llm):
     assert stub.seen[0][0]["image"].size == (56, 28)
     counted = post(app, "/v1/messages/count_tokens", {k: v for k, v in body.items() if k != "max_tokens"})
     assert counted.json()["input_tokens"] == r.json()["usage"]["input_tokens"]
+    streamed = post(app, "/v1/messages", {**body, "stream": True})
+    start = json.loads(next(line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")))
+    assert start["type"] == "message_start"
+    assert start["message"]["usage"]["input_tokens"] == r.json()["usage"]["input_tokens"]
     bad = {**image, "source": {**image["source"], "media_type": "image/tiff"}}
     r = post(app, "/v1/messages", {**body, "messages": [{"role": "user", "content": [bad]}]})
     assert r.status_code == 400 and "messages.0.content.0.source.media_type" in r.json()["error"]["message"]
@@ -202,19 +185,19 @@ def test_video_frames_follow_fps_and_nframes(stub, llm):
 @pytest.mark.parametrize(
     "config,parts,status,param,text",
     [
-        (
-            {"max_image_tokens_per_image": 4},
-            [image_part(data_url(png(56, 28))), image_part(data_url(png(84, 56)))],
+        (  # 32 x 32 pixels are 16 image tokens, 64 x 64 are 64 (8 x 8 pixels each)
+            {"max_image_tokens_per_image": 20},
+            [image_part(data_url(png(32, 32))), image_part(data_url(png(64, 64)))],
             400,
             "messages.0.content.2.image_url",
-            "--max-image-tokens-per-image 4",
+            "--max-image-tokens-per-image 20",
         ),
         (
-            {"max_image_tokens": 6},
-            [image_part(data_url(png(56, 28))), image_part(data_url(png(84, 56)))],
+            {"max_image_tokens": 70},
+            [image_part(data_url(png(32, 32))), image_part(data_url(png(64, 64)))],
             400,
             "messages.0.content.2.image_url",
-            "--max-image-tokens 6",
+            "--max-image-tokens 70",
         ),
         ({"max_media_bytes": 1000}, [image_part(data_url(b"x" * 2000))], 413, None, "--max-media-bytes"),
         ({}, [image_part(data_url(b"not an image"))], 400, None, "cannot read the image"),
@@ -247,7 +230,13 @@ def test_local_files_traversal_is_403_through_the_api(stub, llm, tmp_path):
     assert_clean(app, llm)
 
 
-def test_misplaced_media_and_a_text_only_model(stub, llm, monkeypatch):
+@pytest.fixture(scope="module")
+def text_only(tmp_path_factory, checkpoint):
+    with _load(tmp_path_factory, checkpoint, components="llm") as llm:
+        yield llm
+
+
+def test_misplaced_media_and_a_text_only_model(stub, llm, text_only, monkeypatch):
     app = build_app(stub)
     image = image_part(data_url(png()))
     body = {"messages": [{"role": "assistant", "content": [image]}, {"role": "user", "content": "hi"}]}
@@ -255,8 +244,15 @@ def test_misplaced_media_and_a_text_only_model(stub, llm, monkeypatch):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content.0.image_url"
     r = post(app, CHAT, {**ask(image), "apply_chat_template": False})
     assert r.status_code == 400 and r.json()["error"]["param"] == "apply_chat_template"
-    r = post(build_app(llm), CHAT, ask(image))  # the embedded model itself has no vision component
+    r = post(build_app(text_only), CHAT, ask(image))
     assert r.status_code == 400 and "this model has no vision component" in r.json()["error"]["message"]
+    claude = {"model": text_only.model_name, "max_tokens": 4}
+    source = {"type": "base64", "media_type": "image/png", "data": b64(png())}
+    claude["messages"] = [{"role": "user", "content": [{"type": "image", "source": source}]}]
+    r = post(build_app(text_only), "/v1/messages", claude)
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith("messages.0.content.0.source: this model has no vision component"), message
     monkeypatch.setitem(__import__("sys").modules, "PIL", None)
     r = post(app, CHAT, ask(image))
     assert r.status_code == 501 and "pip install 'trtedge[vision]'" in r.json()["error"]["message"]
@@ -264,11 +260,11 @@ def test_misplaced_media_and_a_text_only_model(stub, llm, monkeypatch):
     assert_clean(app, llm)
 
 
-def test_health_reports_vision(stub, llm):
+def test_health_reports_vision(stub, text_only):
     async def main(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             return (await client.get("/health")).json()
 
     assert asyncio.run(main(build_app(stub)))["capabilities"]["vision"] is True
-    assert asyncio.run(main(build_app(llm)))["capabilities"]["vision"] is False
+    assert asyncio.run(main(build_app(text_only)))["capabilities"]["vision"] is False
