@@ -31,7 +31,7 @@ def test_int8_linear_matches_dequantized_product(rows, shape):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("weights", ["float", "int8"])
+@pytest.mark.parametrize("weights", ["float", "int8", "int4"])
 def test_native_batched_decode_matches_reference(tmp_path, family, weights):
     path = make_tiny_checkpoint(tmp_path / family, family)
     model = load_model(
@@ -52,11 +52,24 @@ def test_native_batched_decode_matches_reference(tmp_path, family, weights):
     ]
     batch = AttentionBatch(torch.tensor(slots), [1, 1, 1], context_lens, tables, block_size)
     ids, pos = torch.tensor([5, 9, 300]), torch.tensor([c - 1 for c in context_lens])
+    # float weights: the fused per-op kernels; int8 / int4: the whole step as one native call
+    assert (model.native_step is not None) == (weights != "float")
     native = model.forward(ids, pos, caches, batch)
-    saved, model.decode_kernels = model.decode_kernels, None
+    saved = model.decode_kernels, model.native_step
+    model.decode_kernels = model.native_step = None
     try:
         reference = model.forward(ids, pos, caches_ref, batch)
+        if weights == "int4":  # the same int16 activation blocks, one product at a time
+            model.decode_kernels = saved[0]
+            kv_ops = kv.clone()
+            per_op = model.forward(
+                ids, pos, [(kv_ops[i, 0], kv_ops[i, 1]) for i in range(cfg.num_layers)], batch
+            )
+            torch.testing.assert_close(native, per_op, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(kv, kv_ops, rtol=1e-5, atol=1e-5)
     finally:
-        model.decode_kernels = saved
-    torch.testing.assert_close(native, reference, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(kv, kv_ref, rtol=1e-5, atol=1e-5)
+        model.decode_kernels, model.native_step = saved
+    # int4 products quantize activations to int16 per block of 32 (relative error ~1e-4)
+    tol = 2e-3 if weights == "int4" else 1e-4
+    torch.testing.assert_close(native, reference, rtol=tol, atol=tol)
+    torch.testing.assert_close(kv, kv_ref, rtol=tol, atol=tol)

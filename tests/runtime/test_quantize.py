@@ -59,12 +59,14 @@ def test_gguf_q4_blocks_map_to_int4_without_loss(kind):
 
 
 @pytest.mark.parametrize("rows", [1, 3, 5, 40])
-@pytest.mark.parametrize("shape", [(64, 64), (130, 576), (8, 96), (5, 608)])
+@pytest.mark.parametrize("shape", [(64, 64), (130, 576), (8, 96), (5, 608), (6, 1024)])
 def test_quantized_linears_match_dequantized_product(rows, shape):
     torch.manual_seed(1)
     n, k = shape
     weight, bias, x = torch.randn(n, k) * 0.1, torch.randn(n), torch.randn(rows, k)
     for layer in (make_linear(weight, bias, "int4"), make_linear(weight, bias, "int8")):
+        # the native dequantize (prefill) reads the packing as the torch reference does
+        torch.testing.assert_close(layer.dequantized(), layer.quantized.dequantize(), rtol=0, atol=0)
         ref = F.linear(x, layer.dequantized(), bias)
         out = layer(x)
         # the int4 kernel quantizes activations to int16 per block of 32: close to exact

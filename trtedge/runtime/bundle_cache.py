@@ -30,7 +30,9 @@ from pathlib import Path
 log = logging.getLogger("trtedge")
 
 DEFAULT_MAX_SIZE_GB = 50.0
-LAYOUT_VERSION = 2  # bump when a bundle's files or manifest change meaning
+LAYOUT_VERSION = (
+    3  # bump when a bundle's files or manifest change meaning (3: int4 packed in blocks of 16 groups)
+)
 
 
 class BundleError(ValueError):

@@ -3,13 +3,17 @@
 int8: symmetric per output row, ``w = scale[n] * q`` (q in -127..127, scale float32).
 int4: asymmetric per group of 32 along the input dimension, ``w = scale * q + min`` (q in 0..15,
 scale and min float16), the class of llama.cpp's Q4_1; Q4_0 (``d * (q - 8)``) and Q4_1 blocks map
-onto it without loss. Packing, per row: each span of 64 inputs (two groups) is 32 bytes whose byte j
-holds input j in the low nibble and input 32 + j in the high nibble; an odd last group is 16 bytes,
-byte j holding inputs j and 16 + j. The native kernel reads that layout directly.
+onto it without loss. Packing, per row, in the order the native kernel reads: each block of 16
+groups (512 inputs) is 256 bytes where byte ``32 c + 2 l + e`` (c < 8, l < 16, e < 2) holds input
+``4 c + e`` of the block's group l in its low nibble and input ``4 c + 2 + e`` in its high nibble,
+so that one 16-lane integer dot product covers 16 groups at once. The groups after the last whole
+block go in spans of two (32 bytes, byte j: inputs j and 32 + j of the span) and an odd last group
+is 16 bytes (byte j: inputs j and 16 + j).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,10 +129,21 @@ def int4_supported(shape) -> bool:
     return len(shape) == 2 and shape[1] % GROUP == 0
 
 
-def _span_order(cols: int) -> np.ndarray:
-    """order[b] = (low input, high input) of packed byte b of one row, as flat index arrays."""
+BLOCK_GROUPS = 16
+
+
+@functools.cache
+def _span_order(cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(low input, high input) of each packed byte of one row, as flat index arrays."""
     lows, highs = [], []
-    for start in range(0, cols, 2 * GROUP):
+    block = BLOCK_GROUPS * GROUP
+    c, lane, e = np.meshgrid(np.arange(8), np.arange(BLOCK_GROUPS), np.arange(2), indexing="ij")
+    within = (lane * GROUP + 4 * c + e).reshape(-1)  # byte 32 c + 2 l + e
+    whole = cols // block * block
+    for start in range(0, whole, block):
+        lows.append(start + within)
+        highs.append(start + within + 2)
+    for start in range(whole, cols, 2 * GROUP):
         half = min(2 * GROUP, cols - start) // 2
         lows.append(np.arange(start, start + half))
         highs.append(np.arange(start + half, start + 2 * half))

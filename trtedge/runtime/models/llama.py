@@ -17,6 +17,7 @@ from trtedge.runtime.models.layers import (
     rotate,
     softcap,
 )
+from trtedge.runtime.models.native_decode import NativeDecodeStep
 from trtedge.runtime.models.rope import partial_rotary_order, permute_heads, rope_tables
 from trtedge.runtime.ops import cpu_kernels as kernels
 from trtedge.runtime.ops import triton_attention
@@ -123,6 +124,8 @@ class LlamaModel:
         # Decode steps run through fused kernels (native C on the CPU in float32, Triton on CUDA): a
         # few calls per layer instead of dozens of small ops, whose dispatch cost dominates decode.
         self.decode_kernels = _decode_kernels(device, dtype) if self.fused_decode else None
+        # int4 / int8 weights on the CPU: the whole decode step is one native call.
+        self.native_step = NativeDecodeStep.create(self) if self.decode_kernels is not None else None
         # Layers whose input hidden states a draft head reads (EAGLE-3); the last forward's are kept
         # in aux_hidden, concatenated along the feature dimension (index num_layers: the final state).
         self.aux_layers: tuple[int, ...] = ()
@@ -148,7 +151,10 @@ class LlamaModel:
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch, embeds=None) -> torch.Tensor:
         """``embeds``: (rows, values) that replace the token embeddings of those rows (media tokens);
         values wider than hidden_size carry DeepStack features, added after the first layers."""
-        if self.decode_kernels is not None and batch.is_decode and not self.aux_layers and embeds is None:
+        plain_decode = batch.is_decode and not self.aux_layers and embeds is None
+        if self.native_step is not None and plain_decode:
+            return self.native_step(input_ids, positions, kv_caches, batch)
+        if self.decode_kernels is not None and plain_decode:
             return self._decode_fused(input_ids, positions, kv_caches, batch)
         x = self.embed_tokens(input_ids)
         width = x.shape[-1]

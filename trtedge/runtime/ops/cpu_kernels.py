@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from trtedge.runtime.ops import cpu_int4, cpu_step
+
 log = logging.getLogger("trtedge")
 
 SOURCE = r"""
@@ -111,179 +113,6 @@ void int8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const fl
             for (int r = 0; r < R; r++)
                 for (int64_t n = n0; n < n0 + 4 && n < N; n++)
                     y[(m0 + r) * N + n] = acc[r * 4 + n - n0] * scale[n] + (bias ? bias[n] : 0.0f);
-        }
-    }
-}
-
-/* ---- int4 weights (group 32, w = scale * q + min; layout in runtime/quantize.py) x int16 activations.
-   Each activation row is quantized per block of 32 to int16 (dx = max|x| / 32767, plus the block's
-   float sum); then sum_k w_k x_k = sum_b scale_b dx_b sum_j q_j qx_j + min_b sum_b(x): integer dot
-   products (AVX-512 VNNI vpdpwssd) on the packed weights. int16 keeps the activations' own
-   precision (int8 blocks, as llama.cpp's q4 x q8 uses, lose the small values next to an outlier). */
-static void quantize_row_q16(const float *x, int64_t K, int16_t *qx, float *dx, float *sx) {
-    for (int64_t b = 0; b < K / 32; b++) {
-        const float *xb = x + b * 32;
-        float amax = 0.0f, sum = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            float a = fabsf(xb[j]);
-            amax = a > amax ? a : amax;
-            sum += xb[j];
-        }
-        float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        for (int j = 0; j < 32; j++) qx[b * 32 + j] = (int16_t)nearbyintf(xb[j] * id);
-        dx[b] = amax / 32767.0f;
-        sx[b] = sum;
-    }
-}
-
-static inline float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (man == 0) bits = sign;
-        else {
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) { man <<= 1; exp--; }
-            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
-        }
-    } else if (exp == 31) bits = sign | 0x7f800000 | (man << 13);
-    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-/* A span of two groups (32 bytes: low nibbles group gb, high nibbles group gb + 1) into accumulators
-   A and B of each activation row. */
-#define INT4_SPAN(gb, A, B)                                                                          \
-    {                                                                                                \
-        __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w + (gb) * 16)));      \
-        __m512i qa = _mm512_and_si512(q, low4), qb = _mm512_srli_epi16(q, 4);                        \
-        for (int r = 0; r < R; r++) {                                                                \
-            const int16_t *xr = qx + r * K + (gb) * 32;                                              \
-            __m512i da = _mm512_dpwssd_epi32(_mm512_setzero_si512(), qa, _mm512_loadu_si512(xr));     \
-            __m512i db = _mm512_dpwssd_epi32(_mm512_setzero_si512(), qb, _mm512_loadu_si512(xr + 32)); \
-            acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(da), _mm512_set1_ps(c[r][(gb) - b0]), acc[r][A]); \
-            acc[r][B] =                                                                              \
-                _mm512_fmadd_ps(_mm512_cvtepi32_ps(db), _mm512_set1_ps(c[r][(gb) - b0 + 1]), acc[r][B]); \
-        }                                                                                            \
-    }
-
-/* One packed weight row (G groups; its scale and min rows) against R quantized activation rows. */
-static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, int64_t G, const int16_t *qx,
-                      const float *dx, const float *sx, int64_t K, int R, float *out) {
-    const __m512i low4 = _mm512_set1_epi16(0x0f);
-    /* four accumulators a row, so that consecutive groups' FMAs do not wait on each other */
-    __m512 acc[4][4], off[4];
-    float c[4][16];
-    for (int r = 0; r < R; r++) {
-        off[r] = _mm512_setzero_ps();
-        for (int i = 0; i < 4; i++) acc[r][i] = _mm512_setzero_ps();
-    }
-    for (int64_t b0 = 0; b0 < G; b0 += 16) {
-        int64_t nb = G - b0 < 16 ? G - b0 : 16;
-        __mmask16 mask = (__mmask16)((1u << nb) - 1);
-        __m512 cw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scale + b0));
-        __m512 mw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, mins + b0));
-        for (int r = 0; r < R; r++) {
-            _mm512_storeu_ps(c[r], _mm512_mul_ps(cw, _mm512_maskz_loadu_ps(mask, dx + r * G + b0)));
-            off[r] = _mm512_fmadd_ps(mw, _mm512_maskz_loadu_ps(mask, sx + r * G + b0), off[r]);
-        }
-        int64_t b = b0, end = b0 + nb;
-        for (; b + 4 <= end; b += 4) {
-            INT4_SPAN(b, 0, 1)
-            INT4_SPAN(b + 2, 2, 3)
-        }
-        for (; b + 2 <= end; b += 2) {
-            INT4_SPAN(b, 0, 1)
-        }
-        if (b < end) {  /* an odd last group: 16 bytes, inputs j and 16 + j */
-            __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + b * 16)));
-            __m512i qv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, _mm256_set1_epi16(0x0f))),
-                                            _mm256_srli_epi16(q, 4), 1);
-            for (int r = 0; r < R; r++) {
-                __m512i d = _mm512_dpwssd_epi32(_mm512_setzero_si512(), qv, _mm512_loadu_si512(qx + r * K + b * 32));
-                acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(c[r][b - b0]), acc[r][0]);
-            }
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
-        out[r] = _mm512_reduce_add_ps(_mm512_add_ps(sum, off[r]));
-    }
-}
-#else
-static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, int64_t G, const int16_t *qx,
-                      const float *dx, const float *sx, int64_t K, int R, float *out) {
-    for (int r = 0; r < R; r++) {
-        float total = 0.0f;
-        for (int64_t b = 0; b < G; b++) {
-            int64_t start = (b / 2) * 64, half = (b / 2 == G / 2) ? 16 : 32;  /* odd last group: 16 */
-            const uint8_t *wb = w + start / 2;
-            int32_t dot = 0;
-            for (int j = 0; j < 32; j++) {
-                int64_t k = b * 32 + j - start;
-                int q = k < half ? (wb[k] & 0x0f) : (wb[k - half] >> 4);
-                dot += q * qx[r * K + b * 32 + j];
-            }
-            total += (float)dot * half_to_float(scale[b]) * dx[r * G + b] + half_to_float(mins[b]) * sx[r * G + b];
-        }
-        out[r] = total;
-    }
-}
-#endif
-
-/* y[m, n] = sum_k x[m, k] * (scale[n, k/32] * q[n, k] + min[n, k/32]) + bias[n]; K a multiple of 32. */
-void int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uint16_t *scale,
-                 const uint16_t *mins, const float *bias, float *y, int64_t N) {
-    int64_t G = K / 32;
-    int16_t *qx = (int16_t *)malloc(sizeof(int16_t) * M * K + 64);
-    float *dx = (float *)malloc(sizeof(float) * M * G * 2);
-    float *sx = dx + M * G;
-    for (int64_t m = 0; m < M; m++) quantize_row_q16(x + m * K, K, qx + m * K, dx + m * G, sx + m * G);
-    #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *wr = w + n * (K / 2);
-        for (int64_t o = 0; o < K / 2; o += 64) __builtin_prefetch(wr + 8 * (K / 2) + o, 0, 3);
-        for (int64_t m0 = 0; m0 < M; m0 += 4) {
-            int R = (int)(M - m0 < 4 ? M - m0 : 4);
-            float out[4];
-            int4_rows(wr, scale + n * G, mins + n * G, G, qx + m0 * K, dx + m0 * G, sx + m0 * G, K, R, out);
-            for (int r = 0; r < R; r++) y[(m0 + r) * N + n] = out[r] + (bias ? bias[n] : 0.0f);
-        }
-    }
-    free(dx);
-    free(qx);
-}
-
-/* out[n, k] = scale[n, k/32] * q[n, k] + min[n, k/32] (float32), for the batched (prefill) product. */
-void int4_dequantize(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, float *out, int64_t N,
-                     int64_t K) {
-    int64_t G = K / 32;
-    #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *wr = w + n * (K / 2);
-        float *o = out + n * K;
-        const uint16_t *sr = scale + n * G, *mr = mins + n * G;
-        for (int64_t p = 0; p < G / 2; p++) {
-            const uint8_t *wb = wr + p * 32;
-            float s0 = half_to_float(sr[2 * p]), m0 = half_to_float(mr[2 * p]);
-            float s1 = half_to_float(sr[2 * p + 1]), m1 = half_to_float(mr[2 * p + 1]);
-            float *o0 = o + p * 64, *o1 = o0 + 32;
-            #pragma omp simd
-            for (int j = 0; j < 32; j++) {
-                o0[j] = s0 * (float)(wb[j] & 0x0f) + m0;
-                o1[j] = s1 * (float)(wb[j] >> 4) + m1;
-            }
-        }
-        if (G & 1) {
-            const uint8_t *wb = wr + (G / 2) * 32;
-            float s0 = half_to_float(sr[G - 1]), m0 = half_to_float(mr[G - 1]);
-            float *o0 = o + (G - 1) * 32;
-            for (int j = 0; j < 16; j++) {
-                o0[j] = s0 * (float)(wb[j] & 0x0f) + m0;
-                o0[16 + j] = s0 * (float)(wb[j] >> 4) + m0;
-            }
         }
     }
 }
@@ -404,6 +233,7 @@ _SIGNATURES = {
     "qkv_rope_store": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _P, _P],
     "paged_decode_attention": [_P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _P, _I],
     "silu_mul": [_P, _P, _I, _I],
+    "llama_decode_step": [_P, _P, _I, _P, _P, _P, _I, _P, _I, _F, _F, _P],
 }
 
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-shared", "-fPIC", "-lm"]
@@ -436,14 +266,15 @@ def _build_and_load() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
-    digest = hashlib.sha256((SOURCE + " ".join(_FLAGS) + compiler).encode()).hexdigest()[:16]
+    source = SOURCE + cpu_int4.SOURCE + cpu_step.SOURCE
+    digest = hashlib.sha256((source + " ".join(_FLAGS) + compiler).encode()).hexdigest()[:16]
     directory = _kernel_dir()
     target = directory / f"cpu_kernels-{digest}.so"
     if not target.exists():
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
             src = Path(tmp) / "kernels.c"
-            src.write_text(SOURCE)
+            src.write_text(source)
             out = Path(tmp) / "kernels.so"
             result = subprocess.run(
                 [compiler, *_FLAGS, str(src), "-o", str(out)], capture_output=True, text=True, timeout=120
