@@ -24,6 +24,11 @@ runner = CliRunner()
         ({"allowed_local_media_path": "/does/not/exist"}, "--allowed-local-media-path"),
         ({"engine_cache_max_size_gb": -1.0}, "--engine-cache-max-size-gb"),
         ({"api_key": ""}, "--api-key"),
+        ({"max_media_bytes": 0}, "--max-media-bytes"),
+        ({"media_fetch_timeout": 0}, "--media-fetch-timeout"),
+        ({"max_video_frames": 0}, "--max-video-frames"),
+        ({"max_image_tokens": -1}, "--max-image-tokens"),
+        ({"max_image_tokens_per_image": 0}, "--max-image-tokens-per-image"),
     ],
 )
 def test_bad_values_name_the_flag(kwargs, flag):
@@ -53,6 +58,8 @@ def test_api_key_from_environment(monkeypatch):
     [
         (["--port", "99999"], "--port"),
         (["--queue-timeout", "-5"], "--queue-timeout"),
+        (["--max-image-tokens-per-image", "0"], "--max-image-tokens-per-image"),
+        (["--media-fetch-timeout", "0"], "--media-fetch-timeout"),
         (["--max-input-len", "9000"], "--max-input-len"),
         (["--max-batch-size", "0"], "--max-batch-size"),
         (["--log-level", "shout"], "--log-level"),
@@ -95,6 +102,12 @@ def test_cli_help_lists_every_flag():
         "--max-queued-requests",
         "--queue-timeout",
         "--allowed-local-media-path",
+        "--allow-remote-media",
+        "--max-media-bytes",
+        "--media-fetch-timeout",
+        "--max-video-frames",
+        "--max-image-tokens",
+        "--max-image-tokens-per-image",
         "--log-level",
         "--cache-dir",
         "--engine-cache-max-size-gb",

@@ -57,7 +57,7 @@ def _ref(part: ContentPart, where: tuple[int, int], param: str, role: str) -> Me
     kind = MEDIA_PARTS[part.type]
     source = getattr(part, part.type)
     if source is None:
-        raise bad_request(f'a {part.type} part needs {part.type!r}: {{"url": ...}}', param=param)
+        raise bad_request(f'an {part.type} part needs {part.type!r}: {{"url": ...}}', param=param)
     if role != "user":
         raise bad_request(f"only user messages may carry {kind}s", param=param)
     if isinstance(source, str):
