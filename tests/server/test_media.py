@@ -294,3 +294,11 @@ def test_missing_pillow_is_501_naming_the_extra(monkeypatch):
     with pytest.raises(APIError) as e:
         decoding.require(video=True)
     assert e.value.status == 501 and "video input needs PyAV" in e.value.message
+
+
+def test_video_frames_over_the_pixel_cap_are_413_before_decoding(monkeypatch):
+    clip = video(4, 4)
+    monkeypatch.setattr(decoding, "MAX_PIXELS", 64 * 48 - 1)
+    with pytest.raises(APIError) as e:
+        decoding.decode_video(clip, PARAM, fps=2.0, max_frames=8)
+    assert (e.value.status, e.value.code) == (413, "image_too_large") and "64x48" in e.value.message

@@ -74,6 +74,8 @@ def decode_video(data: bytes, param: str, fps: float, max_frames: int) -> tuple[
             if not container.streams.video:
                 raise APIError(400, "the file has no video stream", param=param, code="invalid_video")
             stream = container.streams.video[0]
+            _check_pixels(stream.codec_context.width, stream.codec_context.height, "video frame", param)
+            stream.thread_type = "AUTO"
             duration = _duration(container, stream)
             wanted = max_frames if duration is None else max(1, min(max_frames, math.ceil(duration * fps)))
             step = duration / wanted if duration is not None and wanted < duration * fps else 1 / fps
