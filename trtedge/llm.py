@@ -503,11 +503,16 @@ def _engine_options(options: dict) -> dict:
 
 
 def _state_stats(engine) -> dict:
-    """Recurrent-state slots of hybrid models (one per batch seat), if the model has any."""
+    """Recurrent-state slots of hybrid models (one per batch seat) and the bytes of the whole state
+    pool (slots, checkpoints, snapshots, draft-window rows), if the model has any."""
     state = engine.blocks.state
     if state is None:
         return {}
-    return {"state_slots_total": state.num_slots, "state_slots_free": state.num_free_slots}
+    return {
+        "state_slots_total": state.num_slots,
+        "state_slots_free": state.num_free_slots,
+        "recurrent_state_bytes": engine.runner.states.nbytes,
+    }
 
 
 __all__ = [

@@ -195,3 +195,38 @@ def test_jump_forward_drafts_roll_the_recurrent_state_back(target, prompts, plai
     assert 0 < jumped < sum(m.generated_tokens for m in metrics)
     assert any(recomputed) == split and not all(recomputed)
     assert_nothing_leaked(engine)
+
+
+@pytest.mark.parametrize(
+    ("spec_tokens", "batch", "budget", "rows"),
+    [(None, 6, 2048, 30), (4, 6, 2048, 30), (6, 6, 2048, 42), (6, 6, 16, 16)],
+    ids=["jump-only", "spec4", "spec6", "budget"],
+)
+def test_draft_window_rows_are_allocated_at_start(target, prompts, spec_tokens, batch, budget, rows):
+    """The per-position states of draft windows live in rows allocated with the pool, sized for the
+    largest step (seats x (max(verify width, jump cap) + 1), at most the token budget): serving never
+    allocates more, and jump-forward drafts on hybrid models are capped to fit."""
+    model, tokenizer = target
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=spec_tokens) if spec_tokens else None
+    config = EngineConfig(
+        max_batch_size=batch,
+        max_kv_cache_capacity=256,
+        enable_in_flight_batching=True,
+        max_num_batched_tokens=budget,
+        speculative=spec,
+    )
+    engine = Engine(model, tokenizer, config)
+    states = engine.runner.states
+    scratch = states.step_ssm.data_ptr()
+    try:
+        assert states.num_window_rows == rows == states.step_conv.shape[1] == states.step_ssm.shape[1]
+        assert states.nbytes == (2 * batch + states.num_snapshots + rows) * states.row_bytes
+        assert engine.guides.max_jump_tokens == max(4, spec_tokens or 0)
+        streams = [engine.submit(p, GREEDY) for p in prompts[:batch]]
+        for s in streams:
+            list(s)
+        assert states.step_ssm.data_ptr() == scratch  # never reallocated while serving
+        with pytest.raises(RuntimeError, match="internal error: .* recurrent state rows, .* were allocated"):
+            states.scratch(rows + 1)
+    finally:
+        engine.shutdown()

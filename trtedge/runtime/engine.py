@@ -31,6 +31,7 @@ from trtedge.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 log = logging.getLogger("trtedge")
 
 MAX_CONSECUTIVE_FAILURES = 3
+HYBRID_MAX_JUMP_TOKENS = 4  # jump-forward draft cap on hybrid models (see _hybrid_state)
 
 
 class EngineError(RuntimeError):
@@ -131,6 +132,8 @@ class Engine:
         )
         self.scheduler = Scheduler(sched, self.blocks)
         self.guides = GuidedDecoding(tokenizer, model.cfg.vocab_size)
+        if self.blocks.state is not None:  # hybrid: a draft keeps a recurrent state per token (scratch rows)
+            self.guides.max_jump_tokens = self.blocks.state.window - 1
         self.runner = ModelRunner(
             model,
             num_blocks,
@@ -619,4 +622,11 @@ def _hybrid_state(model, tokenizer: Tokenizer, config: EngineConfig) -> HybridSt
         num_snapshots = 0
     lookup = getattr(tokenizer, "token_to_id", lambda _: None)
     markers = [i for i in (lookup("<think>"),) if i is not None]
-    return HybridStateCache(config.max_batch_size, num_snapshots, config.block_size, markers)
+    # Draft windows keep one state per position: a chain of the speculative verify width, or a
+    # jump-forward draft capped to HYBRID_MAX_JUMP_TOKENS (or that width when larger), plus the token
+    # before it, for every batch seat; a step never computes more than its token budget.
+    spec = config.speculative
+    window = max(HYBRID_MAX_JUMP_TOKENS, spec.verify_tokens if spec is not None else 0) + 1
+    budget = max(config.max_num_batched_tokens, config.block_size)
+    rows = min(config.max_batch_size * window, budget)
+    return HybridStateCache(config.max_batch_size, num_snapshots, config.block_size, markers, window, rows)

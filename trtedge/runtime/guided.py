@@ -157,6 +157,7 @@ class GuidedDecoding:
         self._pool: ThreadPoolExecutor | None = None
         self.num_compiled = 0
         self.num_cache_hits = 0
+        self.max_jump_tokens = MAX_JUMP_TOKENS  # hybrid models: fewer (each draft token keeps a state)
         self.overlap = True  # fill masks on a worker thread during the forward (False: inline, to measure)
 
     # ---- any thread ---------------------------------------------------------------------------
@@ -243,7 +244,7 @@ class GuidedDecoding:
     def propose(self, seq: Sequence) -> None:
         """Jump-forward: append the tokens the guide forces next as a draft, to be computed in one pass and
         verified against what the model samples at each of their positions."""
-        limit = min(MAX_JUMP_TOKENS, seq.params.max_tokens - seq.num_output_tokens - 1)
+        limit = min(self.max_jump_tokens, seq.params.max_tokens - seq.num_output_tokens - 1)
         if limit <= 0 or seq.matcher.is_terminated():
             return
         draft = seq.matcher.find_jump_forward_tokens()[:limit]

@@ -66,12 +66,13 @@ class ModelRunner:
         self._windows: dict[int, tuple[int, int, int]] = {}  # seq_id -> (first position, scratch row, count)
         if state is not None:
             self.states = RecurrentStatePool(
-                model.state_spec(), state.num_slots, state.num_snapshots, model.device
+                model.state_spec(), state.num_slots, state.num_snapshots, model.device, state.num_window_rows
             )
             log.info(
-                "recurrent state: %d slots + %d snapshots of %.2f MiB each, %.1f MiB",
+                "recurrent state: %d slots + %d snapshots + %d draft-window rows of %.2f MiB each, %.1f MiB",
                 state.num_slots,
                 state.num_snapshots,
+                state.num_window_rows,
                 self.states.row_bytes / 2**20,
                 self.states.nbytes / 2**20,
             )

@@ -25,9 +25,19 @@ class SnapshotStats:
 
 
 class HybridStateCache:
-    def __init__(self, num_slots: int, num_snapshots: int, block_size: int, thinking_marker_ids=()):
+    def __init__(
+        self,
+        num_slots: int,
+        num_snapshots: int,
+        block_size: int,
+        thinking_marker_ids=(),
+        window: int = 0,
+        num_window_rows: int = 0,
+    ):
         self.num_slots = num_slots
         self.num_snapshots = num_snapshots
+        self.window = window  # most tokens of one sequence whose states a step keeps (draft + the one before)
+        self.num_window_rows = num_window_rows  # those rows over a whole step
         self.block_size = block_size
         self.marker_ids = frozenset(thinking_marker_ids)
         self.free_slots = list(range(num_slots - 1, -1, -1))

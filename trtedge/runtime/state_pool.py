@@ -1,5 +1,6 @@
 """Recurrent state of hybrid models on the device: one row per live sequence slot, one per slot's
-checkpoint (the state at its last block-aligned prefix end) and one per context-cache snapshot.
+checkpoint (the state at its last block-aligned prefix end) and one per context-cache snapshot, plus
+the scratch rows that keep a step's per-position states for draft windows (all allocated at start).
 The runner owns the pool; the bookkeeping of who holds which row is tensor-free (``snapshots.py``)."""
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ class RecurrentStatePool:
     """Per linear-attention layer: conv state [rows, K-1, C] (model dtype) and delta-rule state
     [rows, H, Dk, Dv] (float32). Rows: live slots, then their checkpoints, then snapshots."""
 
-    def __init__(self, spec: dict, num_slots: int, num_snapshots: int, device: torch.device):
+    def __init__(
+        self, spec: dict, num_slots: int, num_snapshots: int, device: torch.device, num_window_rows: int = 0
+    ):
         self.num_slots = num_slots
         self.num_snapshots = num_snapshots
         rows = 2 * num_slots + num_snapshots
@@ -22,8 +25,11 @@ class RecurrentStatePool:
         self.ssm = torch.zeros(layers, rows, *spec["ssm_shape"], dtype=torch.float32, device=device)
         self.row_bytes = row_bytes(spec)
         self.device = device
-        self.step_conv: torch.Tensor | None = None  # scratch: states after each verified draft position
-        self.step_ssm: torch.Tensor | None = None
+        # scratch: the states after each position of a step's draft windows (speculative verification,
+        # jump-forward), sized for the largest step the engine can schedule
+        self.num_window_rows = num_window_rows
+        self.step_conv = self.conv.new_empty(layers, num_window_rows, *spec["conv_shape"])
+        self.step_ssm = self.ssm.new_empty(layers, num_window_rows, *spec["ssm_shape"])
 
     def checkpoint_row(self, slot: int) -> int:
         return self.num_slots + slot
@@ -43,10 +49,12 @@ class RecurrentStatePool:
         self.ssm.index_copy_(1, d, self.ssm.index_select(1, s))
 
     def scratch(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-layer scratch rows for the states of a step's verification windows (grown on demand)."""
-        if self.step_conv is None or self.step_conv.shape[1] < num_rows:
-            self.step_conv = self.conv.new_empty(self.conv.shape[0], num_rows, *self.conv.shape[2:])
-            self.step_ssm = self.ssm.new_empty(self.ssm.shape[0], num_rows, *self.ssm.shape[2:])
+        """Per-layer scratch rows for the states of a step's draft windows (never grown while serving)."""
+        if num_rows > self.num_window_rows:
+            raise RuntimeError(
+                f"internal error: a step's draft windows need {num_rows} recurrent state rows, "
+                f"{self.num_window_rows} were allocated"
+            )
         return self.step_conv, self.step_ssm
 
     def restore(self, row: int, scratch_row: int) -> None:
@@ -56,7 +64,8 @@ class RecurrentStatePool:
 
     @property
     def nbytes(self) -> int:
-        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
+        tensors = (self.conv, self.ssm, self.step_conv, self.step_ssm)
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def row_bytes(spec: dict) -> int:
