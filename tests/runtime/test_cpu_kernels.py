@@ -10,7 +10,7 @@ from trtedge.runtime.checkpoint import resolve_checkpoint
 from trtedge.runtime.models import load_model
 from trtedge.runtime.ops import cpu_kernels
 from trtedge.runtime.ops.attention import AttentionBatch
-from trtedge.runtime.ops.linear import Int8Linear
+from trtedge.runtime.ops.linear import DenseLinear, Int8Linear
 from trtedge.runtime.quantize import quantize_int8
 
 lib = cpu_kernels.load()
@@ -73,3 +73,33 @@ def test_native_batched_decode_matches_reference(tmp_path, family, weights):
     tol = 2e-3 if weights == "int4" else 1e-4
     torch.testing.assert_close(native, reference, rtol=tol, atol=tol)
     torch.testing.assert_close(kv, kv_ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 70])  # 70: past the kernel's rows, the float32 BLAS path
+def test_bfloat16_weights_sum_in_float32(rows):
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(96, 576).bfloat16(), torch.randn(96), torch.randn(rows, 576) * 3
+    out = DenseLinear(weight, bias)(x)
+    exact = x.bfloat16().double() @ weight.double().T + bias.double()
+    assert out.dtype == torch.float32
+    # float32 sums of bfloat16 inputs: far closer than a bfloat16 result (relative 2**-9)
+    torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-4)
+
+
+def test_bfloat16_model_keeps_float32_activations(tmp_path):
+    path = make_tiny_checkpoint(tmp_path / "llama", "llama")
+    ckpt = resolve_checkpoint(str(path))
+    model = load_model(ckpt, dtype="bfloat16", device="cpu", weights="auto", max_positions=64)
+    reference = load_model(ckpt, dtype="float32", device="cpu", weights="auto", max_positions=64)
+    assert model.layers[0].qkv.weight.dtype == torch.bfloat16 and model.act_dtype == torch.float32
+    assert model.layers[0].input_norm.dtype == torch.float32
+    cfg = model.cfg
+    ids = torch.tensor([3, 17, 42, 5])
+    batch = AttentionBatch(torch.arange(4), [4], [4], [torch.tensor([0])], 4)
+    outs = []
+    for m in (model, reference):
+        kv = torch.zeros(cfg.num_layers, 2, 1, 4, cfg.num_kv_heads, cfg.head_dim)
+        caches = [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)]
+        outs.append(m.logits(m.forward(ids, torch.arange(4), caches, batch)))
+    assert outs[0].dtype == torch.float32
+    torch.testing.assert_close(outs[0], outs[1], rtol=0.05, atol=0.05)

@@ -57,7 +57,8 @@ class ModelRunner:
         pool_blocks = num_blocks + 1 if self.on_cuda else num_blocks
         num_kv_layers = getattr(model, "num_kv_layers", cfg.num_layers)  # hybrid: full-attention layers only
         shape = (num_kv_layers, 2, pool_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv = torch.zeros(shape, dtype=model.dtype, device=model.device)
+        kv_dtype = getattr(model, "act_dtype", model.dtype)  # float32 on the CPU, see LlamaModel
+        self.kv = torch.zeros(shape, dtype=kv_dtype, device=model.device)
         self.kv_bytes = self.kv.numel() * self.kv.element_size()
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(num_kv_layers)]
         self.state = state

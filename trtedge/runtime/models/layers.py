@@ -37,14 +37,19 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 
 def group_by_layer(
-    tensors: Iterable[tuple[str, torch.Tensor]], num_layers: int, dtype: torch.dtype, device: torch.device
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    num_layers: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    vector_dtype: torch.dtype | None = None,
 ) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
-    """HF-named tensors -> (per layer: name inside the layer -> tensor, the other tensors)."""
+    """HF-named tensors -> (per layer: name inside the layer -> tensor, the other tensors). Matrices
+    take ``dtype``; vectors (norms, biases) ``vector_dtype`` (default: ``dtype``)."""
     per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(num_layers)]
     top: dict[str, torch.Tensor] = {}
     for name, tensor in tensors:
         if isinstance(tensor, torch.Tensor):  # quantized weights stay as they are (CPU)
-            tensor = tensor.to(device=device, dtype=dtype)
+            tensor = tensor.to(device=device, dtype=dtype if tensor.dim() > 1 else vector_dtype or dtype)
         m = _LAYER.fullmatch(name)
         if m:
             index = int(m.group(1))

@@ -107,7 +107,10 @@ class LlamaModel:
         self.cfg = cfg
         self.dtype = dtype
         self.device = device
-        per_layer, top = group_by_layer(tensors, cfg.num_layers, dtype, device)
+        # On the CPU the activations (residual stream, norms, attention, KV cache) stay float32 whatever
+        # the weights' dtype: bfloat16 weights then cost only the rounding of each product's inputs.
+        self.act_dtype = torch.float32 if device.type == "cpu" else dtype
+        per_layer, top = group_by_layer(tensors, cfg.num_layers, dtype, device, self.act_dtype)
         self.embed = require(top, "model.embed_tokens.weight")
         self.norm = require(top, "model.norm.weight")
         head = top.get("lm_head.weight")
@@ -133,7 +136,7 @@ class LlamaModel:
 
     def _tables(self, rope, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = rope_tables(rope, self.cfg.head_dim, self.cfg.rotary_dim, max_positions)
-        return cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
+        return cos.to(self.device, self.act_dtype), sin.to(self.device, self.act_dtype)
 
     def make_mlp(self, index: int, w: dict[str, torch.Tensor], weight_format: str):
         return GatedMLP.from_layer(w, self.cfg.hidden_act, weight_format)
@@ -156,7 +159,7 @@ class LlamaModel:
             return self.native_step(input_ids, positions, kv_caches, batch)
         if self.decode_kernels is not None and plain_decode:
             return self._decode_fused(input_ids, positions, kv_caches, batch)
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids).to(self.act_dtype)
         width = x.shape[-1]
         if embeds is not None:
             x = x.index_copy(0, embeds[0], embeds[1][:, :width].to(x.dtype))
@@ -176,7 +179,7 @@ class LlamaModel:
     def _decode_fused(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
         cfg, kernels = self.cfg, self.decode_kernels
         n, eps, device = input_ids.shape[0], cfg.rms_norm_eps, input_ids.device
-        x = self.embed_tokens(input_ids).contiguous()  # the residual stream, updated in place
+        x = self.embed_tokens(input_ids).to(self.act_dtype).contiguous()  # the residual stream, in place
         h = torch.empty_like(x)
         q = torch.empty(n, cfg.num_heads, cfg.head_dim, dtype=x.dtype, device=device)
         o = torch.empty_like(q)
@@ -218,7 +221,7 @@ class LlamaModel:
 
 def _decode_kernels(device: torch.device, dtype: torch.dtype):
     if device.type == "cpu":
-        lib = kernels.load() if dtype == torch.float32 else None
+        lib = kernels.load()  # activations are float32 on the CPU whatever the weights' dtype
         return kernels.CpuDecodeKernels(lib) if lib is not None else None
     if device.type == "cuda" and triton_attention.available():
         from trtedge.runtime.ops.triton_fused import TritonDecodeKernels

@@ -70,7 +70,7 @@ class SparseMoE:
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] in h's dtype, expert ids [T, k])."""
-        probs = F.linear(h, self.router).float().softmax(dim=-1)
+        probs = F.linear(h.to(self.router.dtype), self.router).float().softmax(dim=-1)
         weights, ids = probs.topk(self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -85,7 +85,9 @@ class SparseMoE:
         else:
             out = self.grouped_reference(h, weights, ids)
         if self.shared is not None:
-            out = out + torch.sigmoid(F.linear(h, self.shared_gate)) * self.shared(h)
+            out = out + torch.sigmoid(
+                F.linear(h.to(self.shared_gate.dtype), self.shared_gate).to(h.dtype)
+            ) * self.shared(h)
         return out
 
     def grouped_reference(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

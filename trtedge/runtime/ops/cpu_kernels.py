@@ -117,6 +117,55 @@ void int8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const fl
     }
 }
 
+/* ---- bfloat16 weights x float32 activations: each activation rounded to bfloat16 (to nearest even,
+   as torch's .to(bfloat16)), products summed and returned in float32. A product of bfloat16 inputs
+   rounded to bfloat16 on output (what oneDNN returns) loses enough, over 30 layers, to change a
+   small model's greedy answers; float32 accumulation and output do not. */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffff) > 0x7f800000) return (uint16_t)((bits >> 16) | 0x40);  /* NaN stays NaN */
+    return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+}
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float bf16_dot(const uint16_t *x, const uint16_t *w, int64_t K) {
+    int64_t k = 0;
+    float total = 0.0f;
+#if defined(__AVX512BF16__)
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (; k + 64 <= K; k += 64) {
+        acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_loadu_si512(x + k), (__m512bh)_mm512_loadu_si512(w + k));
+        acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)_mm512_loadu_si512(x + k + 32),
+                                (__m512bh)_mm512_loadu_si512(w + k + 32));
+    }
+    for (; k + 32 <= K; k += 32)
+        acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_loadu_si512(x + k), (__m512bh)_mm512_loadu_si512(w + k));
+    total = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#endif
+    for (; k < K; k++) total += bf16_to_float(x[k]) * bf16_to_float(w[k]);
+    return total;
+}
+
+/* y[m, n] = sum_k bf16(x[m, k]) * w[n, k] + bias[n]   (w bfloat16, row-major [N, K]) */
+void bf16_linear(const float *x, int64_t M, int64_t K, const uint16_t *w, const float *bias, float *y, int64_t N) {
+    uint16_t *xb = (uint16_t *)malloc(sizeof(uint16_t) * M * K + 64);
+    for (int64_t i = 0; i < M * K; i++) xb[i] = float_to_bf16(x[i]);
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const uint16_t *wr = w + n * K;
+        for (int64_t o = 0; o < K; o += 32) __builtin_prefetch(wr + 4096 + o, 0, 3);
+        for (int64_t m = 0; m < M; m++) y[m * N + n] = bf16_dot(xb + m * K, wr, K) + (bias ? bias[n] : 0.0f);
+    }
+    free(xb);
+}
+
 /* If delta: x += delta (the residual stream, in place). Then out = rmsnorm(x) * w. */
 void add_rms_norm(float *x, const float *delta, const float *w, float *out, int64_t rows, int64_t dim,
                   float eps) {
@@ -227,6 +276,7 @@ void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t inter) {
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "int8_linear": [_P, _I, _I, _P, _P, _P, _P, _I],
+    "bf16_linear": [_P, _I, _I, _P, _P, _P, _I],
     "int4_linear": [_P, _I, _I, _P, _P, _P, _P, _P, _I],
     "int4_dequantize": [_P, _P, _P, _P, _I, _I],
     "add_rms_norm": [_P, _P, _P, _P, _I, _I, _F],
@@ -383,6 +433,17 @@ def int8_linear(
         y.data_ptr(),
         n,
     )
+    return y
+
+
+def bf16_linear(
+    lib: ctypes.CDLL, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [M, K] float32 contiguous; w [N, K] bfloat16 contiguous -> [M, N] float32."""
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)
+    lib.bf16_linear(x.data_ptr(), m, k, w.data_ptr(), _ptr(bias), y.data_ptr(), n)
     return y
 
 

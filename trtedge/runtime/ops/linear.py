@@ -15,6 +15,7 @@ from trtedge.runtime.quantize import QuantizedTensor, quantize, quantize_int8
 
 _KERNEL_MAX_ROWS = 256  # above this, dequantizing once for the BLAS product is faster (int8)
 _INT4_KERNEL_MAX_ROWS = 64
+_BF16_KERNEL_MAX_ROWS = 64
 
 
 class DenseLinear:
@@ -23,11 +24,29 @@ class DenseLinear:
         self.bias = bias
         # CUDA decode (a few rows): a Triton split-K product that streams the weight at bandwidth.
         self.skinny = triton_gemv.SkinnyLinear(weight, bias) if triton_gemv.usable(weight) else None
+        # bfloat16 weights on the CPU take float32 activations: few rows run the native kernel
+        self.lib = None
+        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16:
+            self.weight = weight.contiguous()
+            self.lib = cpu_kernels.load()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.skinny is not None and x.numel() <= triton_gemv.MAX_ROWS * x.shape[-1]:
             return self.skinny(x)
+        if x.dtype != self.weight.dtype:
+            return self._mixed(x)
         return F.linear(x, self.weight, self.bias)
+
+    def _mixed(self, x: torch.Tensor) -> torch.Tensor:
+        """Low-precision weights, float32 activations (the CPU): the activations are rounded to the
+        weights' dtype, the products summed and returned in float32. (A bfloat16 product returns
+        bfloat16, and that rounding, layer after layer, changes a small model's greedy answers.)"""
+        rows = x.reshape(-1, x.shape[-1]).float()
+        if self.lib is not None and rows.shape[0] <= _BF16_KERNEL_MAX_ROWS:
+            out = cpu_kernels.bf16_linear(self.lib, rows.contiguous(), self.weight, self.bias)
+        else:
+            out = F.linear(rows.to(self.weight.dtype).float(), self.weight.float(), self.bias)
+        return out.view(*x.shape[:-1], out.shape[-1])
 
     @property
     def nbytes(self) -> int:

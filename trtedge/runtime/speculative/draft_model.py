@@ -25,7 +25,13 @@ class DraftModelProposer:
         self.model = draft
         self.target_vocab = target.cfg.vocab_size
         self.cache = DraftCache(
-            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_blocks, block_size, draft.dtype, draft.device
+            cfg.num_layers,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            num_blocks,
+            block_size,
+            getattr(draft, "act_dtype", draft.dtype),
+            draft.device,
         )
 
     @torch.inference_mode()

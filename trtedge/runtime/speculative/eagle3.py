@@ -32,7 +32,7 @@ ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 
 class Eagle3Head:
     def __init__(self, config: dict, tensors: dict[str, torch.Tensor], target, max_positions: int = 8192):
-        dtype, device = target.dtype, target.device
+        dtype, device = getattr(target, "act_dtype", target.dtype), target.device
         w = {
             k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
             for k, v in tensors.items()
