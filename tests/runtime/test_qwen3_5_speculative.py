@@ -146,16 +146,17 @@ def test_reuse_publishes_the_prompt_snapshot_and_refuses_cache_generated_tokens(
     assert second_ids == cold[0]
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
-def test_jump_forward_drafts_roll_the_recurrent_state_back(target, prompts, plain, split):
+@pytest.mark.parametrize("tight", [False, True], ids=["roomy", "tight-budget"])
+def test_jump_forward_drafts_roll_the_recurrent_state_back(target, prompts, plain, tight):
     """Jump-forward through the runner's draft path: a stand-in proposer drafts partly wrong tokens (a
     real guide forces tokens that the word-level test vocabulary tokenizes one way only, so they would
-    never be rejected). Split: four short requests decode under a 16-token budget, so the last one's
-    draft is cut across two steps and the sequence recomputes its state."""
+    never be rejected). Tight: four short requests decode under a 16-token budget that cannot hold
+    every draft whole; the scheduler drops those drafts rather than split them, and nothing recomputes
+    (``rollback`` would raise)."""
     model, tokenizer = target
     guide = GuidedDecodingParams(regex="(w[0-9]+)*", jump_forward=True)
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, guided_decoding=guide)
-    if split:
+    if tight:
         prompts = [p[:3] for p in prompts[:4]]
         plain, _ = generate(model, tokenizer, prompts, GREEDY, batch=1)
     knowing = KnowingProposer(prompts, plain)
@@ -167,23 +168,38 @@ def test_jump_forward_drafts_roll_the_recurrent_state_back(target, prompts, plai
             seq.token_ids.extend(draft.tokens)
             seq.num_draft_tokens = len(draft)
 
-    recomputed = []
-    rollback = ModelRunner.rollback
+    rolled, split, dropped = [], [], []
+    rollback, run = ModelRunner.rollback, ModelRunner.run
 
     def counting_rollback(runner, seq, num_computed):
-        kept = rollback(runner, seq, num_computed)
-        recomputed.append(kept == 0)
-        return kept
+        rolled.append(num_computed)
+        return rollback(runner, seq, num_computed)  # raises where the kept states do not reach
+
+    def checking_run(runner, batch):
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            end, k = seq.num_computed_tokens + n, seq.num_draft_tokens
+            split.append(k > 0 and seq.num_tokens - k - 1 < end < seq.num_tokens)
+        return run(runner, batch)
 
     config = EngineConfig(
         max_batch_size=len(prompts),
         max_kv_cache_capacity=256,
         enable_in_flight_batching=True,
-        max_num_batched_tokens=16 if split else 2048,
+        max_num_batched_tokens=16 if tight else 2048,
     )
     engine = Engine(model, tokenizer, config)
     engine.guides.propose = propose
     engine.runner.rollback = counting_rollback.__get__(engine.runner)
+    engine.runner.run = checking_run.__get__(engine.runner)
+    chunk = engine.scheduler._chunk
+
+    def counting_chunk(seq, budget):
+        k = seq.num_draft_tokens
+        n = chunk(seq, budget)
+        dropped.append(k > 0 and seq.num_draft_tokens == 0)
+        return n
+
+    engine.scheduler._chunk = counting_chunk
     metrics = []
     try:
         streams = [engine.submit(p, params, on_metrics=metrics.append) for p in prompts]
@@ -191,9 +207,10 @@ def test_jump_forward_drafts_roll_the_recurrent_state_back(target, prompts, plai
     finally:
         engine.shutdown()
     assert outs == plain
+    assert engine.stats.restarts == 0 and rolled and not any(split)
+    assert any(dropped) == tight
     jumped = sum(m.jump_forward_tokens for m in metrics)
     assert 0 < jumped < sum(m.generated_tokens for m in metrics)
-    assert any(recomputed) == split and not all(recomputed)
     assert_nothing_leaked(engine)
 
 

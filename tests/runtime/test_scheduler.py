@@ -374,3 +374,37 @@ def test_shared_prefixes_with_preemption_and_eviction_never_corrupt_a_block(seed
     assert preemptions > 0 and sched.blocks.stats.hits > 0 and sched.blocks.stats.evictions > 0
     assert all(s.is_finished and s.num_output_tokens == s.params.max_tokens for s in seqs)
     assert sched.blocks.num_free_blocks == 14
+
+
+def test_whole_drafts_are_never_split_across_steps():
+    """Hybrid models keep a draft and the token before it in one step: a chunk that would end inside
+    them ends before them; with nothing before them and too small a budget, the draft is dropped."""
+    blocks = BlockManager(64, BLOCK)
+    sched = Scheduler(SchedulerConfig(1, 12, whole_drafts=True), blocks)
+    seq = Sequence(list(range(10)), SamplingParams(max_tokens=8))
+    seq.token_ids += [50, 51, 52]  # e.g. a preempted sequence recomputing with its draft
+    seq.num_draft_tokens = 3
+    sched.add(seq)
+    batch = sched.schedule()
+    assert batch.num_tokens == [9]  # not 12: the window (position 9 and the draft) starts at 9
+    seq.num_computed_tokens += 9
+    sched.config = SchedulerConfig(1, 3, whole_drafts=True)
+    assert sched.schedule().num_tokens == [1]  # 4 window tokens do not fit 3: the draft is dropped
+    assert seq.token_ids == list(range(10)) and seq.num_draft_tokens == 0
+    seq.num_computed_tokens += 1
+
+    other = Sequence(list(range(4)), SamplingParams(max_tokens=8))
+    other.token_ids += [60, 61]
+    other.num_draft_tokens = 2
+    sched = Scheduler(SchedulerConfig(1, 3, whole_drafts=True), BlockManager(64, BLOCK))
+    sched.add(other)
+    assert sched.schedule().num_tokens == [3]  # the whole window fits after the prompt chunk
+    other.num_computed_tokens += 3
+    assert sched.schedule().num_tokens == [3] and other.num_draft_tokens == 2
+
+    plain = Scheduler(SchedulerConfig(1, 12), BlockManager(64, BLOCK))
+    third = Sequence(list(range(10)), SamplingParams(max_tokens=8))
+    third.token_ids += [50, 51, 52]
+    third.num_draft_tokens = 3
+    plain.add(third)
+    assert plain.schedule().num_tokens == [12]  # other models may split a draft (they recompute nothing)

@@ -129,6 +129,7 @@ class Engine:
             max_batch_size=config.max_batch_size,
             max_num_batched_tokens=max(config.max_num_batched_tokens, bs),
             enable_in_flight_batching=config.enable_in_flight_batching,
+            whole_drafts=self.blocks.state is not None,
         )
         self.scheduler = Scheduler(sched, self.blocks)
         self.guides = GuidedDecoding(tokenizer, model.cfg.vocab_size)
@@ -431,7 +432,7 @@ class Engine:
         del seq.token_ids[len(seq.token_ids) - k :]
         seq.num_draft_tokens = 0
         seq.num_computed_tokens = len(seq.token_ids)
-        if len(tokens) != k + 1:  # the draft was split across steps: drop it and decode on
+        if len(tokens) != k + 1:  # split across steps (never on hybrid models): drop it, decode on
             seq.num_computed_tokens -= 1
         else:
             for j, (token, info) in enumerate(zip(tokens, infos)):

@@ -274,9 +274,9 @@ class ModelRunner:
     def rollback(self, seq: Sequence, num_computed: int) -> int:
         """Speculative tokens past ``num_computed`` were rejected. Paged KV needs nothing beyond the
         block-table truncation the caller did; recurrent state returns to what it was after
-        ``num_computed`` tokens, from the states its last verification window kept. Returns the
-        tokens still computed: ``num_computed``, or 0 when the state cannot be restored (a draft split
-        across steps), and the sequence recomputes."""
+        ``num_computed`` tokens, from the states its last verification window kept. Returns
+        ``num_computed``. A position outside the window is an internal error (the scheduler never
+        splits a draft on hybrid models): recomputing instead would rewrite prefix-shared KV blocks."""
         if self.states is None:
             return num_computed
         base, first, count = self._windows.pop(seq.seq_id, (num_computed, 0, 0))
@@ -285,5 +285,12 @@ class ModelRunner:
         if base < num_computed < base + count:
             self.states.restore(seq.state_slot, first + num_computed - base - 1)
             return num_computed
-        log.debug("%s: recurrent state not kept at %d tokens; recomputing", seq.request_id, num_computed)
-        return 0
+        kept = (
+            f"its last step kept states after {base + 1}..{base + count}"
+            if count
+            else "its last step kept none"
+        )
+        raise RuntimeError(
+            f"internal error: request {seq.request_id} rolls its recurrent state back to {num_computed} "
+            f"tokens, but {kept}"
+        )

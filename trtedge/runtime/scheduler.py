@@ -17,6 +17,7 @@ class SchedulerConfig:
     max_batch_size: int = 1
     max_num_batched_tokens: int = 2048
     enable_in_flight_batching: bool = False
+    whole_drafts: bool = False  # hybrid models: a jump-forward draft is never split across steps
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Scheduler:
         for seq in list(self.running):
             if seq not in self.running or budget == 0:
                 continue
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self._chunk(seq, budget)
             while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -78,7 +79,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self._capacity() and not preempted:
             seq = self.waiting[0]
             self.blocks.lookup_prefix(seq)
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self._chunk(seq, budget)
             if not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
                 self.blocks.release(seq)  # drop prefix references taken by the lookup
                 seq.num_cached_tokens = 0
@@ -92,6 +93,26 @@ class Scheduler:
             budget -= n
             joined += int(mid_flight)
         return ScheduledBatch(seqs, counts, preempted, joined)
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens of ``seq`` to compute within ``budget``. With ``whole_drafts``, a jump-forward draft and
+        the token before it (whose states the recurrent layers keep one by one) fall in one step: a
+        chunk that would end inside them ends before them, or, when nothing comes before them, the
+        draft is dropped and the sequence decodes on."""
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        k = seq.num_draft_tokens
+        if not self.config.whole_drafts or k == 0 or seq.num_computed_tokens + n == seq.num_tokens:
+            return n
+        window_start = seq.num_tokens - k - 1
+        if seq.num_computed_tokens + n <= window_start:
+            return n
+        if seq.num_computed_tokens < window_start:
+            return window_start - seq.num_computed_tokens
+        if seq.num_computed_tokens > window_start:  # cannot happen: the draft is never split
+            return n
+        del seq.token_ids[seq.num_tokens - k :]
+        seq.num_draft_tokens = 0
+        return min(seq.num_tokens - seq.num_computed_tokens, budget)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
