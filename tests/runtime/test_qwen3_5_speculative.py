@@ -10,6 +10,7 @@ from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig
 from trtedge.runtime.runner import ModelRunner
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
+from trtedge.runtime.sequence import Sequence
 from trtedge.runtime.speculative import SpeculativeConfig, UnsupportedSpeculativeMethod
 from trtedge.runtime.speculative.tree import Draft
 
@@ -245,5 +246,17 @@ def test_draft_window_rows_are_allocated_at_start(target, prompts, spec_tokens, 
         assert states.step_ssm.data_ptr() == scratch  # never reallocated while serving
         with pytest.raises(RuntimeError, match="internal error: .* recurrent state rows, .* were allocated"):
             states.scratch(rows + 1)
+    finally:
+        engine.shutdown()
+
+
+def test_rollback_of_a_sequence_the_last_step_did_not_run_raises(target):
+    """No window entry does not mean "the state is current": rollback refuses it."""
+    model, tokenizer = target
+    engine = Engine(model, tokenizer, EngineConfig(max_kv_cache_capacity=64))
+    try:
+        stranger = Sequence([1, 2, 3], GREEDY)
+        with pytest.raises(KeyError):
+            engine.runner.rollback(stranger, 3)
     finally:
         engine.shutdown()

@@ -279,7 +279,7 @@ class ModelRunner:
         splits a draft on hybrid models): recomputing instead would rewrite prefix-shared KV blocks."""
         if self.states is None:
             return num_computed
-        base, first, count = self._windows.pop(seq.seq_id, (num_computed, 0, 0))
+        base, first, count = self._windows.pop(seq.seq_id)  # every sequence of the last step has one
         if num_computed == base + count:
             return num_computed
         if base < num_computed < base + count:
