@@ -190,6 +190,19 @@ def test_unknown_hybrid_families_are_refused_naming_the_supported_ones():
         ModelConfig.from_hf({"model_type": "qwen3_6"})
 
 
+@pytest.mark.parametrize(
+    ("config_class", "expected"),
+    [("Qwen3NextConfig", True), ("Qwen3MoeConfig", False), ("Qwen2MoeConfig", False)],
+)
+def test_a_missing_norm_topk_prob_takes_the_family_default_of_transformers(config_class, expected):
+    cfg = getattr(transformers, config_class)(
+        num_hidden_layers=4, num_experts=4, num_experts_per_tok=2
+    ).to_dict()
+    assert cfg.pop("norm_topk_prob") is expected  # what HF runs with when config.json leaves it out
+    assert ModelConfig.from_hf(cfg).norm_topk_prob is expected
+    assert ModelConfig.from_hf({**cfg, "norm_topk_prob": not expected}).norm_topk_prob is not expected
+
+
 def test_dummy_weights_load_for_benchmarks(hybrid):
     with hybrid_llm(hybrid, load_format="dummy") as llm:
         assert len(llm.generate([5, 6, 7], GREEDY).token_ids) == 16

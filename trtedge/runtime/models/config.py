@@ -235,6 +235,11 @@ def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
     return tuple(window if t == "sliding_attention" else 0 for t in types[:num_layers])
 
 
+# transformers' config defaults where a checkpoint leaves norm_topk_prob out (qwen2_moe, qwen3_moe:
+# False); mixtral and qwen3_5_moe always renormalise.
+_NORM_TOPK_DEFAULT = {"qwen3_next": True}
+
+
 def _moe_fields(cfg: dict, model_type: str, num_layers: int) -> dict:
     if model_type not in ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_5_moe", "qwen3_next"):
         return {}
@@ -251,7 +256,8 @@ def _moe_fields(cfg: dict, model_type: str, num_layers: int) -> dict:
         num_experts=experts,
         num_experts_per_tok=int(cfg["num_experts_per_tok"]),
         moe_intermediate_size=size,
-        norm_topk_prob=model_type in ("mixtral", "qwen3_5_moe") or bool(cfg.get("norm_topk_prob", False)),
+        norm_topk_prob=model_type in ("mixtral", "qwen3_5_moe")
+        or bool(cfg.get("norm_topk_prob", _NORM_TOPK_DEFAULT.get(model_type, False))),
         sparse_layers=sparse,
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
     )
