@@ -39,6 +39,31 @@ def expert_names(cfg) -> tuple[str, list[tuple[str, str, str]]]:
     return block + router, [(p + gate, p + up, p + down) for p in experts]
 
 
+def fused_experts(cfg, w: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The experts as transformers 5 keeps them, if the checkpoint has that form: ``experts.gate_up_proj``
+    [E, 2I, H] (each expert's gate rows, then its up rows; not transposed) and ``experts.down_proj``
+    [E, H, I] (with or without a ``.weight`` suffix). None when the experts come one by one."""
+    prefix = _NAMES[cfg.model_type][0] + "experts."
+
+    def find(name: str) -> str | None:
+        return next((n for n in (prefix + name, prefix + name + ".weight") if n in w), None)
+
+    gate_up, down = find("gate_up_proj"), find("down_proj")
+    if gate_up is None and down is None:
+        return None
+    if gate_up is None or down is None:
+        missing = prefix + ("gate_up_proj" if gate_up is None else "down_proj")
+        raise ValueError(f"checkpoint has fused experts but no tensor {missing!r}")
+    e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    for name, shape in ((gate_up, (e, 2 * i, h)), (down, (e, h, i))):
+        if tuple(w[name].shape) != shape:
+            raise ValueError(
+                f"checkpoint tensor {name!r} has shape {tuple(w[name].shape)}, expected {shape} "
+                "(num_experts, rows, columns)"
+            )
+    return w[gate_up], w[down]
+
+
 class SparseMoE:
     def __init__(self, cfg, w: dict[str, torch.Tensor], weight_format: str):
         if cfg.hidden_act not in ACTIVATIONS:
@@ -52,10 +77,14 @@ class SparseMoE:
         self.router = require(w, router + ".weight")
         # Stacked [E, 2I, H] and [E, H, I]: the grouped kernel's operands; per-expert linear layers are
         # views of them (or their int8 form), so a quantized build quantizes experts like any layer.
-        self.w_gate_up = torch.stack(
-            [torch.cat([require(w, g + ".weight"), require(w, u + ".weight")]) for g, u, _ in experts]
-        )
-        self.w_down = torch.stack([require(w, d + ".weight") for _, _, d in experts])
+        fused = fused_experts(cfg, w)
+        if fused is not None:
+            self.w_gate_up, self.w_down = fused
+        else:
+            self.w_gate_up = torch.stack(
+                [torch.cat([require(w, g + ".weight"), require(w, u + ".weight")]) for g, u, _ in experts]
+            )
+            self.w_down = torch.stack([require(w, d + ".weight") for _, _, d in experts])
         self.gate_up = [make_linear(t, None, weight_format) for t in self.w_gate_up]
         self.down = [make_linear(t, None, weight_format) for t in self.w_down]
         self.grouped_kernel = (
