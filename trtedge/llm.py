@@ -18,7 +18,7 @@ from trtedge.runtime.multimodal import MultimodalPrompt, has_media
 from trtedge.runtime.multimodal.processor import VisionProcessor
 from trtedge.runtime.multimodal.prompt import PlaceholderTokens, expand_placeholders, process_media
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
-from trtedge.runtime.speculative import SpeculativeConfig
+from trtedge.runtime.speculative import SpeculativeConfig, check_draft
 from trtedge.runtime.stream import CancellableIterator, CompletionOutput, GenerationMetrics, RequestOutput
 
 log = logging.getLogger("trtedge")
@@ -96,6 +96,7 @@ class LLM:
                 max_size_gb=engine_cache_max_size_gb,
                 clear=clear_engine_cache,
             )
+        self._check_draft(spec, load_format)
         self.tokenizer = self.checkpoint.load_tokenizer()
         cfg = self.config
         load = dict(dtype=dtype, device=device, weights=weights, max_positions=cfg.max_kv_cache_capacity)
@@ -145,15 +146,29 @@ class LLM:
         self._closed = False
         self._close_lock = threading.Lock()
 
+    def _draft_source(self, load_format: str):
+        return (
+            config_only_checkpoint(self.config.speculative.model)
+            if load_format == "dummy"
+            else self.bundle.draft
+        )
+
+    def _check_draft(self, spec, load_format: str) -> None:
+        """Refuse a draft model the engine cannot run from its config, before any weights load."""
+        if spec is None or spec.method != "draft_model":
+            return
+        try:
+            check_draft(self._draft_source(load_format).model_config)
+        except ValueError as e:
+            if self.bundle is not None:
+                self.bundle.release()
+            raise ConfigError(str(e)) from None
+
     def _load_draft(self, spec, dtype: str, device: str, weights: str, load_format: str):
         """The draft model (from the paired bundle) or the EAGLE-3 head (from its directory)."""
         if spec.method == "draft_model":
-            if load_format == "dummy":
-                source = config_only_checkpoint(spec.model)
-            else:
-                source = self.bundle.draft
             return load_model(
-                source,
+                self._draft_source(load_format),
                 dtype=dtype,
                 device=device,
                 weights=weights,

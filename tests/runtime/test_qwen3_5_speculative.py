@@ -117,7 +117,7 @@ def test_trees_and_hybrid_drafts_are_refused(target, tmp_path):
     with pytest.raises(UnsupportedSpeculativeMethod, match="eagle3 is not supported with hybrid.*chains"):
         Engine(model, tokenizer, EngineConfig(speculative=eagle))
     spec = SpeculativeConfig(method="draft_model", model="d")
-    with pytest.raises(ValueError, match="hybrid draft model .*not supported"):
+    with pytest.raises(ValueError, match="speculative_config.model .*hybrid draft model .*not supported"):
         Engine(model, tokenizer, EngineConfig(speculative=spec), draft=model)
 
 
@@ -260,3 +260,19 @@ def test_rollback_of_a_sequence_the_last_step_did_not_run_raises(target):
             engine.runner.rollback(stranger, 3)
     finally:
         engine.shutdown()
+
+
+def test_a_hybrid_draft_model_is_refused_before_any_weights_load(tmp_path, monkeypatch):
+    import trtedge.llm
+    from trtedge import LLM, ConfigError
+
+    target_path = make_tiny_checkpoint(tmp_path / "t", "qwen2")
+    draft_path = make_tiny_hybrid_checkpoint(tmp_path / "d", vision=False)
+    loaded = []
+    monkeypatch.setattr(trtedge.llm, "load_model", lambda source, **kw: loaded.append(source))
+    spec = {"method": "draft_model", "model": str(draft_path)}
+    with pytest.raises(
+        ConfigError, match=r"^speculative_config.model \(--speculative-config model\): a hybrid"
+    ):
+        LLM(str(target_path), speculative_config=spec, dtype="float32", cache_dir=str(tmp_path / "cache"))
+    assert loaded == []

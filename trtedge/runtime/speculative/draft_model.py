@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.speculative import check_draft
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, last_rows
 from trtedge.runtime.speculative.tree import Draft
 
@@ -16,11 +17,7 @@ class DraftModelProposer:
             raise ValueError(
                 "--speculative-config method draft_model needs model (no draft model was loaded)"
             )
-        if hasattr(draft, "state_spec"):
-            raise ValueError(
-                f"--speculative-config model: a hybrid draft model ({draft.cfg.model_type}, recurrent layers) "
-                "is not supported; use a transformer draft (llama, qwen2, qwen3, ...) or method ngram"
-            )
+        check_draft(draft.cfg)  # LLM refuses it before loading; an Engine given one directly, here
         cfg = draft.cfg
         self.model = draft
         self.target_vocab = target.cfg.vocab_size
