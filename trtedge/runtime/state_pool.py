@@ -45,8 +45,7 @@ class RecurrentStatePool:
     def copy(self, src: list[int], dst: list[int]) -> None:
         s = torch.tensor(src, dtype=torch.long, device=self.device)
         d = torch.tensor(dst, dtype=torch.long, device=self.device)
-        self.conv.index_copy_(1, d, self.conv.index_select(1, s))
-        self.ssm.index_copy_(1, d, self.ssm.index_select(1, s))
+        copy_states((self.conv, self.ssm), d, (self.conv, self.ssm), s, dim=1)
 
     def scratch(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-layer scratch rows for the states of a step's draft windows (never grown while serving)."""
@@ -66,6 +65,13 @@ class RecurrentStatePool:
     def nbytes(self) -> int:
         tensors = (self.conv, self.ssm, self.step_conv, self.step_ssm)
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def copy_states(dst: tuple, dst_rows: torch.Tensor, src: tuple, src_rows: torch.Tensor, dim: int = 0) -> None:
+    """Copy the (conv, ssm) states at ``src_rows`` of the pair ``src`` to ``dst_rows`` of the pair ``dst``
+    (rows along ``dim``; the pairs may be the same tensors)."""
+    for d, s in zip(dst, src):
+        d.index_copy_(dim, dst_rows, s.index_select(dim, src_rows))
 
 
 def row_bytes(spec: dict) -> int:

@@ -20,7 +20,7 @@ from trtedge.runtime.ops import gated_delta as gd
 from trtedge.runtime.ops import triton_attention
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import make_linear
-from trtedge.runtime.state_pool import RecurrentBatch, WindowPlan
+from trtedge.runtime.state_pool import RecurrentBatch, WindowPlan, copy_states
 
 log = logging.getLogger("trtedge")
 
@@ -143,12 +143,10 @@ class GatedDeltaNet:
         for step in plan.steps:
             i = step.index
             out[i] = self._step(mixed[i], g[i], beta[i], conv, ssm, step.rows)
-            saved_conv.index_copy_(0, step.saves, conv.index_select(0, step.rows))
-            saved_ssm.index_copy_(0, step.saves, ssm.index_select(0, step.rows))
+            copy_states((saved_conv, saved_ssm), step.saves, (conv, ssm), step.rows)
             if step.checkpoints is not None:
                 src, dst = step.checkpoints
-                conv.index_copy_(0, dst, conv.index_select(0, src))
-                ssm.index_copy_(0, dst, ssm.index_select(0, src))
+                copy_states((conv, ssm), dst, (conv, ssm), src)
 
 
 def unfuse_projections(w: dict, nk: int, dk: int, nv: int, dv: int) -> dict:
