@@ -144,3 +144,18 @@ def test_hybrid_moe_greedy_matches_transformers_on_the_gpu(family, tmp_path):
         with torch.no_grad():
             logits = hf(torch.tensor([ids + out], device="cuda")).logits[0].cpu()
         assert logits[len(ids) - 1 : -1].argmax(-1).tolist() == out
+
+
+def test_fused_experts_on_the_gpu_match_the_per_expert_checkpoint(tmp_path):
+    """The grouped Triton MoE kernel takes fused expert tensors (experts.gate_up_proj) as loaded."""
+    from tests.runtime.test_moe_fused_experts import fuse_experts
+    from trtedge import LLM, SamplingParams
+
+    per_expert = make_tiny_hybrid_checkpoint(tmp_path / "split", vision=False, moe=True)
+    fused = fuse_experts(per_expert, tmp_path / "fused")
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    outs = []
+    for path in (per_expert, fused):
+        with LLM(str(path), dtype="float32", device="cuda", max_kv_cache_capacity=256) as llm:
+            outs.append(llm.generate(list(range(5, 29)), params).token_ids)
+    assert len(outs[0]) == 32 and outs[0] == outs[1]
