@@ -30,9 +30,10 @@ def test_int8_linear_matches_dequantized_product(rows, shape):
     assert (q.dequantize() - weight).abs().max() <= q.scale.max() / 2 + 1e-6
 
 
+@pytest.mark.parametrize("num_seqs", [1, 6])  # 6: past the kernels' groups of 4 activation rows
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("weights", ["float", "int8", "int4"])
-def test_native_batched_decode_matches_reference(tmp_path, family, weights):
+def test_native_batched_decode_matches_reference(tmp_path, family, weights, num_seqs):
     path = make_tiny_checkpoint(tmp_path / family, family)
     model = load_model(
         resolve_checkpoint(str(path)), dtype="float32", device="cpu", weights=weights, max_positions=256
@@ -43,15 +44,16 @@ def test_native_batched_decode_matches_reference(tmp_path, family, weights):
     caches = [(kv[i, 0], kv[i, 1]) for i in range(cfg.num_layers)]
     kv_ref = kv.clone()
     caches_ref = [(kv_ref[i, 0], kv_ref[i, 1]) for i in range(cfg.num_layers)]
-    # Three sequences of different lengths on scattered blocks, one new token each.
-    context_lens = [5, 17, 9]
-    tables = [torch.tensor([7, 3]), torch.tensor([10, 11, 40, 2, 12]), torch.tensor([20, 21, 22])]
+    # Sequences of different lengths on scattered blocks, one new token each.
+    context_lens = [17, 5, 9, 1, 12, 4][:num_seqs]
+    tables = [[10, 11, 40, 2, 12], [7, 3], [20, 21, 22], [30], [31, 32, 33], [50]][:num_seqs]
+    tables = [torch.tensor(t) for t in tables]
     slots = [
         int(t[(c - 1) // block_size]) * block_size + (c - 1) % block_size
         for t, c in zip(tables, context_lens)
     ]
-    batch = AttentionBatch(torch.tensor(slots), [1, 1, 1], context_lens, tables, block_size)
-    ids, pos = torch.tensor([5, 9, 300]), torch.tensor([c - 1 for c in context_lens])
+    batch = AttentionBatch(torch.tensor(slots), [1] * num_seqs, context_lens, tables, block_size)
+    ids, pos = torch.tensor([5, 9, 300, 7, 8, 9][:num_seqs]), torch.tensor([c - 1 for c in context_lens])
     # float weights: the fused per-op kernels; int8 / int4: the whole step as one native call
     assert (model.native_step is not None) == (weights != "float")
     native = model.forward(ids, pos, caches, batch)
