@@ -7,7 +7,6 @@ that each surface writes in its own wire format."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field, replace
@@ -17,7 +16,7 @@ from trtedge.runtime.stream import StreamDelta
 from trtedge.runtime.tokenizer import TemplateError
 from trtedge.server.errors import bad_request, not_supported
 from trtedge.server.generation import Choice
-from trtedge.server.multimodal import MEDIA_PARTS, Media, load_media
+from trtedge.server.multimodal import MEDIA_PARTS, Media, in_media_thread, load_media
 from trtedge.server.openai.protocol import ChatCompletionRequest
 from trtedge.server.parsers import Format, OutputParser, reasoning_parser, tool_call_guide, tool_format
 from trtedge.server.parsers.reasoning import HARMONY
@@ -91,7 +90,7 @@ async def prepare_prompt(serving: OpenAIServing, req: ChatCompletionRequest) -> 
     media = await load_media(serving, req)
     if not media:
         return render_prompt(serving, req)
-    return await asyncio.to_thread(render_prompt, serving, req, media)
+    return await in_media_thread(render_prompt, serving, req, media)
 
 
 async def prepare_chat(
@@ -101,7 +100,7 @@ async def prepare_chat(
     media = await load_media(serving, req)
     if not media:
         return plan_chat(serving, req, guide, salt)
-    return await asyncio.to_thread(plan_chat, serving, req, guide, salt, media)
+    return await in_media_thread(plan_chat, serving, req, guide, salt, media)
 
 
 def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest, media: Media | None = None) -> Prompt:

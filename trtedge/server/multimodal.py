@@ -3,12 +3,16 @@
 ``load_media`` runs before the request takes an admission seat, so every refusal costs nothing: a model
 without a vision component (400), Pillow / PyAV missing (501), then part by part: the source (media.py:
 403 / 404 / 413 / 400), decoding (decoding.py: 400 / 413) and the image-token limits (400 naming the
-flag). Fetching is async and decoding runs in a worker thread: the event loop never waits on either.
+flag). Fetching is async; decoding and the vision processor run on a small pool of worker threads
+(``in_media_thread``), so the event loop never waits on them and a burst of media requests cannot take
+every thread of the process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +27,9 @@ if TYPE_CHECKING:
 MEDIA_PARTS = {"image_url": "image", "video_url": "video"}
 DEFAULT_FPS = 2.0
 NO_VISION = "this model has no vision component; image and video inputs cannot be served"
+
+MEDIA_THREADS = 4
+_POOL = ThreadPoolExecutor(MEDIA_THREADS, thread_name_prefix="trtedge-media")
 
 Media = dict[tuple[int, int], dict]  # (message, part) -> {"type": "image", ...} | {"type": "video", ...}
 
@@ -88,14 +95,12 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
     for ref in refs:
         data = await fetch_media(ref.url, config, ref.param)
         if ref.kind == "image":
-            image = await asyncio.to_thread(decode_image, data, ref.param, ref.detail)
+            image = await in_media_thread(decode_image, data, ref.param, ref.detail)
             part: dict[str, Any] = {"type": "image", "image": image}
             tokens = vision.image_tokens(*image.size)
         else:
             limit = min(ref.nframes or config.max_video_frames, config.max_video_frames)
-            frames, fps = await asyncio.to_thread(
-                decode_video, data, ref.param, ref.fps or DEFAULT_FPS, limit
-            )
+            frames, fps = await in_media_thread(decode_video, data, ref.param, ref.fps or DEFAULT_FPS, limit)
             part = {"type": "video", "video": frames, "fps": fps}
             tokens = vision.video_tokens(len(frames), *frames[0].size)
         del data
@@ -103,6 +108,11 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
         _check_tokens(config, ref, tokens, total)
         media[ref.where] = part
     return media
+
+
+async def in_media_thread(fn, *args):
+    """``fn(*args)`` on the media worker pool."""
+    return await asyncio.get_running_loop().run_in_executor(_POOL, functools.partial(fn, *args))
 
 
 def _check_tokens(config, ref: MediaRef, tokens: int, total: int) -> None:
