@@ -201,11 +201,21 @@ def test_video_frames_follow_fps_and_nframes(stub, llm):
         ),
         ({"max_media_bytes": 1000}, [image_part(data_url(b"x" * 2000))], 413, None, "--max-media-bytes"),
         ({}, [image_part(data_url(b"not an image"))], 400, None, "cannot read the image"),
+        ({}, [image_part(data_url(png(1, 300)))], 400, None, "aspect ratio"),
         ({}, [image_part("https://example.com/cat.png")], 403, None, "--allow-remote-media"),
         ({}, [image_part("file:///etc/passwd")], 403, None, "--allowed-local-media-path"),
         ({}, [image_part("cat.png")], 403, None, "--allowed-local-media-path"),
     ],
-    ids=["per-image", "per-request", "oversize", "undecodable", "remote", "local-off", "relative-off"],
+    ids=[
+        "per-image",
+        "per-request",
+        "oversize",
+        "undecodable",
+        "aspect-ratio",
+        "remote",
+        "local-off",
+        "relative-off",
+    ],
 )
 def test_refusals_have_their_status_and_leak_nothing(stub, llm, config, parts, status, param, text):
     app = build_app(stub, ServeConfig(**config))

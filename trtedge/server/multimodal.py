@@ -64,9 +64,11 @@ def _ref(part: ContentPart, where: tuple[int, int], param: str, role: str) -> Me
     kind = MEDIA_PARTS[part.type]
     source = getattr(part, part.type)
     if source is None:
-        raise bad_request(f'an {part.type} part needs {part.type!r}: {{"url": ...}}', param=param)
+        raise bad_request(
+            f'an {part.type} part needs {part.type!r}: {{"url": ...}}', param=param, code="invalid_value"
+        )
     if role != "user":
-        raise bad_request(f"only user messages may carry {kind}s", param=param)
+        raise bad_request(f"only user messages may carry {kind}s", param=param, code="invalid_value")
     if isinstance(source, str):
         return MediaRef(where, kind, source, param)
     if isinstance(source, ImageURL):
@@ -87,6 +89,7 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
         raise bad_request(
             "images and videos need the chat template: drop apply_chat_template=false",
             param="apply_chat_template",
+            code="invalid_value",
         )
     require(video=any(r.kind == "video" for r in refs))
     config = serving.config
@@ -97,17 +100,26 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
         if ref.kind == "image":
             image = await in_media_thread(decode_image, data, ref.param, ref.detail)
             part: dict[str, Any] = {"type": "image", "image": image}
-            tokens = vision.image_tokens(*image.size)
+            tokens = _tokens(vision.image_tokens, ref, *image.size)
         else:
             limit = min(ref.nframes or config.max_video_frames, config.max_video_frames)
             frames, fps = await in_media_thread(decode_video, data, ref.param, ref.fps or DEFAULT_FPS, limit)
             part = {"type": "video", "video": frames, "fps": fps}
-            tokens = vision.video_tokens(len(frames), *frames[0].size)
+            tokens = _tokens(vision.video_tokens, ref, len(frames), *frames[0].size)
         del data
         total += tokens
         _check_tokens(config, ref, tokens, total)
         media[ref.where] = part
     return media
+
+
+def _tokens(count, ref: MediaRef, *size: int) -> int:
+    try:
+        return count(*size)
+    except ValueError as e:  # the processor refuses this shape (e.g. an extreme aspect ratio)
+        raise bad_request(
+            f"the model cannot take this {ref.kind}: {e}", param=ref.param, code="invalid_media"
+        ) from None
 
 
 async def in_media_thread(fn, *args):
