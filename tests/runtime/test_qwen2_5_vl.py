@@ -257,3 +257,12 @@ def test_unprocessable_image_names_the_content_part(llm):
         llm.encode_prompt(user("w5", object()))
     with pytest.raises(ValueError, match=r"messages\[0\]\.content\[2\].*aspect ratio"):
         llm.encode_prompt(user("w5", random_image(), random_image(600, 2)))
+
+
+def test_server_metrics_show_the_embedding_cache(llm):
+    from trtedge.server.metrics import ServerMetrics
+
+    text = ServerMetrics(llm.stats, lambda: 0).render().decode()
+    m = llm.get_mm_embedding_cache_metrics()
+    assert f"trtedge_mm_embedding_cache_hits {float(m['hits'])}" in text
+    assert f"trtedge_mm_embedding_cache_misses {float(m['misses'])}" in text

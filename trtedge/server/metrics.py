@@ -74,6 +74,14 @@ class ServerMetrics:
                 "trtedge_prefix_cache_reused_tokens", "Prompt tokens taken from the prefix cache", registry=r
             ).set_function(lambda: cache_stats()["reused_tokens"])
 
+        if stats().get("mm_embedding_cache") is not None:  # vision models: the encoder's embedding cache
+            for key, text in (("hits", "Media taken from"), ("misses", "Media not found in")):
+                Gauge(
+                    f"trtedge_mm_embedding_cache_{key}",
+                    f"{text} the vision encoder's embedding cache",
+                    registry=r,
+                ).set_function(lambda key=key: stats()["mm_embedding_cache"][key])
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
