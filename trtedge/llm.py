@@ -135,7 +135,9 @@ class LLM:
         self.vision: VisionProcessor | None = None
         if getattr(self.model, "vision", None) is not None:
             self.vision = VisionProcessor.from_dir(
-                Path(self.checkpoint.path), self.model.cfg.vision["vision_config"]
+                Path(self.checkpoint.path),
+                self.model.cfg.vision["vision_config"],
+                video_clip_budget=self.model.cfg.model_type == "qwen3_vl",
             )
         try:
             self.engine = Engine(self.model, self.tokenizer, engine_config, draft=self.draft)

@@ -72,3 +72,26 @@ def test_greedy_matches_hf(llm, hf, parts):
         assert len(prompt.items) == 3 and prompt.ids.count(TOKEN_IDS["<|vision_start|>"]) == 4
     out = llm.chat(messages, SamplingParams(**GREEDY))
     assert out.token_ids == hf_greedy(hf, prompt, video_seconds=False)
+
+
+def test_video_resize_follows_the_whole_clip_budget_like_hf():
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    from trtedge.runtime.multimodal.processor import VisionProcessor
+
+    limits = dict(patch_size=4, merge_size=2, temporal_patch_size=2)
+    ref = Qwen3VLVideoProcessor(
+        size={"shortest_edge": 256, "longest_edge": 16384},
+        cap_pixels_per_frame=True,
+        max_video_tokens=20,
+        **limits,
+    )
+    ours = VisionProcessor(
+        video_min_pixels=256,
+        video_max_pixels=16384,
+        video_clip_budget=True,
+        max_video_frame_tokens=20,
+        **limits,
+    )
+    for n, w, h in [(4, 48, 40), (6, 300, 200), (16, 1280, 720), (2, 30, 500), (8, 64, 64)]:
+        assert ours.video_tokens(n, w, h) == ref.get_num_of_video_patches(n, h, w) // 4

@@ -43,6 +43,29 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
+def clip_resize(
+    num_frames: int, height: int, width: int, temporal: int, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """``smart_resize`` with the limits on frames x height x width (Qwen3-VL's video rule)."""
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"aspect ratio of a {width}x{height} video is over 200")
+    h = round(height / factor) * factor
+    w = round(width / factor) * factor
+    t = round(num_frames / temporal) * temporal
+    if t * h * w > max_pixels:
+        beta = math.sqrt(num_frames * height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif t * h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
 @dataclass(frozen=True)
 class VisionProcessor:
     """Turns PIL images and video frames into ``MediaItem``s; counts placeholder tokens."""
@@ -57,6 +80,8 @@ class VisionProcessor:
     image_mean: tuple[float, ...] = _CLIP_MEAN
     image_std: tuple[float, ...] = _CLIP_STD
     rescale_factor: float = 1 / 255
+    video_clip_budget: bool = False  # Qwen3-VL: the video pixel limits bound the whole clip
+    max_video_frame_tokens: int = 768
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels"):
@@ -69,7 +94,7 @@ class VisionProcessor:
             raise ValueError("preprocessor_config.json: min_pixels is above max_pixels")
 
     @classmethod
-    def from_dir(cls, path: Path, vision_config: dict) -> VisionProcessor:
+    def from_dir(cls, path: Path, vision_config: dict, video_clip_budget: bool = False) -> VisionProcessor:
         """From preprocessor_config.json (and video_preprocessor_config.json) where present, with the
         encoder's patch sizes from the model's vision_config as defaults."""
         image = _read_json(path / "preprocessor_config.json")
@@ -86,7 +111,15 @@ class VisionProcessor:
         )
         lo, hi = _pixel_limits(image, 56 * 56, 28 * 28 * 1280)
         vlo, vhi = _pixel_limits(video, 128 * 28 * 28, 768 * 28 * 28) if video is not image else (lo, hi)
-        return cls(min_pixels=lo, max_pixels=hi, video_min_pixels=vlo, video_max_pixels=vhi, **kw)
+        kw["max_video_frame_tokens"] = int(video.get("max_video_tokens", 768))
+        return cls(
+            min_pixels=lo,
+            max_pixels=hi,
+            video_min_pixels=vlo,
+            video_max_pixels=vhi,
+            video_clip_budget=video_clip_budget,
+            **kw,
+        )
 
     @property
     def factor(self) -> int:
@@ -104,9 +137,25 @@ class VisionProcessor:
 
     def video_tokens(self, num_frames: int, width: int, height: int) -> int:
         """Placeholder tokens a video of ``num_frames`` frames of this size costs."""
-        h, w = smart_resize(height, width, self.factor, self.video_min_pixels, self.video_max_pixels)
+        h, w = self.video_size(num_frames, width, height)
         grid_t = -(-max(num_frames, 1) // self.temporal_patch_size)
         return grid_t * (h // self.factor) * (w // self.factor)
+
+    def video_size(self, num_frames: int, width: int, height: int) -> tuple[int, int]:
+        """(height, width) the frames of a video are resized to: within the video pixel limits per
+        frame, or (``video_clip_budget``, Qwen3-VL) within a budget for the whole clip of
+        min(max_video_frame_tokens per frame, video_max_pixels / frames), at least 1.05 x
+        video_min_pixels per frame (qwen-vl-utils' rule)."""
+        f, n = self.factor, max(num_frames, 1)
+        if not self.video_clip_budget:
+            return smart_resize(height, width, f, self.video_min_pixels, self.video_max_pixels)
+        per_frame = max(
+            min(self.max_video_frame_tokens * f * f, self.video_max_pixels // n),
+            int(self.video_min_pixels * 1.05),
+        )
+        return clip_resize(
+            n, height, width, self.temporal_patch_size, f, self.video_min_pixels, per_frame * n
+        )
 
     def image(self, image, offset: int = 0) -> MediaItem:
         """A PIL image as a MediaItem (one frame repeated to temporal_patch_size)."""
@@ -120,10 +169,7 @@ class VisionProcessor:
             raise ValueError("a video needs at least one frame")
         if not fps or fps <= 0:
             raise ValueError(f"video fps must be positive, got {fps!r}")
-        first = frames[0]
-        h, w = smart_resize(
-            first.height, first.width, self.factor, self.video_min_pixels, self.video_max_pixels
-        )
+        h, w = self.video_size(len(frames), frames[0].width, frames[0].height)
         stack = [self._frame(f, w, h) for f in frames]
         stack += [stack[-1]] * (-len(stack) % self.temporal_patch_size)
         item = self._item("video", np.stack(stack), offset, self.temporal_patch_size / fps)
