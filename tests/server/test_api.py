@@ -193,6 +193,40 @@ def test_body_over_the_cap_is_413(llm):
     assert_error(r, 413, None, "larger than 1000 bytes")
 
 
+def test_a_client_gone_before_its_body_arrived_is_499_not_an_internal_error(llm, caplog):
+    app = build_app(llm)
+    messages = [
+        {"type": "http.request", "body": b'{"messages": [', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": CHAT,
+        "raw_path": CHAT.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("t", 80),
+    }
+    with caplog.at_level("ERROR"):
+        asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 499
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
 def test_internal_error_is_500_without_internals(llm, monkeypatch):
     app = build_app(llm)
 

@@ -7,7 +7,7 @@ import logging
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -180,7 +180,8 @@ def health_body(llm: LLM, config: ServeConfig, admission: Admission, model_name:
 
 
 async def read_body(request: Request, limit: int, timeout: float = BODY_TIMEOUT) -> bytes:
-    """The request body, or 413 once it passes ``limit`` bytes, or 408 if it takes over ``timeout`` s."""
+    """The request body, or 413 once it passes ``limit`` bytes, 408 if it takes over ``timeout`` s, 499
+    if the client disconnects first."""
     too_big = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
@@ -196,6 +197,8 @@ async def read_body(request: Request, limit: int, timeout: float = BODY_TIMEOUT)
         raise APIError(
             408, f"the request body took over {timeout:g}s to arrive", code="request_timeout"
         ) from None
+    except ClientDisconnect:  # nobody is left to answer: counted as 499 like a disconnect mid-stream
+        raise APIError(499, "the client went away while sending the body", code="client_closed") from None
     return bytes(body)
 
 
