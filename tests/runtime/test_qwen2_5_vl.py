@@ -266,3 +266,42 @@ def test_server_metrics_show_the_embedding_cache(llm):
     m = llm.get_mm_embedding_cache_metrics()
     assert f"trtedge_mm_embedding_cache_hits {float(m['hits'])}" in text
     assert f"trtedge_mm_embedding_cache_misses {float(m['misses'])}" in text
+
+
+class _RecordingGraphs:
+    """Stands in for CUDA decode graphs on the CPU: takes 1D positions only, as the real ones do."""
+
+    def __init__(self, runner):
+        self.runner, self.calls = runner, 0
+
+    def fits(self, num_seqs: int) -> bool:
+        return True
+
+    def run(self, ids, positions, slots, tables, context_lens):
+        assert isinstance(positions, list), "decode graphs got multimodal (3, T) positions"
+        self.calls += 1
+        n = len(ids)
+        return self.runner.forward(ids, positions, slots, [1] * n, context_lens, tables, list(range(n)))
+
+
+def test_one_token_prompt_step_of_a_media_request_skips_the_decode_graphs(llm):
+    """A repeated image request reuses every full block and computes its last prompt token alone: a
+    decode-shaped step whose positions are M-RoPE rows, which the decode graphs cannot take."""
+    from trtedge import SamplingParams
+    from trtedge.runtime.engine import Engine, EngineConfig
+
+    config = EngineConfig(max_kv_cache_capacity=256, enable_context_reuse=True)
+    engine = Engine(llm.model, llm.tokenizer, config)
+    engine.runner.graphs = graphs = _RecordingGraphs(engine.runner)
+    try:
+        prompt = llm.encode_prompt(image_prompt(random_image(40, 56, 0), "w8 w9 w10 w11"))
+        assert len(prompt) % config.block_size == 1  # all but the last prompt token sit in full blocks
+        params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+        outputs = []
+        for _ in range(2):
+            stream = engine.submit(prompt, params)
+            outputs.append([t for d in stream for t in d.token_ids])
+        assert outputs[0] == outputs[1] and len(outputs[0]) == 4
+        assert graphs.calls > 0  # the decode steps after the prompt still use the graphs
+    finally:
+        engine.shutdown()

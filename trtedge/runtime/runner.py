@@ -197,7 +197,8 @@ class ModelRunner:
             if seq.mm is not None and seq.num_computed_tokens >= seq.num_prompt_tokens:
                 seq.mm_embeds = {}  # the prompt is in the KV cache: its media embeddings are done with
         masks = self.guides.start_masks(sampled) if self.guides is not None and sampled else None
-        decode = all(q == 1 for q in query_lens) and embeds is None
+        # a prompt token of a media request has (3, T) M-RoPE positions: the decode graphs take 1D ones
+        decode = all(q == 1 for q in query_lens) and not isinstance(positions, torch.Tensor)
         if decode and self.graphs is not None and self.graphs.fits(len(ids)) and not self.model.aux_layers:
             logits = self.graphs.run(ids, positions, slots, tables, context_lens)
             tokens, infos = self.sampler(logits, draft_rows(sampled), masks)
