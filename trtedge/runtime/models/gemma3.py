@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from trtedge.runtime.models.layers import require
+from trtedge.runtime.models.layers import rename_prefix, require
 from trtedge.runtime.models.llama import LlamaLayer, LlamaModel
 
 # A multimodal Gemma 3 checkpoint keeps the text model under another prefix; its vision tower and
@@ -75,10 +75,5 @@ class Gemma3Model(LlamaModel):
 
 def _text_tensors(tensors: Iterable[tuple[str, torch.Tensor]]):
     for name, tensor in tensors:
-        if name.startswith(_VISION_PREFIXES):
-            continue
-        for prefix, replacement in _TEXT_PREFIXES.items():
-            if name.startswith(prefix):
-                name = replacement + name[len(prefix) :]
-                break
-        yield name, tensor
+        if not name.startswith(_VISION_PREFIXES):
+            yield rename_prefix(name, _TEXT_PREFIXES), tensor

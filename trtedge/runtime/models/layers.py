@@ -74,6 +74,15 @@ def fused(
     return cat_weights([w[p + suffix] for p in parts])
 
 
+def rename_prefix(name: str, prefixes: dict[str, str]) -> str:
+    """``name`` with the first of ``prefixes`` it starts with replaced (multimodal checkpoints keep the
+    text model under their own prefix)."""
+    for prefix, replacement in prefixes.items():
+        if name.startswith(prefix):
+            return replacement + name[len(prefix) :]
+    return name
+
+
 def require(tensors: dict, name: str) -> torch.Tensor:
     if name not in tensors:
         raise ValueError(f"checkpoint has no tensor {name!r}")

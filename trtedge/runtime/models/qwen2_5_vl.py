@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trtedge.runtime.models.layers import ACTIVATIONS, require, rms_norm
+from trtedge.runtime.models.layers import ACTIVATIONS, rename_prefix, require, rms_norm
 from trtedge.runtime.models.mrope import MropeModel
 
 VISION_PREFIXES = ("visual.", "model.visual.")
@@ -211,19 +211,20 @@ class Qwen25VLModel(MropeModel):
         self, cfg, tensors: Iterable, dtype, device, weight_format: str = "float", max_positions: int = 8192
     ):
         vision: dict[str, torch.Tensor] = {}
-
-        def text(items):
-            for name, tensor in items:
-                if is_vision_tensor(name):
-                    vision[name.split("visual.", 1)[1]] = tensor
-                    continue
-                for prefix, replacement in _TEXT_PREFIXES.items():
-                    if name.startswith(prefix):
-                        name = replacement + name[len(prefix) :]
-                        break
-                yield name, tensor
-
-        super().__init__(cfg, text(tensors), dtype, device, weight_format, max_positions)
+        super().__init__(cfg, split_vision(tensors, vision), dtype, device, weight_format, max_positions)
         self.vision = None
         if vision and cfg.vision is not None:
-            self.vision = Qwen25VisionEncoder(VisionConfig.from_hf(cfg.vision), vision, dtype, device)
+            self.vision = self.make_encoder(cfg.vision, vision, dtype, device)
+
+    @staticmethod
+    def make_encoder(vision_config: dict, tensors: dict, dtype, device):
+        return Qwen25VisionEncoder(VisionConfig.from_hf(vision_config), tensors, dtype, device)
+
+
+def split_vision(tensors: Iterable, vision: dict):
+    """The text model's tensors under the decoder's names; the vision tensors go into ``vision``."""
+    for name, tensor in tensors:
+        if is_vision_tensor(name):
+            vision[name.split("visual.", 1)[1]] = tensor
+        else:
+            yield rename_prefix(name, _TEXT_PREFIXES), tensor

@@ -11,22 +11,13 @@ tokens after the corresponding early decoder layer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from trtedge.runtime.models.layers import ACTIVATIONS, require
-from trtedge.runtime.models.mrope import MropeModel
-from trtedge.runtime.models.qwen2_5_vl import (
-    _TEXT_PREFIXES,
-    _Linear,
-    _rotate,
-    _sub,
-    is_vision_tensor,
-    segment_attention,
-)
+from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel, _Linear, _rotate, _sub, segment_attention
 
 _EPS = 1e-6
 
@@ -170,27 +161,10 @@ def _merge_order(grid: torch.Tensor, m: int) -> torch.Tensor:
     return grid.reshape(h // m, m, w // m, m, *rest).transpose(1, 2).reshape(h * w, *rest)
 
 
-class Qwen3VLModel(MropeModel):
+class Qwen3VLModel(Qwen25VLModel):
     """The Qwen3-VL text decoder (qwen3 + interleaved M-RoPE + DeepStack) and its vision encoder as
     ``vision`` (None for a text-only load)."""
 
-    def __init__(
-        self, cfg, tensors: Iterable, dtype, device, weight_format: str = "float", max_positions: int = 8192
-    ):
-        vision: dict[str, torch.Tensor] = {}
-
-        def text(items):
-            for name, tensor in items:
-                if is_vision_tensor(name):
-                    vision[name.split("visual.", 1)[1]] = tensor
-                    continue
-                for prefix, replacement in _TEXT_PREFIXES.items():
-                    if name.startswith(prefix):
-                        name = replacement + name[len(prefix) :]
-                        break
-                yield name, tensor
-
-        super().__init__(cfg, text(tensors), dtype, device, weight_format, max_positions)
-        self.vision = None
-        if vision and cfg.vision is not None:
-            self.vision = Qwen3VisionEncoder(Qwen3VisionConfig.from_hf(cfg.vision), vision, dtype, device)
+    @staticmethod
+    def make_encoder(vision_config: dict, tensors: dict, dtype, device):
+        return Qwen3VisionEncoder(Qwen3VisionConfig.from_hf(vision_config), tensors, dtype, device)
