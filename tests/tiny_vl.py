@@ -84,33 +84,7 @@ def make_tiny_qwen2_5_vl(directory: Path, seed: int = 0) -> Path:
     """Save a random Qwen2.5-VL (2 text layers, 3 vision blocks: window, full, window attention) with a
     word-level tokenizer (w0..w511 plus the Qwen vision special tokens), a Qwen-style chat template and
     preprocessor_config.json (images of 16..64 placeholder tokens) into ``directory``."""
-    import transformers
-
-    config = transformers.Qwen2_5_VLConfig(
-        text_config=TEXT,
-        vision_config=VISION,
-        image_token_id=TOKEN_IDS["<|image_pad|>"],
-        video_token_id=TOKEN_IDS["<|video_pad|>"],
-        vision_start_token_id=TOKEN_IDS["<|vision_start|>"],
-        vision_end_token_id=TOKEN_IDS["<|vision_end|>"],
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or ".norm1." in name or ".norm2." in name or "ln_q" in name:
-                p.normal_(1.0, 0.2)  # random, not identity, so that a wrong formula shows
-            elif p.dim() >= 2:
-                p.normal_(0.0, 0.1)
-            else:
-                p.normal_(0.0, 0.05)
-    model.eval()
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
-    write_vl_tokenizer(directory)
-    (directory / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=1))
-    return directory
+    return _save_random("Qwen2_5_VL", TEXT, VISION, directory, seed)
 
 
 def write_vl_tokenizer(directory: Path) -> None:
@@ -172,11 +146,17 @@ QWEN3_TEXT = dict(
 def make_tiny_qwen3_vl(directory: Path, seed: int = 0) -> Path:
     """Save a random Qwen3-VL (3 text layers, 3 vision blocks, DeepStack after blocks 0 and 1, a 4x4
     learned position grid) with the same tokenizer, template and preprocessor config as above."""
+    return _save_random("Qwen3VL", QWEN3_TEXT, QWEN3_VISION, directory, seed)
+
+
+def _save_random(family: str, text: dict, vision: dict, directory: Path, seed: int) -> Path:
+    """``transformers.<family>ForConditionalGeneration`` with random weights (norms around 1, not
+    identity, so that a wrong formula shows), the tokenizer and the preprocessor config."""
     import transformers
 
-    config = transformers.Qwen3VLConfig(
-        text_config=QWEN3_TEXT,
-        vision_config=QWEN3_VISION,
+    config = getattr(transformers, f"{family}Config")(
+        text_config=text,
+        vision_config=vision,
         image_token_id=TOKEN_IDS["<|image_pad|>"],
         video_token_id=TOKEN_IDS["<|video_pad|>"],
         vision_start_token_id=TOKEN_IDS["<|vision_start|>"],
@@ -184,10 +164,10 @@ def make_tiny_qwen3_vl(directory: Path, seed: int = 0) -> Path:
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = transformers.Qwen3VLForConditionalGeneration(config)
+    model = getattr(transformers, f"{family}ForConditionalGeneration")(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or ".norm1." in name or ".norm2." in name:
+            if name.endswith("norm.weight") or ".norm1." in name or ".norm2." in name or "ln_q" in name:
                 p.normal_(1.0, 0.2)
             elif p.dim() >= 2:
                 p.normal_(0.0, 0.1)
