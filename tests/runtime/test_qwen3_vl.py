@@ -95,3 +95,18 @@ def test_video_resize_follows_the_whole_clip_budget_like_hf():
     )
     for n, w, h in [(4, 48, 40), (6, 300, 200), (16, 1280, 720), (2, 30, 500), (8, 64, 64)]:
         assert ours.video_tokens(n, w, h) == ref.get_num_of_video_patches(n, h, w) // 4
+
+
+def test_a_one_frame_video_is_sized_like_the_two_frames_it_is_padded_to():
+    from trtedge.runtime.multimodal.processor import VisionProcessor
+
+    ours = VisionProcessor(
+        patch_size=4,
+        merge_size=2,
+        video_min_pixels=256,
+        video_max_pixels=16384,
+        video_clip_budget=True,
+        max_video_frame_tokens=20,
+    )
+    assert ours.video_size(1, 300, 200) == ours.video_size(2, 300, 200) == (24, 40)
+    assert ours.video_tokens(1, 300, 200) == ours.video_tokens(2, 300, 200) == 15

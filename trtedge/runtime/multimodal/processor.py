@@ -146,7 +146,8 @@ class VisionProcessor:
         frame, or (``video_clip_budget``, Qwen3-VL) within a budget for the whole clip of
         min(max_video_frame_tokens per frame, video_max_pixels / frames), at least 1.05 x
         video_min_pixels per frame (qwen-vl-utils' rule)."""
-        f, n = self.factor, max(num_frames, 1)
+        # fewer frames than a temporal patch are padded to one (HF refuses them): size them as padded
+        f, n = self.factor, max(num_frames, self.temporal_patch_size)
         if not self.video_clip_budget:
             return smart_resize(height, width, f, self.video_min_pixels, self.video_max_pixels)
         per_frame = max(
