@@ -191,6 +191,23 @@ def test_embedding_cache_is_lru_and_bounded():
     assert (cache.stats.hits, cache.stats.misses) == (2, 2)
 
 
+def test_embedding_cache_holds_only_the_bytes_it_counts():
+    """Items encoded in one batch are slices of one output: a cached slice must not keep the whole
+    batch's storage alive past the byte bound."""
+    from trtedge.runtime.multimodal import MediaItem
+    from trtedge.runtime.multimodal.inputs import MediaInputs
+
+    def encoder(pixels, grids):
+        return torch.randn(len(grids) * 4, 8)
+
+    items = [MediaItem("image", torch.zeros(16, 3), (1, 4, 4), bytes([i]), 0, 4) for i in range(3)]
+    media = MediaInputs(encoder, cache_bytes=10 * 4 * 8 * 4)
+    media.encode(items)
+    cache = media.cache
+    held = sum(cache.get(it.hash).untyped_storage().nbytes() for it in items)
+    assert len(cache) == 3 and held == cache.bytes == 3 * 4 * 8 * 4
+
+
 def test_repeated_image_hits_the_embedding_cache_within_its_byte_bound(checkpoint):
     from trtedge import LLM, SamplingParams
 

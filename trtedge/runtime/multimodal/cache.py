@@ -43,6 +43,8 @@ class EmbeddingCache:
             _, old = self._entries.popitem(last=False)
             self.bytes -= old.numel() * old.element_size()
             self.stats.evictions += 1
+        if value.untyped_storage().nbytes() > size:  # a slice of a batch's output: keep only its own bytes
+            value = value.clone()
         self._entries[key] = value
         self.bytes += size
 
