@@ -322,3 +322,17 @@ def test_one_token_prompt_step_of_a_media_request_skips_the_decode_graphs(llm):
         assert graphs.calls > 0  # the decode steps after the prompt still use the graphs
     finally:
         engine.shutdown()
+
+
+def test_media_with_speculative_decoding_is_refused_before_it_takes_any_blocks(checkpoint):
+    """Decode after media needs the rope delta, which the speculative paths do not carry yet: such a
+    request is refused at submit with the reason, and the engine keeps serving text."""
+    from trtedge import LLM, SamplingParams
+
+    spec = {"method": "ngram", "num_speculative_tokens": 2}
+    with LLM(str(checkpoint), max_kv_cache_capacity=256, speculative_config=spec) as llm:
+        free = llm.engine.blocks.num_free_blocks
+        with pytest.raises(ValueError, match="speculative decoding"):
+            llm.chat(image_prompt(random_image()), SamplingParams(max_tokens=3))
+        assert llm.engine.num_active == 0 and llm.engine.blocks.num_free_blocks == free
+        assert llm.chat(user("w5 w6"), SamplingParams(max_tokens=3)).completion_tokens == 3
