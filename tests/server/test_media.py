@@ -20,6 +20,7 @@ from trtedge.server.errors import APIError
 from trtedge.server.media import fetch_media
 
 PIL = pytest.importorskip("PIL")
+import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from trtedge.server import decoding  # noqa: E402
@@ -211,6 +212,10 @@ def test_images_decode_to_rgb_with_transparency_on_white():
     assert clear.mode == "RGB" and clear.getpixel((3, 3)) == (255, 255, 255)
     gray = decoding.decode_image(png(8, 8, "L", 7), PARAM)
     assert gray.mode == "RGB" and gray.getpixel((0, 0)) == (7, 7, 7)
+    deep = io.BytesIO()  # a 16-bit grayscale PNG keeps its levels (not clipped to white)
+    Image.fromarray(np.full((4, 6), 30000, dtype=np.uint16)).save(deep, "PNG")
+    deep_gray = decoding.decode_image(deep.getvalue(), PARAM)
+    assert deep_gray.mode == "RGB" and deep_gray.getpixel((0, 0)) == (117, 117, 117)
     low = decoding.decode_image(png(2048, 1024), PARAM, detail="low")
     assert low.size == (512, 256)
 

@@ -126,6 +126,11 @@ def _rgb(image):
 
     if image.mode == "RGB":
         return image
+    if image.mode in ("I", "I;16", "I;16B", "I;16L"):  # 16-bit grayscale: convert() would clip at 255
+        import numpy as np
+
+        levels = np.clip(np.asarray(image, dtype=np.int64), 0, 65535) >> 8
+        image = Image.fromarray(levels.astype(np.uint8), "L")
     if image.mode == "P":
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
