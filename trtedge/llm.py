@@ -16,7 +16,7 @@ from trtedge.runtime.guided import available as structured_output_available
 from trtedge.runtime.models import load_model
 from trtedge.runtime.multimodal import MultimodalPrompt, has_media
 from trtedge.runtime.multimodal.processor import VisionProcessor
-from trtedge.runtime.multimodal.prompt import PlaceholderTokens, expand_placeholders, process_media
+from trtedge.runtime.multimodal.prompt import expand_placeholders, placeholder_tokens, process_media
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig, check_draft
 from trtedge.runtime.stream import CancellableIterator, CompletionOutput, GenerationMetrics, RequestOutput
@@ -238,26 +238,7 @@ class LLM:
         )
         if items is None:
             return ids
-        return expand_placeholders(ids, items, self._placeholders())
-
-    def _placeholders(self) -> PlaceholderTokens:
-        vision = self.model.cfg.vision
-        v = vision.get("vision_config") or {}
-        timestamps = None
-        if self.model.cfg.model_type == "qwen3_vl":  # each video frame pair after its time as text
-
-            def timestamps(seconds: float) -> list[int]:
-                return self.tokenizer.encode(f"<{seconds:.1f} seconds>", add_special_tokens=False)
-
-        return PlaceholderTokens(
-            image=int(vision.get("image_token_id", 151655)),
-            video=int(vision.get("video_token_id", 151656)),
-            merge_size=int(v.get("spatial_merge_size", 2)),
-            tokens_per_second=float(v.get("tokens_per_second", 4)),
-            timestamp_ids=timestamps,
-            vision_start=int(vision.get("vision_start_token_id", 151652)),
-            vision_end=int(vision.get("vision_end_token_id", 151653)),
-        )
+        return expand_placeholders(ids, items, placeholder_tokens(self.model.cfg, self.tokenizer))
 
     def check_lengths(self, num_prompt_tokens: int, max_tokens: int) -> None:
         cfg = self.config
@@ -417,18 +398,7 @@ class LLM:
         evictions, entries and bytes held now, max_bytes, and encoded_items (items run through the
         encoder, cache misses batched per step)."""
         media = self.engine.runner.media
-        if media is None:
-            return None
-        cache = media.cache
-        return {
-            "hits": cache.stats.hits,
-            "misses": cache.stats.misses,
-            "evictions": cache.stats.evictions,
-            "entries": len(cache),
-            "bytes": cache.bytes,
-            "max_bytes": cache.max_bytes,
-            "encoded_items": media.num_encoded,
-        }
+        return None if media is None else media.metrics()
 
     def speculative_metrics(self) -> dict | None:
         """The speculative configuration and its totals so far (None without speculative decoding)."""

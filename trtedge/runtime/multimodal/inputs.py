@@ -22,6 +22,18 @@ class MediaInputs:
         self.cache = EmbeddingCache(cache_bytes)
         self.num_encoded = 0  # items run through the encoder
 
+    def metrics(self) -> dict:
+        cache = self.cache
+        return {
+            "hits": cache.stats.hits,
+            "misses": cache.stats.misses,
+            "evictions": cache.stats.evictions,
+            "entries": len(cache),
+            "bytes": cache.bytes,
+            "max_bytes": cache.max_bytes,
+            "encoded_items": self.num_encoded,
+        }
+
     def encode(self, items: list) -> list[torch.Tensor]:
         """Embeddings of each item: from the cache, else one encoder pass for all the others."""
         out: list[torch.Tensor | None] = [self.cache.get(it.hash) for it in items]

@@ -29,6 +29,28 @@ class PlaceholderTokens:
     vision_end: int = 151653
 
 
+def placeholder_tokens(cfg, tokenizer) -> PlaceholderTokens:
+    """The placeholders of a vision-language model's config (``ModelConfig.vision`` holds its
+    config.json); Qwen3-VL writes each video frame pair after its time as text."""
+    vision = cfg.vision
+    v = vision.get("vision_config") or {}
+    timestamps = None
+    if cfg.model_type == "qwen3_vl":
+
+        def timestamps(seconds: float) -> list[int]:
+            return tokenizer.encode(f"<{seconds:.1f} seconds>", add_special_tokens=False)
+
+    return PlaceholderTokens(
+        image=int(vision.get("image_token_id", 151655)),
+        video=int(vision.get("video_token_id", 151656)),
+        merge_size=int(v.get("spatial_merge_size", 2)),
+        tokens_per_second=float(v.get("tokens_per_second", 4)),
+        timestamp_ids=timestamps,
+        vision_start=int(vision.get("vision_start_token_id", 151652)),
+        vision_end=int(vision.get("vision_end_token_id", 151653)),
+    )
+
+
 def process_media(messages: list[dict], processor: VisionProcessor) -> tuple[list[dict], list[MediaItem]]:
     """Messages with each image / video part replaced by a bare ``{"type": ...}`` part for the
     template, and the processed items in prompt order (offsets not yet known)."""
