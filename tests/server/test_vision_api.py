@@ -12,6 +12,7 @@ import json
 
 import httpx
 import pytest
+import torch
 
 from trtedge.server.app import build_app
 from trtedge.server.config import ServeConfig
@@ -105,14 +106,16 @@ def test_chat_image_reaches_the_model_as_a_picture(stub, llm):
     r = post(app, CHAT, ask(image_part(data_url(png(56, 28)))))
     assert r.status_code == 200, r.text
     [[part]] = stub.seen
-    assert part["type"] == "image" and part["image"].mode == "RGB" and part["image"].size == (56, 28)
+    assert part["type"] == "image" and part["image"].mode == "RGB"
+    assert part["image"].size == llm.vision.image_size(56, 28)  # held at the size the processor takes
     plain = post(app, CHAT, ask())
     grown = r.json()["usage"]["prompt_tokens"] - plain.json()["usage"]["prompt_tokens"]
     assert grown == llm.vision.image_tokens(56, 28) + 2  # the placeholders between vision start and end
-    # a bare string image_url and "detail": "low" (fits 512 x 512)
-    post(app, CHAT, ask({"type": "image_url", "image_url": data_url(png(1024, 256))}))
-    post(app, CHAT, ask(image_part(data_url(png(1024, 256)), detail="low")))
-    assert [s[0]["image"].size for s in stub.seen[1:]] == [(1024, 256), (512, 128)]
+    # a bare string image_url and "detail": "low" (fits 512 x 512 first: 800 x 16 -> 512 x 10)
+    post(app, CHAT, ask({"type": "image_url", "image_url": data_url(png(800, 16))}))
+    post(app, CHAT, ask(image_part(data_url(png(800, 16)), detail="low")))
+    sizes = [llm.vision.image_size(800, 16), llm.vision.image_size(512, 10)]
+    assert [s[0]["image"].size for s in stub.seen[1:]] == sizes == [(448, 8), (512, 8)]
     assert_clean(app, llm)
 
 
@@ -126,7 +129,7 @@ def test_anthropic_base64_image_and_count_tokens(stub, llm):
     }
     r = post(app, "/v1/messages", body)
     assert r.status_code == 200 and r.json()["type"] == "message", r.text
-    assert stub.seen[0][0]["image"].size == (56, 28)
+    assert stub.seen[0][0]["image"].size == llm.vision.image_size(56, 28)
     counted = post(app, "/v1/messages/count_tokens", {k: v for k, v in body.items() if k != "max_tokens"})
     assert counted.json()["input_tokens"] == r.json()["usage"]["input_tokens"]
     streamed = post(app, "/v1/messages", {**body, "stream": True})
@@ -152,7 +155,7 @@ def test_responses_input_image(stub, llm):
     ]
     r = post(app, "/v1/responses", {"input": [{"role": "user", "content": content}], "max_output_tokens": 4})
     assert r.status_code == 200 and r.json()["object"] == "response", r.text
-    assert stub.seen[0][0]["image"].size == (56, 28)
+    assert stub.seen[0][0]["image"].size == llm.vision.image_size(56, 28)
     content[1] = {"type": "input_image", "file_id": "file-123"}
     r = post(app, "/v1/responses", {"input": [{"role": "user", "content": content}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input.0.content.1.file_id"
@@ -278,3 +281,33 @@ def test_health_reports_vision(stub, text_only):
 
     assert asyncio.run(main(build_app(stub)))["capabilities"]["vision"] is True
     assert asyncio.run(main(build_app(text_only)))["capabilities"]["vision"] is False
+
+
+def test_decoded_images_are_held_at_the_size_the_model_takes_them(stub, llm):
+    """A small file may decode to a large canvas: the server keeps it resized to the processor's size
+    (same pixels the processor would make), and stops once the pictures pass max_input_len."""
+    app = build_app(stub, ServeConfig())
+    r = post(app, CHAT, ask(image_part(data_url(png(640, 640)))))
+    assert r.status_code == 200, r.text
+    assert stub.seen[0][0]["image"].size == llm.vision.image_size(640, 640) == (64, 64)
+    stub.seen.clear()
+    many = [image_part(data_url(png(640, 640))) for _ in range(7)]  # 7 x 64 tokens > max_input_len 400
+    r = post(app, CHAT, ask(*many))
+    error = r.json()["error"]
+    assert r.status_code == 400 and "max_input_len 400" in error["message"], error
+    assert error["code"] == "context_length_exceeded" and error["param"] == "messages.0.content.7.image_url"
+    assert stub.seen == []
+    assert_clean(app, llm)
+
+
+def test_a_fitted_image_gives_the_same_patches_as_the_original():
+    from trtedge.runtime.multimodal.processor import VisionProcessor
+    from trtedge.server.multimodal import MediaRef, _decode_fitted
+
+    vision = VisionProcessor(patch_size=4, min_pixels=256, max_pixels=4096)
+    out = io.BytesIO()
+    original = tiny_vl.random_image(300, 170, 5)
+    original.save(out, "PNG")
+    fitted, tokens = _decode_fitted(out.getvalue(), MediaRef((0, 0), "image", "", "p"), vision)
+    assert fitted.size != original.size and tokens == vision.image_tokens(300, 170)
+    assert torch.equal(vision.image(fitted).pixels, vision.image(original).pixels)

@@ -98,9 +98,8 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
     for ref in refs:
         data = await fetch_media(ref.url, config, ref.param)
         if ref.kind == "image":
-            image = await in_media_thread(decode_image, data, ref.param, ref.detail)
+            image, tokens = await in_media_thread(_decode_fitted, data, ref, vision)
             part: dict[str, Any] = {"type": "image", "image": image}
-            tokens = _tokens(vision.image_tokens, ref, *image.size)
         else:
             limit = min(ref.nframes or config.max_video_frames, config.max_video_frames)
             frames, fps = await in_media_thread(decode_video, data, ref.param, ref.fps or DEFAULT_FPS, limit)
@@ -109,8 +108,37 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
         del data
         total += tokens
         _check_tokens(config, ref, tokens, total)
+        max_input_len = serving.llm.config.max_input_len
+        if total > max_input_len:  # the prompt is refused anyway: stop holding pictures for it
+            raise APIError(
+                400,
+                f"the request's images and videos take {total} tokens (so far), more than max_input_len "
+                f"{max_input_len}",
+                param=ref.param,
+                code="context_length_exceeded",
+            )
         media[ref.where] = part
     return media
+
+
+def _decode_fitted(data: bytes, ref: MediaRef, vision) -> tuple[Any, int]:
+    """The decoded image resized to the size the vision processor takes it at (what it would do
+    itself, done here so that a request holds small pictures, not its decoded canvases), and its tokens."""
+    from PIL import Image
+
+    image = decode_image(data, ref.param, ref.detail)
+    tokens = _tokens(vision.image_tokens, ref, *image.size)
+    size = vision.image_size(*image.size)
+    if size != image.size and _fixed_point(vision, size):  # the processor will not resize it again
+        image = image.resize(size, Image.Resampling.BICUBIC)
+    return image, tokens
+
+
+def _fixed_point(vision, size: tuple[int, int]) -> bool:
+    try:  # not for extreme aspect ratios, where the resized shape would be rounded once more
+        return vision.image_size(*size) == size
+    except ValueError:
+        return False
 
 
 def _tokens(count, ref: MediaRef, *size: int) -> int:
