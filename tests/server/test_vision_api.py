@@ -162,19 +162,23 @@ def test_responses_input_image(stub, llm):
     assert_clean(app, llm)
 
 
-def test_video_frames_follow_fps_and_nframes(stub, llm):
+def mp4(num_frames: int, rate: int, side: int) -> bytes:
     av = pytest.importorskip("av")
     out = io.BytesIO()
     with av.open(out, mode="w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=8)
-        stream.width, stream.height, stream.pix_fmt = 56, 56, "yuv420p"
-        for i in range(16):  # two seconds
-            frame = av.VideoFrame.from_image(Image.new("RGB", (56, 56), (i * 10, 0, 0)))
+        stream = container.add_stream("mpeg4", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = side, side, "yuv420p"
+        for i in range(num_frames):
+            frame = av.VideoFrame.from_image(Image.new("RGB", (side, side), (i * 10, 0, 0)))
             for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
-    url = data_url(out.getvalue(), "video/mp4")
+    return out.getvalue()
+
+
+def test_video_frames_follow_fps_and_nframes(stub, llm):
+    url = data_url(mp4(16, 8, 56), "video/mp4")  # two seconds
     app = build_app(stub, ServeConfig(max_video_frames=3))
     r = post(app, CHAT, ask({"type": "video_url", "video_url": {"url": url, "fps": 2}}))
     assert r.status_code == 200, r.text
@@ -182,6 +186,11 @@ def test_video_frames_follow_fps_and_nframes(stub, llm):
     assert stub.seen[0][0]["fps"] == pytest.approx(1.5)
     r = post(app, CHAT, ask({"type": "video_url", "video_url": {"url": url, "fps": 1, "nframes": 1}}))
     assert r.status_code == 200 and len(stub.seen[1][0]["video"]) == 1
+    # large frames are held at the size the processor takes them (256 x 256 -> 64 x 64)
+    big = data_url(mp4(8, 8, 256), "video/mp4")
+    r = post(app, CHAT, ask({"type": "video_url", "video_url": {"url": big, "fps": 2}}))
+    frames = stub.seen[2][0]["video"]
+    assert r.status_code == 200 and [f.size for f in frames] == [(64, 64)] * 2
     assert_clean(app, llm)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from typing import Any
 
 from trtedge.server.errors import APIError
@@ -64,10 +65,14 @@ def decode_image(data: bytes, param: str, detail: str | None = None) -> Any:
     return image
 
 
-def decode_video(data: bytes, param: str, fps: float, max_frames: int) -> tuple[list[Any], float]:
+def decode_video(
+    data: bytes, param: str, fps: float, max_frames: int, fit: Callable | None = None
+) -> tuple[list[Any], float]:
     """Up to ``max_frames`` RGB frames sampled ``fps`` times a second, and the rate they were sampled at:
-    a video longer than ``max_frames / fps`` seconds gets ``max_frames`` frames spread over its length."""
+    a video longer than ``max_frames / fps`` seconds gets ``max_frames`` frames spread over its length.
+    ``fit(num_frames, width, height)``: the (width, height) to keep each frame at, or None (as decoded)."""
     import av
+    from PIL import Image
 
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
@@ -88,7 +93,11 @@ def decode_video(data: bytes, param: str, fps: float, max_frames: int) -> tuple[
                 if frame.time - start + 1e-6 < len(frames) * step:
                     continue
                 _check_pixels(frame.width, frame.height, "video frame", param)
-                frames.append(frame.to_image().convert("RGB"))
+                image = frame.to_image().convert("RGB")
+                size = fit(wanted, *image.size) if fit is not None else None
+                if size is not None and size != image.size:
+                    image = image.resize(size, Image.Resampling.BICUBIC)
+                frames.append(image)
                 if len(frames) >= wanted:
                     break
     except APIError:

@@ -102,7 +102,10 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
             part: dict[str, Any] = {"type": "image", "image": image}
         else:
             limit = min(ref.nframes or config.max_video_frames, config.max_video_frames)
-            frames, fps = await in_media_thread(decode_video, data, ref.param, ref.fps or DEFAULT_FPS, limit)
+            fit = functools.partial(_frame_size, vision)
+            frames, fps = await in_media_thread(
+                decode_video, data, ref.param, ref.fps or DEFAULT_FPS, limit, fit
+            )
             part = {"type": "video", "video": frames, "fps": fps}
             tokens = _tokens(vision.video_tokens, ref, len(frames), *frames[0].size)
         del data
@@ -132,6 +135,16 @@ def _decode_fitted(data: bytes, ref: MediaRef, vision) -> tuple[Any, int]:
     if size != image.size and _fixed_point(vision, size):  # the processor will not resize it again
         image = image.resize(size, Image.Resampling.BICUBIC)
     return image, tokens
+
+
+def _frame_size(vision, num_frames: int, width: int, height: int) -> tuple[int, int] | None:
+    """The (width, height) the processor takes the frames of a video of ``num_frames`` frames at."""
+    try:
+        h, w = vision.video_size(num_frames, width, height)
+        fixed = vision.video_size(num_frames, w, h) == (h, w)
+    except ValueError:  # refused with its reason by the token count
+        return None
+    return (w, h) if fixed else None
 
 
 def _fixed_point(vision, size: tuple[int, int]) -> bool:
