@@ -336,3 +336,34 @@ def test_media_with_speculative_decoding_is_refused_before_it_takes_any_blocks(c
             llm.chat(image_prompt(random_image()), SamplingParams(max_tokens=3))
         assert llm.engine.num_active == 0 and llm.engine.blocks.num_free_blocks == free
         assert llm.chat(user("w5 w6"), SamplingParams(max_tokens=3)).completion_tokens == 3
+
+
+def test_media_that_fail_to_encode_fail_their_request_alone(llm, hf):
+    """The encoder refusing one request's image fails that request (its blocks freed); the request
+    batched with it is served, and the engine does not restart."""
+    from trtedge import SamplingParams
+    from trtedge.runtime.engine import Engine, EngineConfig, EngineError
+
+    encoder = llm.model.vision
+    bad_grid = (1, 12, 12)  # the 48 x 48 image
+
+    def picky(pixels, grids):
+        if bad_grid in [tuple(g) for g in grids]:
+            raise RuntimeError("encoder out of memory")
+        return encoder(pixels, grids)
+
+    config = EngineConfig(max_batch_size=2, max_kv_cache_capacity=256, enable_in_flight_batching=True)
+    engine = Engine(llm.model, llm.tokenizer, config)
+    engine.runner.media.encoder = picky
+    try:
+        good = llm.encode_prompt(image_prompt(random_image(40, 56, 0)))
+        bad = llm.encode_prompt(image_prompt(random_image(48, 48, 1)))
+        assert bad.items[0].grid == bad_grid and good.items[0].grid != bad_grid
+        streams = [engine.submit(p, SamplingParams(**GREEDY)) for p in (good, bad)]
+        assert [t for d in streams[0] for t in d.token_ids] == hf_greedy(hf, good)
+        with pytest.raises(EngineError, match="could not be encoded.*out of memory"):
+            list(streams[1])
+        assert engine.stats.restarts == 0 and engine.num_active == 0
+        assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    finally:
+        engine.shutdown()

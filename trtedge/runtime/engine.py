@@ -16,6 +16,7 @@ from trtedge.runtime.faults import FaultInjector
 from trtedge.runtime.guided import GuidedDecoding
 from trtedge.runtime.kv_cache import BlockManager
 from trtedge.runtime.multimodal import MultimodalPrompt
+from trtedge.runtime.multimodal.inputs import encode_batch_media
 from trtedge.runtime.runner import ModelRunner
 from trtedge.runtime.sampling import Sampler, TokenLogprobs, mix_seed
 from trtedge.runtime.sampling_params import SamplingParams
@@ -392,6 +393,10 @@ class Engine:
         for part in _split_decode(batch):
             if part.is_empty:
                 continue
+            if self.runner.media is not None:
+                part = self._encode_media(part)
+                if part.is_empty:
+                    continue
             self._faults.before_model_step(part.seqs)
             seqs, tokens, infos = self.runner.run(part)
             if self.speculative is not None:
@@ -411,6 +416,25 @@ class Engine:
                     self.guides.propose(seq)
                 i += n
         return True
+
+    def _encode_media(self, part: ScheduledBatch) -> ScheduledBatch:
+        """Encode the images / videos the step reaches; a request whose own media fail to encode fails
+        alone (its blocks freed), and the step runs without it."""
+        failed = encode_batch_media(self.runner.media, part)
+        if not failed:
+            return part
+        for seq, error in failed:
+            choice = self._choices.get(seq.seq_id)
+            if choice is not None and choice.request in self._requests:
+                log.error("request %s: its media could not be encoded: %r", seq.request_id, error)
+                self._fail(
+                    choice.request,
+                    EngineError(
+                        f"the request's image or video could not be encoded ({type(error).__name__}: {error})"
+                    ),
+                )
+        rows = [(s, n) for s, n in zip(part.seqs, part.num_tokens) if not s.is_finished]
+        return ScheduledBatch([s for s, _ in rows], [n for _, n in rows])
 
     def _speculate(self, batch: ScheduledBatch) -> ScheduledBatch:
         """Draft, verify and emit the batch's speculative decode rows; return the rows left to run."""

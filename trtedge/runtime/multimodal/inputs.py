@@ -53,6 +53,39 @@ class MediaInputs:
         return out
 
 
+def encode_batch_media(media: MediaInputs, batch) -> list[tuple]:
+    """Encode the items the batch's prompt rows reach and are not encoded yet (all in one pass). When
+    that fails, each sequence's items are tried alone: returns (sequence, error) for those whose own
+    media cannot be encoded, so that one bad item fails its request, not the whole step."""
+    needed = []
+    for seq, n in zip(batch.seqs, batch.num_tokens):
+        start = seq.num_computed_tokens
+        if seq.mm is None or start >= seq.num_prompt_tokens:
+            continue
+        for i, item in enumerate(seq.mm.items):
+            if item.offset < start + n and item.end > start and i not in seq.mm_embeds:
+                needed.append((seq, i, item))
+    if not needed:
+        return []
+    try:
+        _encode_into(media, needed)
+        return []
+    except Exception:
+        pass
+    failed = []
+    for seq in dict.fromkeys(s for s, _, _ in needed):
+        try:
+            _encode_into(media, [row for row in needed if row[0] is seq])
+        except Exception as e:
+            failed.append((seq, e))
+    return failed
+
+
+def _encode_into(media: MediaInputs, needed: list[tuple]) -> None:
+    for (seq, i, _), emb in zip(needed, media.encode([it for _, _, it in needed])):
+        seq.mm_embeds[i] = emb
+
+
 def media_inputs(media: MediaInputs | None, batch, positions: list[int], device) -> tuple:
     """(positions, embeds) for the runner: (3, T) positions when some row computes prompt tokens of a
     multimodal sequence (else the 1D list unchanged), and (rows, values) of media embeddings or None."""
@@ -67,16 +100,13 @@ def media_inputs(media: MediaInputs | None, batch, positions: list[int], device)
         return positions, None
     if media is None:
         raise ValueError("this model has no vision component: the request's images cannot be encoded")
+    failed = encode_batch_media(media, batch)
+    if failed:
+        raise failed[0][1]
     pos = torch.tensor(positions, dtype=torch.long).expand(3, -1).clone()
-    needed = []
     for seq, start, end, first in rows:
         stop = min(end, seq.num_prompt_tokens)
         pos[:, first : first + stop - start] = seq.mm.positions[:, start:stop]
-        for i, item in enumerate(seq.mm.items):
-            if item.offset < end and item.end > start and i not in seq.mm_embeds:
-                needed.append((seq, i, item))
-    for (seq, i, _), emb in zip(needed, media.encode([it for _, _, it in needed])):
-        seq.mm_embeds[i] = emb
     index, values = [], []
     for seq, start, end, first in rows:
         for i, item in enumerate(seq.mm.items):
