@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,9 @@ def test_bash_script_completes_commands_flags_and_cached_models(tmp_path):
 
 def test_install_completion_writes_a_sourced_script(tmp_path):
     result = subprocess.run(
-        [str(BIN / "trtedge"), "--install-completion", "bash"],
+        # run from a bash parent, as a user would: the shell is detected from the parent process (a
+        # second command keeps bash from exec-ing trtedge in its place)
+        ["bash", "-c", f"{shlex.quote(str(BIN / 'trtedge'))} --install-completion; exit $?"],
         capture_output=True,
         text=True,
         env=_env(tmp_path),
