@@ -74,3 +74,28 @@ def test_qwen3_vl_greedy_with_media_matches_transformers_on_the_gpu(tmp_path):
         prompt = llm.encode_prompt(messages)
         out = llm.chat(messages, SamplingParams(**GREEDY)).token_ids
     assert out == hf_greedy(hf, prompt, video_seconds=False)
+
+
+def test_a_repeated_image_reusing_every_full_block_on_the_gpu(checkpoint):
+    """The second request computes only its last prompt token: a one-row step with M-RoPE positions,
+    which must not go to the CUDA decode graphs (they take 1D positions)."""
+    transformers = pytest.importorskip("transformers")
+    from trtedge import LLM, SamplingParams
+
+    hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        checkpoint, dtype=torch.float32
+    ).eval()
+    messages = user("w5 w6 w7", random_image(40, 56, 0), "w8 w9 w10 w11")
+    with LLM(
+        str(checkpoint),
+        device="cuda",
+        dtype="float32",
+        max_kv_cache_capacity=512,
+        context_cache_config={"enabled": True},
+    ) as llm:
+        prompt = llm.encode_prompt(messages)
+        assert len(prompt) % 16 == 1
+        first = llm.chat(messages, SamplingParams(**GREEDY))
+        again = llm.chat(messages, SamplingParams(**GREEDY))
+    assert again.metrics.reused_tokens == len(prompt) - 1
+    assert again.token_ids == first.token_ids == hf_greedy(hf, prompt)
