@@ -220,6 +220,38 @@ void qkv_rope_store(const float *qkv, int64_t B, int64_t H, int64_t Hkv, int64_t
     }
 }
 
+/* One query head attending over its sequence's paged keys and values (also the fused decode step's).
+   scores: scratch for ctx - first floats; window > 0: only the last `window` keys. */
+static void attend_head(const float *qh, const float *k_cache, const float *v_cache, const int64_t *table,
+                        int64_t ctx, int64_t window, int64_t Hkv, int64_t kvh, int64_t D, int64_t block_size,
+                        float scale, float *scores, float *o) {
+    int64_t first = window > 0 && ctx > window ? ctx - window : 0;
+    float best = -INFINITY;
+    for (int64_t t = first; t < ctx; t++) {
+        int64_t slot = table[t / block_size] * block_size + t % block_size;
+        const float *kt = k_cache + (slot * Hkv + kvh) * D;
+        float s = 0.0f;
+        #pragma omp simd reduction(+:s)
+        for (int64_t i = 0; i < D; i++) s += qh[i] * kt[i];
+        s *= scale;
+        scores[t - first] = s;
+        if (s > best) best = s;
+    }
+    float total = 0.0f;
+    for (int64_t t = first; t < ctx; t++) {
+        scores[t - first] = expf(scores[t - first] - best);
+        total += scores[t - first];
+    }
+    for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
+    for (int64_t t = first; t < ctx; t++) {
+        int64_t slot = table[t / block_size] * block_size + t % block_size;
+        const float *vt = v_cache + (slot * Hkv + kvh) * D;
+        float p = scores[t - first] / total;
+        #pragma omp simd
+        for (int64_t i = 0; i < D; i++) o[i] += p * vt[i];
+    }
+}
+
 /* Decode attention over a paged cache. q: [B, H, D]; tables: [B, max_blocks]; out: [B, H, D].
    window > 0: only the last `window` keys (sliding-window layers). */
 void paged_decode_attention(const float *q, const float *k_cache, const float *v_cache, const int64_t *tables,
@@ -229,35 +261,11 @@ void paged_decode_attention(const float *q, const float *k_cache, const float *v
     #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < H; h++) {
-            int64_t ctx = context_lens[b], kvh = h / group;
+            int64_t ctx = context_lens[b];
             int64_t first = window > 0 && ctx > window ? ctx - window : 0;
-            const float *qh = q + (b * H + h) * D;
-            const int64_t *table = tables + b * max_blocks;
             float *scores = (float *)malloc(sizeof(float) * (ctx - first));
-            float best = -INFINITY;
-            for (int64_t t = first; t < ctx; t++) {
-                int64_t slot = table[t / block_size] * block_size + t % block_size;
-                const float *kt = k_cache + (slot * Hkv + kvh) * D;
-                float s = 0.0f;
-                #pragma omp simd reduction(+:s)
-                for (int64_t i = 0; i < D; i++) s += qh[i] * kt[i];
-                s *= scale;
-                scores[t - first] = s;
-                if (s > best) best = s;
-            }
-            float total = 0.0f;
-            for (int64_t t = first; t < ctx; t++) {
-                scores[t - first] = expf(scores[t - first] - best);
-                total += scores[t - first];
-            }
-            float *o = out + (b * H + h) * D;
-            for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
-            for (int64_t t = first; t < ctx; t++) {
-                int64_t slot = table[t / block_size] * block_size + t % block_size;
-                const float *vt = v_cache + (slot * Hkv + kvh) * D;
-                float p = scores[t - first] / total;
-                for (int64_t i = 0; i < D; i++) o[i] += p * vt[i];
-            }
+            attend_head(q + (b * H + h) * D, k_cache, v_cache, tables + b * max_blocks, ctx, window, Hkv,
+                        h / group, D, block_size, scale, scores, out + (b * H + h) * D);
             free(scores);
         }
     }

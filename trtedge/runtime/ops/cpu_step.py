@@ -101,36 +101,6 @@ static void add_rows(float *x, const float *d, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += d[i];
 }
 
-static void attend_head(const float *qh, const float *k_cache, const float *v_cache, const int64_t *table,
-                        int64_t ctx, int64_t window, int64_t Hkv, int64_t kvh, int64_t D, int64_t block_size,
-                        float scale, float *scores, float *o) {
-    int64_t first = window > 0 && ctx > window ? ctx - window : 0;
-    float best = -INFINITY;
-    for (int64_t t = first; t < ctx; t++) {
-        int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const float *kt = k_cache + (slot * Hkv + kvh) * D;
-        float s = 0.0f;
-        #pragma omp simd reduction(+:s)
-        for (int64_t i = 0; i < D; i++) s += qh[i] * kt[i];
-        s *= scale;
-        scores[t - first] = s;
-        if (s > best) best = s;
-    }
-    float total = 0.0f;
-    for (int64_t t = first; t < ctx; t++) {
-        scores[t - first] = expf(scores[t - first] - best);
-        total += scores[t - first];
-    }
-    for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
-    for (int64_t t = first; t < ctx; t++) {
-        int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const float *vt = v_cache + (slot * Hkv + kvh) * D;
-        float p = scores[t - first] / total;
-        #pragma omp simd
-        for (int64_t i = 0; i < D; i++) o[i] += p * vt[i];
-    }
-}
-
 /* x_in: [B, hidden] embedded tokens; out: [B, hidden] final-normed hidden states. */
 void llama_decode_step(const int64_t *plan, const float *x_in, int64_t B, const int64_t *positions,
                        const int64_t *slots, const int64_t *tables, int64_t max_blocks, const int64_t *context_lens,
