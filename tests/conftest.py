@@ -1,13 +1,33 @@
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
+# Tests never touch the user's cache, config or history. The environment is pointed at a scratch home
+# here, when pytest imports this conftest: before any test module is collected and before any
+# session- or module-scoped fixture runs (an autouse fixture would come too late for those).
+USER_DIRS = {
+    "TRTEDGE_CACHE_DIR": "cache/trtedge",
+    "XDG_CACHE_HOME": "cache",
+    "XDG_CONFIG_HOME": "config",
+    "XDG_DATA_HOME": "data",
+    "XDG_STATE_HOME": "state",
+    "TRTEDGE_CHAT_HISTORY": "data/trtedge/chat_history",
+}
+SCRATCH_HOME = Path(tempfile.mkdtemp(prefix="trtedge-tests-"))
+for _name, _sub in USER_DIRS.items():
+    os.environ[_name] = str(SCRATCH_HOME / _sub)
+for _name in ("TRTEDGE_CONFIG", "TRTEDGE_API_KEY"):  # a user's settings must not change what tests launch
+    os.environ.pop(_name, None)
+os.environ["HF_HUB_OFFLINE"] = "1"
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    # Tests never write into the user's cache; kernels compile once per session.
-    monkeypatch.setenv("TRTEDGE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "trtedge-cache"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+def pytest_unconfigure(config):
+    shutil.rmtree(SCRATCH_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
