@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from trtedge.commands import bench, build, cache, chat, serve
+from trtedge.commands import bench, build, cache, chat, help_format, serve
+
+help_format.install()
 
 app = typer.Typer(
     name="trtedge",

@@ -25,6 +25,12 @@ class _RunByDefault(TyperGroup):
             args = ["run", *args]
         return super().parse_args(ctx, args)
 
+    def format_help(self, ctx, formatter):
+        """`trtedge bench --help` shows the commands, then every flag of the default `run`."""
+        super().format_help(ctx, formatter)
+        run = self.commands["run"]
+        run.format_help(run.make_context("run", [], parent=ctx, resilient_parsing=True), formatter)
+
 
 app = typer.Typer(cls=_RunByDefault, no_args_is_help=False)
 

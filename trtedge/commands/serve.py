@@ -125,7 +125,7 @@ def serve(
     context_cache_recurrent_snapshot_pool_bytes: int = typer.Option(
         None,
         "--context-cache-recurrent-snapshot-pool-bytes",
-        help="Hybrid models (Qwen3.5): bytes of recurrent-state snapshots kept for reuse [default: 4 x max batch].",
+        help="Hybrid models (Qwen3.5): bytes of recurrent-state snapshots kept for reuse (default: 4 x --max-batch-size snapshots).",
     ),
     mm_embedding_cache_bytes: int = typer.Option(
         512 * 2**20,
