@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
 """Write docs/cli-reference.md from the Typer app: every command, argument and flag with its type,
-default and help, so the reference cannot drift from the code. With --check, only say whether the
-page is current (exit 1 when stale); the tests run it."""
+default and help, so the reference cannot drift from the code. The guides' flag tables are generated
+too: a block `<!-- flags: trtedge serve -->` ... `<!-- /flags -->` in a docs page is rewritten with that
+command's flags. With --check, only say whether the pages are current (exit 1 when stale); the tests
+run it."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import typer.main
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "cli-reference.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+PAGE = DOCS / "cli-reference.md"
+GUIDES = ("cli.md", "server.md", "bench.md")
+BLOCK = re.compile(r"(<!-- flags: (trtedge[\w -]*?) -->\n).*?(<!-- /flags -->)", re.S)
 HEADER = """# CLI reference
 
 Generated from the Typer app by `scripts/generate_cli_reference.py`; do not edit by hand. The
@@ -46,7 +52,58 @@ def _command(command, path: list[str], parts: list[str]) -> None:
             _command(sub, [*path, sub.name], parts)
 
 
+def commands() -> dict[str, object]:
+    """Every command by its full name ("trtedge bench run"), with the click command."""
+    from trtedge.cli import app
+
+    found: dict[str, object] = {}
+
+    def walk(command, name: str) -> None:
+        found[name] = command
+        for sub in getattr(command, "commands", {}).values():
+            if not sub.hidden:
+                walk(sub, f"{name} {sub.name}")
+
+    walk(typer.main.get_command(app), "trtedge")
+    return found
+
+
+def flags(command) -> list:
+    """The options a guide documents: all but --help."""
+    return [
+        p
+        for p in command.params
+        if p.param_type_name == "option" and not getattr(p, "hidden", False) and p.name != "help"
+    ]
+
+
+def flag_table(command) -> str:
+    ctx = command.make_context(command.name, [], resilient_parsing=True)
+    rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
+    for param in flags(command):
+        names, _kind, default, help_text = _cells(param, ctx)
+        rows.append(f"| {names} | {default} | {help_text} |")
+    return "\n".join(rows) + "\n"
+
+
+def guide(text: str) -> str:
+    """A docs page with every flags block regenerated from the code."""
+    found = commands()
+
+    def fill(match: re.Match) -> str:
+        name = match.group(2).strip()
+        if name not in found:
+            raise SystemExit(f"a flags block names {name!r}, which is not a command")
+        return match.group(1) + flag_table(found[name]) + match.group(3)
+
+    return BLOCK.sub(fill, text)
+
+
 def _row(param, ctx) -> str:
+    return "| {} | {} | {} | {} |".format(*_cells(param, ctx))
+
+
+def _cells(param, ctx) -> tuple[str, str, str, str]:
     if param.param_type_name == "argument":
         names = f"`{param.name.upper()}`"
     else:
@@ -62,7 +119,7 @@ def _row(param, ctx) -> str:
     help_text = _text(getattr(param, "help", None) or "")
     if param.envvar:
         help_text += f" (env: `${param.envvar}`)" if f"${param.envvar}" not in help_text else ""
-    return f"| {names} | {kind} | {default} | {help_text} |"
+    return names, kind, default, help_text
 
 
 def _text(text: str) -> str:
@@ -72,7 +129,11 @@ def _text(text: str) -> str:
 def main(argv: list[str]) -> int:
     from _pages import write_or_check
 
-    return write_or_check(PAGE, render(), argv)
+    stale = write_or_check(PAGE, render(), argv)
+    for name in GUIDES:
+        page = DOCS / name
+        stale |= write_or_check(page, guide(page.read_text()), argv)
+    return stale
 
 
 if __name__ == "__main__":

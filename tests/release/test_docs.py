@@ -59,3 +59,29 @@ def test_mkdocs_build_strict(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "cli-reference" / "index.html").is_file()
     assert "generate_stream" in (tmp_path / "site" / "api-reference" / "index.html").read_text()
+
+
+GUIDE_TABLES = {
+    "trtedge chat": "cli.md",
+    "trtedge build": "cli.md",
+    "trtedge serve": "server.md",
+    "trtedge bench run": "bench.md",
+}
+
+
+@pytest.mark.parametrize(("command", "page"), GUIDE_TABLES.items())
+def test_guide_flag_tables_list_the_flags_of_the_code(command, page):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import generate_cli_reference as gen
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    text = (ROOT / "docs" / page).read_text()
+    block = re.search(rf"<!-- flags: {command} -->\n(.*?)<!-- /flags -->", text, re.S)
+    assert block, f"docs/{page} has no flags table for `{command}`"
+    documented = set(re.findall(r"^\| `(--[\w-]+)`", block.group(1), re.M))
+    code = {param.opts[0] for param in gen.flags(gen.commands()[command])}
+    assert documented == code, f"docs only: {documented - code}; code only: {code - documented}"
+    for param in gen.flags(gen.commands()[command]):
+        row = next(x for x in block.group(1).splitlines() if x.startswith(f"| `{param.opts[0]}`"))
+        assert gen._text(param.help or "") in row, f"{param.opts[0]}: the table's meaning is not its --help"
