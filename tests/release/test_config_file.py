@@ -108,3 +108,37 @@ def test_missing_file_and_table_speculative_config(tmp_path):
     code, out = _print_config("--config", str(path))
     assert code == 0, out
     assert "ngram" in _settings(out)["speculative-config"][0]
+
+
+@pytest.mark.parametrize(
+    "draft,verify",
+    [("--draft-step", "--verify-tree-size"), ("--spec-draft-step", "--spec-verify-tokens")],
+)
+def test_edge_llm_spellings_of_the_speculative_geometry_are_the_same_settings(draft, verify):
+    spec = ["--speculative-config", '{"method": "ngram"}']
+    code, out = _print_config(*spec, draft, "2", verify, "3")
+    assert code == 0, out
+    settings = _settings(out)
+    assert settings["max-spec-draft-tokens"] == ("2", "flag")
+    assert settings["max-spec-verify-tokens"] == ("3", "flag")
+    code, out = _print_config(*spec, draft, "0")
+    assert code == 2 and "--max-spec-draft-tokens" in out and "num_speculative_tokens" in out
+    for command in (["chat"], ["bench", "run"]):
+        text = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "300"}).output
+        assert draft in text and verify in text, command
+
+
+def test_edge_llm_spellings_are_config_file_keys(tmp_path):
+    path = tmp_path / "serve.toml"
+    path.write_text('speculative-config = \'{"method": "ngram"}\'\ndraft-step = 2\nspec_verify_tokens = 3\n')
+    code, out = _print_config("--config", str(path))
+    assert code == 0, out
+    settings = _settings(out)
+    assert settings["max-spec-draft-tokens"] == ("2", f"file {path}")
+    assert settings["max-spec-verify-tokens"] == ("3", f"file {path}")
+    path.write_text("max-spec-draft-tokens = 3\ndraft-step = 4\n")
+    code, out = _print_config("--config", str(path))
+    assert (
+        code == 2
+        and "serve.toml:2: 'draft-step' is set twice (as 'max-spec-draft-tokens' and 'draft-step')" in out
+    )

@@ -10,6 +10,8 @@ import sys
 import typer
 from typer.core import TyperGroup
 
+from trtedge.commands import DRAFT_STEP_FLAGS, VERIFY_TOKENS_FLAGS
+
 HELP = (
     "Benchmark a model offline (in-process) or a running OpenAI-compatible server (--url): "
     "TTFT/TPOT/ITL/E2E percentiles, throughput, achieved bandwidth. `trtedge bench compare A.json B.json` "
@@ -101,10 +103,10 @@ def run(
     ),
     draft_top_k: int = typer.Option(None, "--draft-top-k", help="Offline: children per draft-tree level."),
     max_spec_draft_tokens: int = typer.Option(
-        None, "--max-spec-draft-tokens", help="Offline: draft depth per step (num_speculative_tokens)."
+        None, *DRAFT_STEP_FLAGS, help="Offline: draft depth per step (num_speculative_tokens)."
     ),
     max_spec_verify_tokens: int = typer.Option(
-        None, "--max-spec-verify-tokens", help="Offline: most draft tokens verified per step."
+        None, *VERIFY_TOKENS_FLAGS, help="Offline: most draft tokens verified per step."
     ),
     tensor_parallel_size: int = typer.Option(
         1, "--tensor-parallel-size", help="Offline: split the model over N GPUs (CPU: N processes)."

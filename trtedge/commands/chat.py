@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from trtedge.commands import DRAFT_STEP_FLAGS, VERIFY_TOKENS_FLAGS
 from trtedge.commands.completion import cached_models
 
 HELP = (
@@ -72,10 +73,10 @@ def chat(
     ),
     draft_top_k: int = typer.Option(None, "--draft-top-k", help="Children per draft-tree level (eagle3)."),
     max_spec_draft_tokens: int = typer.Option(
-        None, "--max-spec-draft-tokens", help="Draft depth per step (num_speculative_tokens)."
+        None, *DRAFT_STEP_FLAGS, help="Draft depth per step (num_speculative_tokens)."
     ),
     max_spec_verify_tokens: int = typer.Option(
-        None, "--max-spec-verify-tokens", help="Most draft tokens verified per step."
+        None, *VERIFY_TOKENS_FLAGS, help="Most draft tokens verified per step."
     ),
     tensor_parallel_size: int = typer.Option(
         1, "--tensor-parallel-size", help="Split the model over N GPUs (CPU: N processes)."

@@ -1,7 +1,7 @@
 """A TOML file of a command's flags (`trtedge serve --config serve.toml`, or `$TRTEDGE_CONFIG`).
 
-Keys are the flag names without the dashes, with ``-`` or ``_`` (``max-batch-size = 4``); the
-positional MODEL is ``model``. Precedence: a flag on the command line > its environment variable
+Keys are the flag names without the dashes, with ``-`` or ``_`` (``max-batch-size = 4``), any of a
+flag's spellings (``draft-step`` for ``max-spec-draft-tokens``); the positional MODEL is ``model``. Precedence: a flag on the command line > its environment variable
 > the file > the default. An unknown key or a value of the wrong type is an error naming the key
 and the file's line.
 """
@@ -49,8 +49,25 @@ def settable(command) -> dict[str, type]:
     return out
 
 
-def load(path: str | Path, types: dict[str, type], json_keys: tuple[str, ...] = ()) -> dict[str, object]:
-    """Read ``path``: {parameter name: value}. ``json_keys`` may also be TOML tables (sent on as JSON)."""
+def aliases(command) -> dict[str, str]:
+    """The other long spellings of a Typer command's flags: ``draft_step`` -> ``max_spec_draft_tokens``."""
+    out = {}
+    for name, param in inspect.signature(command).parameters.items():
+        for decl in getattr(param.default, "param_decls", None) or ():
+            key = decl.removeprefix("--").replace("-", "_")
+            if decl.startswith("--") and "/" not in decl and key != name:
+                out[key] = name
+    return out
+
+
+def load(
+    path: str | Path,
+    types: dict[str, type],
+    json_keys: tuple[str, ...] = (),
+    aliases: dict[str, str] | None = None,
+) -> dict[str, object]:
+    """Read ``path``: {parameter name: value}. ``json_keys`` may also be TOML tables (sent on as JSON);
+    ``aliases`` maps other spellings of a key to its parameter name."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -62,16 +79,19 @@ def load(path: str | Path, types: dict[str, type], json_keys: tuple[str, ...] = 
         raise ConfigFileError(f"config file {path}: not valid TOML ({e})") from None
     lines = _key_lines(text)
     out: dict[str, object] = {}
+    spelt: dict[str, str] = {}
     for key, value in data.items():
         where = f"{path}:{lines.get(key, '?')}"
         name = key.replace("-", "_")
+        name = (aliases or {}).get(name, name)
         if name not in types:
             known = sorted(n.replace("_", "-") for n in types)
             near = difflib.get_close_matches(key.replace("_", "-"), known, n=1)
             hint = f" (did you mean {near[0]}?)" if near else ""
             raise ConfigFileError(f"{where}: unknown key {key!r}{hint}")
         if name in out:
-            raise ConfigFileError(f"{where}: {key!r} is set twice (as - and _ spellings)")
+            raise ConfigFileError(f"{where}: {key!r} is set twice (as {spelt[name]!r} and {key!r})")
+        spelt[name] = key
         if name in json_keys and isinstance(value, dict):
             value = json.dumps(value)
         want = types[name]

@@ -12,6 +12,7 @@ import sys
 
 import typer
 
+from trtedge.commands import DRAFT_STEP_FLAGS, VERIFY_TOKENS_FLAGS
 from trtedge.commands.completion import cached_models
 
 HELP = (
@@ -145,10 +146,10 @@ def serve(
         None, "--draft-top-k", help="Children per draft-tree level (eagle3); overrides draft_top_k."
     ),
     max_spec_draft_tokens: int = typer.Option(
-        None, "--max-spec-draft-tokens", help="Draft depth per step; overrides num_speculative_tokens."
+        None, *DRAFT_STEP_FLAGS, help="Draft depth per step; overrides num_speculative_tokens."
     ),
     max_spec_verify_tokens: int = typer.Option(
-        None, "--max-spec-verify-tokens", help="Most draft tokens verified per step; overrides verify_tokens."
+        None, *VERIFY_TOKENS_FLAGS, help="Most draft tokens verified per step; overrides verify_tokens."
     ),
     dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
     device: str = typer.Option("auto", "--device", help="auto|cpu|cuda."),
@@ -187,7 +188,9 @@ def serve(
     values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "print_config")}
     types = {k: t for k, t in config_file.settable(serve).items() if k not in ("config", "print_config")}
     try:
-        settings = config_file.resolve(ctx, values, config, types, json_keys=("speculative_config",))
+        settings = config_file.resolve(
+            ctx, values, config, types, json_keys=("speculative_config",), aliases=config_file.aliases(serve)
+        )
     except config_file.ConfigFileError as e:
         _fail(str(e))
     _serve(print_config=print_config, settings=settings)
