@@ -119,7 +119,7 @@ def bench_reuse() -> None:
             f"without reuse, {warm.metrics.time_to_first_token:.3f}s reusing {warm.metrics.reused_tokens} "
             f"tokens; same output: {cold.token_ids == warm.token_ids}"
         )
-        print(f"context cache: {llm.get_context_cache_metrics()}")
+        print(f"context cache: {llm.get_context_cache_metrics().to_dict()}")
 
 
 def main() -> None:

@@ -155,9 +155,9 @@ def test_second_request_reuses_a_1000_token_prefix_with_unchanged_output(smol):
     assert warm.metrics.reused_tokens >= 960
     assert cold.metrics.reused_tokens == 0
     assert warm.token_ids == cold.token_ids
-    assert after["hits"] == before["hits"] + 1 and after["lookups"] == before["lookups"] + 2
-    assert after["reused_tokens"] - before["reused_tokens"] == warm.metrics.reused_tokens
-    assert after["records"] >= 62 and set(after) == {
+    assert after.hits == before.hits + 1 and after.lookups == before.lookups + 2
+    assert after.reused_tokens - before.reused_tokens == warm.metrics.reused_tokens
+    assert after.records >= 62 and set(after.to_dict()) == {
         "lookups",
         "hits",
         "reused_tokens",

@@ -12,6 +12,7 @@ _EXPORTS = {
     "PromptTooLongError": "trtedge.llm",
     "ConfigError": "trtedge.config",
     "ContextCacheConfig": "trtedge.config",
+    "ContextCacheMetrics": "trtedge.llm_metrics",
     "CheckpointError": "trtedge.runtime.checkpoint",
     "clear_engine_cache": "trtedge.runtime.bundle",
     "prune_engine_cache": "trtedge.runtime.bundle",

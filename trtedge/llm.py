@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
+from trtedge.llm_metrics import ContextCacheMetrics
 from trtedge.runtime.bundle import BuildProfile, prepare_bundle
 from trtedge.runtime.checkpoint import config_only_checkpoint, resolve_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig, EngineError, EngineUnavailableError
@@ -417,27 +418,30 @@ class LLM:
             "verification_time": round(totals.verification_time, 4),
         }
 
-    def get_context_cache_metrics(self) -> dict:
-        """Context reuse counters: lookups, hits, reused_tokens, records (held now), evictions; for
-        hybrid models also recurrent_snapshots (held now), recurrent_snapshot_capacity,
-        recurrent_snapshot_evictions and recurrent_snapshot_pool_bytes."""
+    def get_context_cache_metrics(self) -> ContextCacheMetrics:
+        """Context reuse counters (a frozen ``ContextCacheMetrics``; ``.to_dict()`` for a dict):
+        lookups, hits, reused_tokens, records (held now), evictions; for hybrid models also
+        recurrent_snapshots (held now), recurrent_snapshot_capacity, recurrent_snapshot_evictions
+        and recurrent_snapshot_pool_bytes."""
         blocks = self.engine.blocks
         stats = blocks.stats
-        metrics = {
-            "lookups": stats.lookups,
-            "hits": stats.hits,
-            "reused_tokens": stats.reused_tokens,
-            "records": blocks.num_records,
-            "evictions": stats.evictions,
-        }
+        hybrid = {}
         state = blocks.state
         if state is not None:
-            metrics["recurrent_snapshots"] = state.num_entries
-            metrics["recurrent_snapshot_capacity"] = state.num_snapshots
-            metrics["recurrent_snapshot_evictions"] = state.stats.evictions
-            row_bytes = self.engine.runner.states.row_bytes
-            metrics["recurrent_snapshot_pool_bytes"] = state.num_snapshots * row_bytes
-        return metrics
+            hybrid = dict(
+                recurrent_snapshots=state.num_entries,
+                recurrent_snapshot_capacity=state.num_snapshots,
+                recurrent_snapshot_evictions=state.stats.evictions,
+                recurrent_snapshot_pool_bytes=state.num_snapshots * self.engine.runner.states.row_bytes,
+            )
+        return ContextCacheMetrics(
+            lookups=stats.lookups,
+            hits=stats.hits,
+            reused_tokens=stats.reused_tokens,
+            records=blocks.num_records,
+            evictions=stats.evictions,
+            **hybrid,
+        )
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -505,6 +509,7 @@ def _state_stats(engine) -> dict:
 __all__ = [
     "LLM",
     "ConfigError",
+    "ContextCacheMetrics",
     "EngineError",
     "EngineUnavailableError",
     "GuidedUnavailableError",

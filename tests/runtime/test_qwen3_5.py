@@ -147,7 +147,7 @@ def test_multi_turn_chat_reuses_a_snapshot_with_unchanged_output(hybrid):
     assert second.metrics.reused_tokens > 0 and second.metrics.reused_tokens % 16 == 0
     assert second.token_ids == reference.token_ids
     assert reference.metrics.reused_tokens == 0
-    assert metrics["recurrent_snapshots"] >= 1 and metrics["hits"] == 1
+    assert metrics.recurrent_snapshots >= 1 and metrics.hits == 1
 
 
 def cold_first(path, messages, params) -> list[int]:
@@ -163,9 +163,9 @@ def test_snapshot_pool_is_bounded_and_counts_evictions(hybrid):
         for i in range(5):  # distinct prompts: one prompt snapshot and one generation snapshot each
             llm.generate(prompt(40, 100 + i), GREEDY)
         metrics = llm.get_context_cache_metrics()
-        assert metrics["recurrent_snapshot_capacity"] == 2
-        assert metrics["recurrent_snapshots"] == 2 and metrics["recurrent_snapshot_evictions"] == 8
-        assert metrics["recurrent_snapshot_pool_bytes"] == 2 * per_snapshot
+        assert metrics.recurrent_snapshot_capacity == 2
+        assert metrics.recurrent_snapshots == 2 and metrics.recurrent_snapshot_evictions == 8
+        assert metrics.to_dict()["recurrent_snapshot_pool_bytes"] == 2 * per_snapshot
         last = prompt(40, 104)
         warm = llm.generate(last + [5, 6, 7], GREEDY)  # its prefix's snapshot is still in the pool
         assert warm.metrics.reused_tokens == 32

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from trtedge.llm_metrics import ContextCacheMetrics
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
@@ -15,7 +17,7 @@ class ServerMetrics:
         stats: Callable[[], dict],
         num_queued: Callable[[], int],
         num_seated: Callable[[], int] = lambda: 0,
-        cache_stats: Callable[[], dict] | None = None,
+        cache_stats: Callable[[], ContextCacheMetrics] | None = None,
     ):
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -69,10 +71,10 @@ class ServerMetrics:
         if cache_stats is not None:
             Gauge(
                 "trtedge_prefix_cache_hits", "Requests that reused cached prompt blocks", registry=r
-            ).set_function(lambda: cache_stats()["hits"])
+            ).set_function(lambda: cache_stats().hits)
             Gauge(
                 "trtedge_prefix_cache_reused_tokens", "Prompt tokens taken from the prefix cache", registry=r
-            ).set_function(lambda: cache_stats()["reused_tokens"])
+            ).set_function(lambda: cache_stats().reused_tokens)
 
         if stats().get("mm_embedding_cache") is not None:  # vision models: the encoder's embedding cache
             for key, text in (("hits", "Media taken from"), ("misses", "Media not found in")):
