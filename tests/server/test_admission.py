@@ -127,3 +127,21 @@ def test_draining_refuses_new_requests_with_503():
         assert e.value.status == 503
 
     run(main())
+
+
+def test_refuse_waiting_fails_every_waiter_with_the_error_and_takes_no_seat():
+    async def main():
+        a = Admission(1, 10, timeout=60)
+        running = await a.acquire()
+        waiters = [asyncio.ensure_future(a.acquire()) for _ in range(3)]
+        await asyncio.sleep(0)
+        a.refuse_waiting(APIError(503, "the server is shutting down", code="shutting_down"))
+        for w in waiters:
+            with pytest.raises(APIError) as e:
+                await w
+            assert e.value.code == "shutting_down"
+        assert (a.num_active, a.num_waiting) == (1, 0)
+        running.release()
+        assert a.num_active == 0
+
+    run(main())

@@ -236,6 +236,12 @@ def _serve(print_config: bool, settings: dict) -> None:
         stream=sys.stderr,
     )
     from trtedge import LLM, CheckpointError
+    from trtedge.server.http import bind, listen
+
+    try:
+        sockets = bind(config.host, config.port)  # before the model loads: a taken port fails at once
+    except ServerConfigError as e:
+        _fail(str(e))
 
     if not config.api_key and not config.api_keys and not is_loopback(config.host):
         typer.echo(
@@ -264,41 +270,64 @@ def _serve(print_config: bool, settings: dict) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     try:
-        asyncio.run(_run(llm, config))
+        listen(sockets, config.host, config.port)
+        forced = asyncio.run(_run(llm, config, sockets))
+    except ServerConfigError as e:
+        _fail(str(e))
     finally:
         llm.close()
+    if forced:
+        typer.echo(
+            "trtedge serve: stopped at once (second Ctrl-C); requests in flight got 503; engine released"
+        )
+        raise typer.Exit(EXIT_INTERRUPTED)
     typer.echo("trtedge serve: stopped; engine released")
 
 
-async def _run(llm, config) -> None:
+EXIT_INTERRUPTED = 130  # a second Ctrl-C cut the drain short (128 + SIGINT, as shells report it)
+
+
+async def _run(llm, config, sockets) -> bool:
+    """Serve until stopped; True when a second Ctrl-C cut the drain short."""
     import uvicorn
 
     from trtedge.server.app import build_app
     from trtedge.server.config import KEEP_ALIVE_TIMEOUT
-    from trtedge.server.http import GuardedH11Protocol
+    from trtedge.server.http import DrainingServer, GuardedH11Protocol
 
     app = build_app(llm, config)
-    server = uvicorn.Server(
+    admission = app.state.admission
+
+    def drain() -> None:
+        admission.draining = True
+        typer.echo(
+            f"trtedge serve: shutting down; draining {admission.num_active} active and "
+            f"{admission.num_waiting} queued request(s) (Ctrl-C again to stop at once)"
+        )
+        sys.stdout.flush()
+
+    server = DrainingServer(
         uvicorn.Config(
             app,
-            host=config.host,
-            port=config.port,
             log_level=config.log_level,
             access_log=config.log_level in ("debug", "trace"),
             lifespan="off",
             timeout_graceful_shutdown=None,
             http=GuardedH11Protocol,
             timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
-        )
+        ),
+        on_drain=drain,
+        on_force=app.state.serving.abandon_all,
     )
-    watcher = asyncio.ensure_future(_announce_and_watch(server, app, llm, config))
+    watcher = asyncio.ensure_future(_announce(server, app, llm, config))
     try:
-        await server.serve()
+        await server.serve(sockets=sockets)
     finally:
         watcher.cancel()
+    return server.forced
 
 
-async def _announce_and_watch(server, app, llm, config) -> None:
+async def _announce(server, app, llm, config) -> None:
     while not server.started:
         await asyncio.sleep(0.05)
     port = config.port
@@ -322,15 +351,6 @@ async def _announce_and_watch(server, app, llm, config) -> None:
         f"serving http://{host}:{port}/v1 (health: http://{host}:{port}/health)",
     ]
     typer.echo("\n".join(lines))
-    sys.stdout.flush()
-    admission = app.state.admission
-    while not server.should_exit:
-        await asyncio.sleep(0.1)
-    admission.draining = True
-    typer.echo(
-        f"trtedge serve: shutting down; draining {admission.num_active} active and "
-        f"{admission.num_waiting} queued request(s)"
-    )
     sys.stdout.flush()
 
 

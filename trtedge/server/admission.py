@@ -14,7 +14,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from trtedge.server.errors import APIError, overloaded
+from trtedge.server.errors import overloaded, shutting_down
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Admission:
         """A seat, or ``APIError`` 429 (full, or waited past the timeout) / 503 (draining).
         Setting ``abort`` (the client went away) leaves the queue with ``asyncio.CancelledError``."""
         if self.draining:
-            raise APIError(503, "the server is shutting down", code="shutting_down")
+            raise shutting_down()
         if self.num_active < self.slots and not self._waiters:
             return self._seat()
         if len(self._waiters) >= self.max_waiting:
@@ -89,6 +89,7 @@ class Admission:
             if abort_task is not None:
                 abort_task.cancel()
         if future.done() and not future.cancelled():
+            future.result()  # raises what refuse_waiting() gave it
             return Seat(self)
         self._leave(entry)
         if abort is not None and abort.is_set():
@@ -99,6 +100,13 @@ class Admission:
             f"server overloaded: waited {self.timeout:g}s (--queue-timeout) in the queue; retry later",
             retry_after=max(1, int(self.timeout)),
         )
+
+    def refuse_waiting(self, error: Exception) -> None:
+        """Every request waiting in the queue leaves it with ``error`` (the server stops at once)."""
+        for entry in self._waiters:
+            if not entry[2].done():
+                entry[2].set_exception(error)
+        self._waiters.clear()
 
     def _seat(self) -> Seat:
         self.num_active += 1

@@ -74,6 +74,10 @@ def overloaded(message: str, retry_after: int) -> APIError:
     )
 
 
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", code="shutting_down")
+
+
 def internal_error() -> APIError:
     return APIError(500, "internal server error; see the server log", code="internal_error")
 

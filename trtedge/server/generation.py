@@ -15,7 +15,7 @@ from trtedge.llm import LLM
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.stream import CancellableIterator, StreamDelta
 from trtedge.server.admission import Seat
-from trtedge.server.errors import engine_failure
+from trtedge.server.errors import APIError, engine_failure
 from trtedge.server.metrics import ServerMetrics
 
 log = logging.getLogger("trtedge.server")
@@ -94,6 +94,8 @@ class Generation:
         last: dict[int, float] = {}
         while remaining:
             index, item = await self._queue.get()
+            if isinstance(item, APIError):
+                raise item  # abandon(): the server is stopping
             if isinstance(item, BaseException):
                 log.error(
                     "request %s failed in the engine: %s: %s", self.request_id, type(item).__name__, item
@@ -111,6 +113,15 @@ class Generation:
                 self._metrics.prompt_tokens.inc(item.prompt_tokens)
                 self._metrics.generated_tokens.inc(item.completion_tokens)
             yield index, item
+
+    def abandon(self, error: APIError) -> None:
+        """End this generation with ``error`` (the server stops at once): the engine stops working on
+        it and ``deltas()`` raises ``error`` next, so a stream sends it as its last event."""
+        if self._closed:
+            return
+        self._queue.put_nowait((0, error))
+        for stream in self.streams:
+            stream.cancel()
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -7,6 +7,7 @@ import functools
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ from trtedge.server.errors import (
     engine_unavailable,
     internal_error,
     not_supported,
+    shutting_down,
 )
 from trtedge.server.generation import Choice, Generation
 from trtedge.server.metrics import ServerMetrics
@@ -57,6 +59,13 @@ class OpenAIServing:
         self.model_name = config.served_model_name or llm.model_name
         self.created = int(time.time())
         self.vocab_size = llm.checkpoint.model_config.vocab_size
+        self._live: weakref.WeakSet[Generation] = weakref.WeakSet()
+
+    def abandon_all(self) -> None:
+        """End every request in flight or queued with 503 ``shutting_down`` (a second Ctrl-C)."""
+        self.admission.refuse_waiting(shutting_down())
+        for gen in list(self._live):
+            gen.abandon(shutting_down())
 
     # ---- models --------------------------------------------------------------------------------
     def model_card(self) -> dict:
@@ -418,6 +427,7 @@ class OpenAIServing:
             seat.release()
             raise
         watcher.on_disconnect(gen.cancel)
+        self._live.add(gen)
         return gen, watcher
 
     async def _collect(self, gen: Generation, watcher: sse.DisconnectWatcher) -> list[_Output]:
