@@ -78,3 +78,36 @@ def test_markdown_answer_is_redrawn_in_place_on_a_terminal():
     assert "\x1b[3A\x1b[J" in text  # back to the answer's first row, then clear
     rendered = text.split("\x1b[J", 1)[1]
     assert "**" not in rendered and "apple" in rendered and "•" in rendered
+
+
+def _terminal_view(width: int):
+    out = io.StringIO()
+    console = Console(file=out, width=width, height=40, force_terminal=True, color_system=None)
+    return _StreamView(console, show_thinking=False), out
+
+
+def test_a_streamed_answer_wraps_at_word_boundaries_on_a_terminal():
+    view, out = _terminal_view(20)
+    answer = "Sure, I can help you create a small program that counts words in a file."
+    for i in range(0, len(answer), 3):  # chunks that end mid-word, as tokens do
+        view.show(False, answer[i : i + 3])
+    view.finish(markdown=False)
+    lines = out.getvalue().split("\n")
+    assert all(len(line) <= 20 for line in lines)
+    assert [w for line in lines for w in line.split()] == answer.split()  # no word cut in two
+    assert lines[0] == "Sure, I can help you" and lines[1].startswith("create")
+    assert view.answer == answer
+
+
+def test_a_word_wider_than_the_terminal_is_broken_at_the_column():
+    view, out = _terminal_view(10)
+    view.show(False, "see " + "x" * 25 + " ok")
+    view.finish(markdown=False)
+    assert out.getvalue() == "see \n" + "x" * 10 + "\n" + "x" * 10 + "\n" + "x" * 5 + " ok\n"
+
+
+def test_markdown_redraw_counts_the_rows_the_wrapped_answer_took():
+    view, out = _terminal_view(20)
+    view.show(False, "- **a** " + "b" * 14 + " " + "c" * 14 + " d")  # 39 cells: 3 rows once wrapped at spaces
+    view.finish(markdown=True)
+    assert "\x1b[2A\x1b[J" in out.getvalue()

@@ -242,6 +242,9 @@ class _StreamView:
         self.reasoning = ""
         self._in_reasoning = False
         self._answer_started = False
+        self._wrap = _WordWrap(console.width) if console.is_terminal else None
+        self._style: str | None = None
+        self._shown = ""  # the answer as written, with the line breaks the wrap put in
 
     def show(self, reasoning: bool, text: str) -> None:
         if reasoning:
@@ -261,7 +264,7 @@ class _StreamView:
                 return
             self._answer_started = True
         self.answer += text
-        self._write(text)
+        self._shown += self._write(text)
 
     def _close_reasoning(self) -> None:
         self._in_reasoning = False
@@ -270,7 +273,9 @@ class _StreamView:
         else:
             words = len(self.reasoning.split())
             if self.console.is_terminal:
+                self._flush()
                 self.console.file.write("\r\x1b[K")  # over "thinking…"
+                self._wrap.column = 0
             else:
                 self._write("\n")
             self._write(f"[reasoning: {words} words hidden; /think on shows it]\n", "dim")
@@ -278,8 +283,9 @@ class _StreamView:
     def finish(self, markdown: bool) -> None:
         if self._in_reasoning:
             self._close_reasoning()
+        self._shown += self._flush()
         if markdown and self._fits() and _MARKDOWN.search(self.answer):
-            rows = _rows(self.answer, self.console.width)
+            rows = _rows(self._shown, self.console.width)
             self.console.file.write("\r" + (f"\x1b[{rows - 1}A" if rows > 1 else "") + "\x1b[J")
             with self.console.capture() as rendered:
                 self.console.print(Markdown(self.answer))
@@ -295,11 +301,76 @@ class _StreamView:
             and not c.is_dumb_terminal
             and "\t" not in self.answer
             and "\r" not in self.answer
-            and _rows(self.answer, c.width) < c.height - 1
+            and _rows(self._shown, c.width) < c.height - 1
         )
 
-    def _write(self, text: str, style: str | None = None) -> None:
-        self.console.print(Text(text, style=style or ""), end="", soft_wrap=True)
+    def _write(self, text: str, style: str | None = None) -> str:
+        """Write ``text`` (on a terminal, broken at spaces to the width); returns what was written."""
+        if self._wrap is None:
+            self._print(text, style)
+            return text
+        if style != self._style:
+            self._flush()
+            self._style = style
+        now = self._wrap.feed(text)
+        self._print(now, style)
+        return now
+
+    def _flush(self) -> str:
+        """Write the word the wrap holds back; returns it."""
+        if self._wrap is None:
+            return ""
+        rest = self._wrap.flush()
+        self._print(rest, self._style)
+        return rest
+
+    def _print(self, text: str, style: str | None) -> None:
+        if text:
+            self.console.print(Text(text, style=style or ""), end="", soft_wrap=True)
+
+
+class _WordWrap:
+    """Breaks streamed text at spaces before a word would cross the terminal's last column (the terminal
+    itself breaks mid-word). A word is held back until it ends, since only then is its width known; a
+    word wider than the screen is broken at the column."""
+
+    def __init__(self, width: int):
+        self.width = max(1, width)
+        self.column = 0
+        self._word = ""
+
+    def feed(self, text: str) -> str:
+        out = []
+        for ch in text:
+            if ch in "\n\r":
+                out += [self._place(), ch]
+                self.column = 0
+            elif ch in " \t":
+                out.append(self._place())
+                step = 1 if ch == " " else 8 - self.column % 8
+                if self.column + step > self.width:
+                    out.append("\n")  # the space becomes the line break
+                    self.column = 0
+                else:
+                    out.append(ch)
+                    self.column += step
+            else:
+                self._word += ch
+                if cell_len(self._word) >= self.width:
+                    out.append(self._place())
+        return "".join(out)
+
+    def flush(self) -> str:
+        return self._place()
+
+    def _place(self) -> str:
+        word, self._word = self._word, ""
+        width = cell_len(word)
+        if self.column and self.column + width > self.width:
+            self.column = width
+            return "\n" + word
+        self.column += width
+        return word
 
 
 def _rows(text: str, width: int) -> int:
