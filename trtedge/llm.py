@@ -62,6 +62,7 @@ class LLM:
         speculative_config: SpeculativeConfig | dict | str | None = None,
         mm_embedding_cache_bytes: int = 512 * 2**20,
         components: str = "all",
+        build_progress: Callable[[str, int, int | None], None] | None = None,
     ):
         self.config = LaunchConfig(
             model=model,
@@ -96,6 +97,7 @@ class LLM:
                 cache_dir=cache_dir,
                 max_size_gb=engine_cache_max_size_gb,
                 clear=clear_engine_cache,
+                progress=build_progress,
             )
         self._check_draft(spec, load_format)
         self.tokenizer = self.checkpoint.load_tokenizer()

@@ -34,9 +34,10 @@ def embedded():
 class Terminal:
     """A child in a 100x40 xterm; ``wait`` matches regexes against the output with escapes stripped."""
 
-    def __init__(self, args: list[str], tmp_path):
+    def __init__(self, args: list[str], tmp_path, **extra_env: str):
         env = {
             **os.environ,
+            **extra_env,
             "TERM": "xterm",
             "COLUMNS": "100",
             "LINES": "40",
@@ -125,6 +126,24 @@ def test_interactive_session_streams_measures_validates_cancels_and_exits(embedd
     assert status == 0
     history = (tmp_path / "history").read_text()
     assert "+What is the capital\n+of France?" in history and "/params max_tokens=400" in history
+
+
+def test_the_first_chat_on_an_empty_cache_says_it_builds_the_bundle_once_and_how_long_it_took(
+    embedded, tmp_path
+):
+    term = Terminal([*GREEDY, *LAUNCH], tmp_path, TRTEDGE_CACHE_DIR=str(tmp_path / "cache"))
+    try:
+        term.wait(r"building the bundle for this model \(once", timeout=240)
+        seconds = term.wait(r"built the bundle once in (\d+\.\d) s; later launches", timeout=240)
+        assert float(seconds.group(1)) > 0
+        term.wait(r"trtedge chat · SmolLM2")
+        term.wait(PROMPT)
+        term.type("/exit")
+        term.wait(r"bye")
+    finally:
+        status = term.close()
+    assert status == 0
+    assert any((tmp_path / "cache" / "bundles").iterdir())
 
 
 @pytest.fixture(scope="module")

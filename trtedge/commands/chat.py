@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 import typer
 
@@ -153,16 +154,37 @@ def _local_backend(model, interactive: bool, **llm_kwargs):
             "Using the embedded default model SmolLM2-135M-Instruct (pass MODEL to choose another).", err=True
         )
     try:
-        if interactive:
-            from rich.console import Console
-
-            with Console(stderr=True).status("loading the model…"):
-                llm = LLM(model, **llm_kwargs)
-        else:
-            llm = LLM(model, **llm_kwargs)
+        llm = _load_showing_the_build(LLM, model, llm_kwargs) if interactive else LLM(model, **llm_kwargs)
     except (CheckpointError, ConfigError, ValueError) as e:
         _fail(str(e))
     return LocalBackend(llm)
+
+
+def _load_showing_the_build(LLM, model, llm_kwargs: dict):
+    """LLM(...) under a spinner that says when this launch builds the model's bundle (the first launch
+    of a model does, once), then how long that took."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    start = time.perf_counter()
+    with console.status("loading the model…") as status:
+
+        def progress(stage: str, done: int, total: int | None) -> None:
+            count = f" {done}/{total}" if total else ""
+            status.update(
+                f"building the bundle for this model (once: later launches load it from the cache)… "
+                f"{stage}{count}"
+            )
+
+        llm = LLM(model, **llm_kwargs, build_progress=progress)
+    if llm.bundle is not None and llm.bundle.built:
+        console.print(
+            f"built the bundle once in {time.perf_counter() - start:.1f} s; later launches of this model "
+            "load it from the cache",
+            style="dim",
+            highlight=False,
+        )
+    return llm
 
 
 def _http_backend(url: str, api_key: str | None, model: str | None):

@@ -418,6 +418,8 @@ def prepare_bundle(
         if not (target / "manifest.json").is_file():
 
             def build(tmp: Path) -> None:
+                if progress:
+                    progress("read", 0, None)
                 checkpoint = _resolve(model, source, cache)
                 draft = _resolve(profile.draft_model, draft_source, cache) if draft_source else None
                 builder.build_bundle(
