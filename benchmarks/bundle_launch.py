@@ -20,7 +20,7 @@ import torch  # noqa: F401 - imported before the clock starts
 mode, cache = sys.argv[1], sys.argv[2]
 start = time.perf_counter()
 if mode == "direct":
-    from trtedge.runtime.checkpoint import resolve_checkpoint
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
     from trtedge.runtime.models import load_model
     checkpoint = resolve_checkpoint(None)
     checkpoint.load_tokenizer()
@@ -30,7 +30,7 @@ if mode == "direct":
 else:
     from trtedge import LLM
     from trtedge.config import LaunchConfig
-    from trtedge.runtime.bundle import BuildProfile, prepare_bundle
+    from trtedge.runtime.artifacts.bundle import BuildProfile, prepare_bundle
     bundle = prepare_bundle(None, BuildProfile.from_launch(LaunchConfig()), cache_dir=cache)
     built, prepare = bundle.built, time.perf_counter() - start
     bundle.release()

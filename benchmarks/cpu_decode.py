@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.tiny import export_gguf_as_hf  # noqa: E402
 from trtedge import LLM, SamplingParams  # noqa: E402
-from trtedge.runtime.embedded import embedded_model_path  # noqa: E402
+from trtedge.runtime.artifacts.embedded import embedded_model_path  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 FILLER = (

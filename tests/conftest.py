@@ -34,7 +34,7 @@ def pytest_unconfigure(config):
 def smollm():
     """The embedded SmolLM2 model, loaded once for the whole session."""
     from trtedge import LLM
-    from trtedge.runtime.embedded import embedded_model_path
+    from trtedge.runtime.artifacts.embedded import embedded_model_path
 
     try:
         embedded_model_path()
@@ -48,7 +48,7 @@ def smollm():
 @pytest.fixture(scope="session")
 def gemma3_gguf():
     """Path of the packaged Gemma 3 270M GGUF (the second embedded model), or skip."""
-    from trtedge.runtime.embedded import gemma3_model_path
+    from trtedge.runtime.artifacts.embedded import gemma3_model_path
 
     try:
         return gemma3_model_path()

@@ -23,7 +23,7 @@ class ServeProcess:
     """Starts `trtedge serve ARGS` with the embedded model and waits until /health answers."""
 
     def __init__(self, tmp, args: list[str]):
-        from trtedge.runtime.embedded import embedded_model_path
+        from trtedge.runtime.artifacts.embedded import embedded_model_path
 
         try:
             embedded_model_path()

@@ -56,7 +56,7 @@ def test_missing_model_path_exit_2(tmp_path):
 
 
 def test_one_shot_chat_streams_answer_to_stdout():
-    from trtedge.runtime.embedded import embedded_model_path
+    from trtedge.runtime.artifacts.embedded import embedded_model_path
 
     try:
         embedded_model_path()

@@ -11,7 +11,7 @@ import pytest
 
 from tests.tiny import make_tiny_checkpoint
 from trtedge import LLM, CancellableIterator, ConfigError, ContextCacheConfig, SamplingParams
-from trtedge.runtime.embedded import embedded_model_path
+from trtedge.runtime.artifacts.embedded import embedded_model_path
 from trtedge.runtime.engine import Engine, EngineConfig
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.guided_schemas import LONG_KEYS, PROMPT, SCHEMAS
 from trtedge import LLM, SamplingParams
-from trtedge.runtime.embedded import embedded_model_path
+from trtedge.runtime.artifacts.embedded import embedded_model_path
 from trtedge.runtime.sampling_params import MAX_GUIDE_BYTES, GuidedDecodingParams
 
 
@@ -163,8 +163,8 @@ def test_compiled_grammars_are_cached_by_kind_and_text(llm):
 
 def test_guided_generation_never_imports_transformers():
     code = (
-        "import sys; from trtedge.runtime.checkpoint import resolve_checkpoint;"
-        "from trtedge.runtime.guided import GuidedDecoding;"
+        "import sys; from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint;"
+        "from trtedge.runtime.structured import GuidedDecoding;"
         "from trtedge.runtime.sampling_params import GuidedDecodingParams as G;"
         "tok = resolve_checkpoint(None).load_tokenizer(); g = GuidedDecoding(tok, tok.vocab_size);"
         "m = g.matcher(g.compile(G(json={'type': 'object'}))); assert m.accept_string('{}');"

@@ -10,7 +10,7 @@ import pytest
 
 from tests.guided_schemas import PROMPT, SCHEMAS
 from trtedge import LLM, SamplingParams
-from trtedge.runtime.embedded import embedded_model_path
+from trtedge.runtime.artifacts.embedded import embedded_model_path
 
 OPTIONS = dict(
     max_kv_cache_capacity=1024, max_input_len=512, enable_in_flight_batching=True, max_batch_size=8

@@ -195,7 +195,7 @@ def export_gguf_as_hf(gguf_path: Path, directory: Path) -> Path:
     """Write a GGUF checkpoint as a float32 HF directory (the reference side of comparisons)."""
     from safetensors.torch import save_file
 
-    from trtedge.runtime.gguf_loader import iter_gguf_tensors, read_gguf
+    from trtedge.runtime.artifacts.gguf import iter_gguf_tensors, read_gguf
 
     contents = read_gguf(gguf_path)
     directory.mkdir(parents=True, exist_ok=True)

@@ -99,7 +99,7 @@ class LaunchConfig:
                 check_supported(self.speculative)
         except SpeculativeConfigError as e:
             raise ConfigError(str(e)) from None
-        from trtedge.runtime.bundle_cache import BundleError, check_max_size_gb
+        from trtedge.runtime.artifacts.cache import BundleError, check_max_size_gb
 
         try:
             check_max_size_gb(self.engine_cache_max_size_gb)

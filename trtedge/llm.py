@@ -9,18 +9,18 @@ from pathlib import Path
 
 from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
 from trtedge.llm_metrics import ContextCacheMetrics
-from trtedge.runtime.bundle import BuildProfile, prepare_bundle
-from trtedge.runtime.checkpoint import config_only_checkpoint, resolve_checkpoint
+from trtedge.runtime.artifacts.bundle import BuildProfile, prepare_bundle
+from trtedge.runtime.artifacts.checkpoint import config_only_checkpoint, resolve_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig, EngineError, EngineUnavailableError
-from trtedge.runtime.guided import GuidedUnavailableError
-from trtedge.runtime.guided import available as structured_output_available
 from trtedge.runtime.models import load_model
 from trtedge.runtime.multimodal import MultimodalPrompt, has_media
 from trtedge.runtime.multimodal.processor import VisionProcessor
 from trtedge.runtime.multimodal.prompt import expand_placeholders, placeholder_tokens, process_media
+from trtedge.runtime.output import CancellableIterator, CompletionOutput, GenerationMetrics, RequestOutput
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig, check_draft
-from trtedge.runtime.stream import CancellableIterator, CompletionOutput, GenerationMetrics, RequestOutput
+from trtedge.runtime.structured import GuidedUnavailableError
+from trtedge.runtime.structured import available as structured_output_available
 
 log = logging.getLogger("trtedge")
 
@@ -105,7 +105,7 @@ class LLM:
         load = dict(dtype=dtype, device=device, weights=weights, max_positions=cfg.max_kv_cache_capacity)
         self.tp = None  # tensor parallel: the worker ranks, watched; rank 0's model is this process's
         if cfg.tensor_parallel_size > 1:
-            from trtedge.runtime.tp_worker import start_tensor_parallel
+            from trtedge.runtime.executor.tp import start_tensor_parallel
 
             try:
                 self.tp, self.model = start_tensor_parallel(

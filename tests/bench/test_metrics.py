@@ -15,7 +15,7 @@ from trtedge.bench.loadgen import run_load
 from trtedge.bench.metrics import RequestResult, describe, parse_goodput, summarize
 from trtedge.bench.workloads import BenchRequest
 from trtedge.cli import app
-from trtedge.runtime.stream import StreamDelta
+from trtedge.runtime.output import StreamDelta
 
 
 def test_one_request_ttft_itl_tpot():

@@ -11,7 +11,7 @@ from trtedge.cli import app
 
 
 def test_offline_bench_reports_latencies_and_bandwidth(tmp_path):
-    from trtedge.runtime.embedded import embedded_model_path
+    from trtedge.runtime.artifacts.embedded import embedded_model_path
 
     try:
         embedded_model_path()

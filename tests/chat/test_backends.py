@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from trtedge.chat.backends import BackendError, HttpBackend, LocalBackend
+from trtedge.runtime.output import CancellableIterator, GenerationMetrics, StreamDelta
 from trtedge.runtime.sampling_params import SamplingParams
-from trtedge.runtime.stream import CancellableIterator, GenerationMetrics, StreamDelta
 
 
 class ScriptedLLM:

@@ -23,7 +23,7 @@ PROMPT = r"\n>"  # prompt-toolkit draws "> " as ">" plus a cursor move
 
 @pytest.fixture(scope="module")
 def embedded():
-    from trtedge.runtime.embedded import embedded_model_path
+    from trtedge.runtime.artifacts.embedded import embedded_model_path
 
     try:
         embedded_model_path()

@@ -95,7 +95,7 @@ def test_cuda_graphs_equal_eager_in_a_batch(tiny):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_fused_decode_step_matches_reference_path(tiny, dtype):
-    from trtedge.runtime.checkpoint import resolve_checkpoint
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
     from trtedge.runtime.models import load_model
     from trtedge.runtime.ops.attention import AttentionBatch
 

@@ -74,7 +74,7 @@ def test_speculative_and_jump_forward_restore_the_state_on_the_gpu(tmp_path):
     """Draft windows run fla's recurrent kernel token by token; rollback restores the kept states."""
     from tests.runtime.spec_helpers import repetitive_prompts
     from tests.runtime.test_qwen3_5_speculative import KnowingProposer
-    from trtedge.runtime.checkpoint import resolve_checkpoint
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
     from trtedge.runtime.engine import Engine, EngineConfig
     from trtedge.runtime.models import load_model
     from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trtedge.chat.tui import history_path
-from trtedge.runtime.checkpoint import default_cache_dir
+from trtedge.runtime.artifacts.checkpoint import default_cache_dir
 
 
 def _write_defaults(tag: str) -> None:

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from tests.tiny import make_tiny_checkpoint
 from trtedge.cli import app
-from trtedge.runtime.bundle import LAYOUT_VERSION, BuildProfile, cache_key, prepare_bundle
-from trtedge.runtime.bundle_cache import Cache
+from trtedge.runtime.artifacts.bundle import LAYOUT_VERSION, BuildProfile, cache_key, prepare_bundle
+from trtedge.runtime.artifacts.cache import Cache
 
 runner = CliRunner()
 

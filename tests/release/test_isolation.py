@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from trtedge.chat.tui import history_path
-from trtedge.runtime.checkpoint import default_cache_dir
+from trtedge.runtime.artifacts.checkpoint import default_cache_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("isolation_probe.py")

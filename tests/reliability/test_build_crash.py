@@ -8,7 +8,7 @@ import signal
 import time
 
 from tests.runtime.test_bundle import _key, _spawn, cache_dir, tiny  # noqa: F401, F811 (fixtures)
-from trtedge.runtime.bundle import prepare_bundle
+from trtedge.runtime.artifacts.bundle import prepare_bundle
 
 
 def test_kill_9_during_build_leaves_nothing_used_and_next_launch_completes(tiny, cache_dir, monkeypatch):  # noqa: F811

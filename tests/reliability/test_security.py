@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from tests.reliability.common import CHAT, COMPLETIONS, assert_error, metrics
 from tests.serve_process import ServeProcess
-from trtedge.runtime.kv_cache import BlockManager
+from trtedge.runtime.core.block_manager import BlockManager
+from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.sampling_params import SamplingParams
-from trtedge.runtime.sequence import Sequence
 from trtedge.server.auth import KeyRing
 from trtedge.server.config import ServeConfig, ServerConfigError
 from trtedge.server.errors import APIError
@@ -188,7 +188,7 @@ HOSTILE = [
 
 @pytest.mark.parametrize("template", HOSTILE)
 def test_a_hostile_chat_template_is_stopped_by_the_sandbox(smollm, template):
-    from trtedge.runtime.tokenizer import TemplateError, Tokenizer
+    from trtedge.runtime.text.tokenizer import TemplateError, Tokenizer
 
     tok = Tokenizer(smollm.tokenizer._backend.to_str(), {}, chat_template=template)
     with pytest.raises(TemplateError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from trtedge.runtime.checkpoint import resolve_checkpoint
+from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig
 from trtedge.runtime.models import load_model
 from trtedge.runtime.sampling_params import SamplingParams

@@ -16,9 +16,16 @@ import pytest
 
 from tests.tiny import make_tiny_checkpoint
 from trtedge import LLM, ConfigError, SamplingParams, clear_engine_cache, prune_engine_cache
-from trtedge.runtime import builder
-from trtedge.runtime.bundle import BuildProfile, Bundle, BundleError, cache_key, fingerprint, prepare_bundle
-from trtedge.runtime.bundle_cache import Cache, FileLock
+from trtedge.runtime.artifacts import builder
+from trtedge.runtime.artifacts.bundle import (
+    BuildProfile,
+    Bundle,
+    BundleError,
+    cache_key,
+    fingerprint,
+    prepare_bundle,
+)
+from trtedge.runtime.artifacts.cache import Cache, FileLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -157,7 +164,7 @@ def test_clear_engine_cache_flag_rebuilds(tiny, cache_dir):
 
 
 def test_smollm2_second_launch_does_no_conversion(cache_dir, monkeypatch):
-    from trtedge.runtime.embedded import embedded_model_path
+    from trtedge.runtime.artifacts.embedded import embedded_model_path
 
     try:
         embedded_model_path()
@@ -193,7 +200,7 @@ def test_smollm2_second_launch_does_no_conversion(cache_dir, monkeypatch):
 _BUILD_SCRIPT = textwrap.dedent(
     """
     import sys
-    from trtedge.runtime.bundle import prepare_bundle
+    from trtedge.runtime.artifacts.bundle import prepare_bundle
     bundle = prepare_bundle(sys.argv[1], cache_dir=sys.argv[2])
     print("built" if bundle.built else "reused", bundle.key, flush=True)
     """

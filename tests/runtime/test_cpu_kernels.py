@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from tests.tiny import make_tiny_checkpoint
-from trtedge.runtime.checkpoint import resolve_checkpoint
+from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+from trtedge.runtime.artifacts.quantize import quantize_int8
 from trtedge.runtime.models import load_model
 from trtedge.runtime.ops import cpu_kernels
 from trtedge.runtime.ops.attention import AttentionBatch
 from trtedge.runtime.ops.linear import DenseLinear, Int8Linear
-from trtedge.runtime.quantize import quantize_int8
 
 lib = cpu_kernels.load()
 pytestmark = pytest.mark.skipif(lib is None, reason="no C compiler for the native CPU kernels")

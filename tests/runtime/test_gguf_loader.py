@@ -10,8 +10,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from trtedge.runtime.embedded import embedded_model_path
-from trtedge.runtime.gguf_loader import GGUFError, iter_gguf_tensors, read_gguf
+from trtedge.runtime.artifacts.embedded import embedded_model_path
+from trtedge.runtime.artifacts.gguf import GGUFError, iter_gguf_tensors, read_gguf
 
 # Reference ids of the SmolLM2 tokenizer (llama.cpp / HF tokenization of the same vocabulary).
 SMOLLM2_IDS = {

@@ -10,7 +10,7 @@ import torch
 
 from tests.runtime.test_models import prefill_logits
 from tests.tiny import make_tiny_checkpoint
-from trtedge.runtime.checkpoint import resolve_checkpoint
+from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
 from trtedge.runtime.models import SUPPORTED_MODEL_TYPES, UnsupportedModelError, load_model
 from trtedge.runtime.models.config import ModelConfig
 

@@ -7,7 +7,7 @@ import torch
 
 from tests.tiny import FAMILIES, make_tiny_checkpoint
 from trtedge import LLM, SamplingParams
-from trtedge.runtime.checkpoint import resolve_checkpoint
+from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
 from trtedge.runtime.models import load_model
 from trtedge.runtime.ops.attention import AttentionBatch
 
@@ -75,7 +75,7 @@ def test_greedy_64_tokens_match_transformers(tiny):
 
 def test_smollm2_greedy_matches_transformers(tmp_path):
     from tests.tiny import export_gguf_as_hf
-    from trtedge.runtime.embedded import embedded_model_path
+    from trtedge.runtime.artifacts.embedded import embedded_model_path
 
     try:
         gguf_path = embedded_model_path()

@@ -10,11 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.tiny import make_tiny_checkpoint
-from trtedge.runtime.bundle import BuildProfile, cache_key, fingerprint, prepare_bundle
-from trtedge.runtime.models import load_model
-from trtedge.runtime.ops import cpu_kernels
-from trtedge.runtime.ops.linear import Int4Linear, Int8Linear, make_linear
-from trtedge.runtime.quantize import (
+from trtedge.runtime.artifacts.bundle import BuildProfile, cache_key, fingerprint, prepare_bundle
+from trtedge.runtime.artifacts.quantize import (
     GROUP,
     int4_from_gguf_blocks,
     pack_int4,
@@ -22,6 +19,9 @@ from trtedge.runtime.quantize import (
     quantize_int8,
     unpack_int4,
 )
+from trtedge.runtime.models import load_model
+from trtedge.runtime.ops import cpu_kernels
+from trtedge.runtime.ops.linear import Int4Linear, Int8Linear, make_linear
 
 
 @pytest.mark.parametrize("cols", [32, 96, 576])

@@ -253,7 +253,7 @@ def test_preempted_requests_recompute_their_images(llm, hf):
 
 def test_text_only_bundle_refuses_media(checkpoint, tmp_path):
     from trtedge import LLM, SamplingParams
-    from trtedge.runtime.bundle import BuildProfile, prepare_bundle
+    from trtedge.runtime.artifacts.bundle import BuildProfile, prepare_bundle
 
     full = prepare_bundle(str(checkpoint), BuildProfile.create(components="all"), cache_dir=tmp_path)
     text = prepare_bundle(str(checkpoint), BuildProfile.create(components="llm"), cache_dir=tmp_path)

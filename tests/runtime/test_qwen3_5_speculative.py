@@ -7,10 +7,10 @@ import pytest
 
 from tests.runtime.spec_helpers import generate, load, repetitive_prompts
 from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint
+from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.engine import Engine, EngineConfig
-from trtedge.runtime.runner import ModelRunner
+from trtedge.runtime.executor.runner import ModelRunner
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
-from trtedge.runtime.sequence import Sequence
 from trtedge.runtime.speculative import SpeculativeConfig, UnsupportedSpeculativeMethod
 from trtedge.runtime.speculative.tree import Draft
 

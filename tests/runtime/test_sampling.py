@@ -10,8 +10,8 @@ import torch
 
 from tests.tiny import make_tiny_checkpoint
 from trtedge import LLM, SamplingParams
-from trtedge.runtime.sampling import Sampler, mix_seed
-from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.executor.sampler import Sampler, mix_seed
 
 VOCAB = 8
 

@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
-from trtedge.runtime.kv_cache import BlockManager
+from trtedge.runtime.core.block_manager import BlockManager
+from trtedge.runtime.core.request import Sequence, Status
+from trtedge.runtime.core.scheduler import Scheduler, SchedulerConfig
 from trtedge.runtime.sampling_params import SamplingParams
-from trtedge.runtime.scheduler import Scheduler, SchedulerConfig
-from trtedge.runtime.sequence import Sequence, Status
 
 BLOCK = 4
 _tokens = itertools.count(1000)

@@ -16,8 +16,8 @@ from tests.server.asgi import call
 from tests.tiny import make_tiny_checkpoint
 from trtedge import LLM, SamplingParams
 from trtedge.config import ConfigError, LaunchConfig
-from trtedge.runtime.bundle import BuildProfile, cache_key
-from trtedge.runtime.distributed import check_tensor_parallel, shard_config, shard_tensor
+from trtedge.runtime.artifacts.bundle import BuildProfile, cache_key
+from trtedge.runtime.executor.distributed import check_tensor_parallel, shard_config, shard_tensor
 from trtedge.runtime.models.config import ModelConfig
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as BackendTokenizer
 
-from trtedge.runtime.tokenizer import IncrementalDetokenizer, TemplateError, Tokenizer
+from trtedge.runtime.text.tokenizer import IncrementalDetokenizer, TemplateError, Tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>"]
 CORPUS = [

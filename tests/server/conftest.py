@@ -6,7 +6,7 @@ import pytest
 def load_llm(tmp_path_factory, **kwargs):
     """The embedded model with a small KV pool, cached bundles kept in the session's temp dir."""
     from trtedge import LLM
-    from trtedge.runtime.embedded import embedded_model_path
+    from trtedge.runtime.artifacts.embedded import embedded_model_path
 
     try:
         embedded_model_path()

@@ -240,7 +240,7 @@ def test_internal_error_is_500_without_internals(llm, monkeypatch):
 
 
 def test_engine_error_mid_stream_is_an_error_event_then_done(llm, monkeypatch):
-    from trtedge.runtime.stream import StreamDelta
+    from trtedge.runtime.output import StreamDelta
 
     app = build_app(llm)
 

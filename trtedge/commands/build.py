@@ -57,7 +57,7 @@ def build(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
     )
-    from trtedge.runtime.bundle import BuildProfile, BundleError, check_max_size_gb, prepare_bundle
+    from trtedge.runtime.artifacts.bundle import BuildProfile, BundleError, check_max_size_gb, prepare_bundle
 
     try:
         check_max_size_gb(max_size_gb)

@@ -56,7 +56,7 @@ def prune(
     cache_dir: str = _CACHE_DIR,
     verbose: bool = _VERBOSE,
 ) -> None:
-    from trtedge.runtime.bundle_cache import BundleError, check_max_size_gb
+    from trtedge.runtime.artifacts.cache import BundleError, check_max_size_gb
 
     _logging(verbose)
     try:
@@ -98,7 +98,7 @@ def path(cache_dir: str = _CACHE_DIR) -> None:
 
 
 def _cache(cache_dir):
-    from trtedge.runtime.bundle_cache import Cache
+    from trtedge.runtime.artifacts.cache import Cache
 
     return Cache(cache_dir)
 
@@ -117,7 +117,7 @@ def _logging(verbose: bool) -> None:
 
 
 def _summary(profile: dict) -> str:
-    from trtedge.runtime.bundle import BuildProfile
+    from trtedge.runtime.artifacts.bundle import BuildProfile
 
     try:
         fields = {k: v for k, v in profile.items() if k != "components"}

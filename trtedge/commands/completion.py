@@ -9,8 +9,8 @@ import os
 def cached_models(incomplete: str) -> list[str]:
     """Model arguments the cache knows: those of built bundles and the downloaded Hugging Face ids."""
     try:
-        from trtedge.runtime.bundle_cache import Cache
-        from trtedge.runtime.embedded import EMBEDDED_MODEL_NAME
+        from trtedge.runtime.artifacts.cache import Cache
+        from trtedge.runtime.artifacts.embedded import EMBEDDED_MODEL_NAME
 
         cache = Cache(os.environ.get("TRTEDGE_CACHE_DIR") or None)
         names = {e.model for e in cache.entries()} - {EMBEDDED_MODEL_NAME, "?"}

@@ -12,22 +12,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from trtedge.runtime.core.block_manager import BlockManager
+from trtedge.runtime.core.hybrid_state import HybridStateCache
+from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from trtedge.runtime.executor.runner import ModelRunner
+from trtedge.runtime.executor.sampler import Sampler, TokenLogprobs, mix_seed
+from trtedge.runtime.executor.state_pool import row_bytes
 from trtedge.runtime.faults import FaultInjector
-from trtedge.runtime.guided import GuidedDecoding
-from trtedge.runtime.kv_cache import BlockManager
 from trtedge.runtime.multimodal import MultimodalPrompt
 from trtedge.runtime.multimodal.inputs import encode_batch_media
-from trtedge.runtime.runner import ModelRunner
-from trtedge.runtime.sampling import Sampler, TokenLogprobs, mix_seed
+from trtedge.runtime.output import CancellableIterator, GenerationMetrics, StreamDelta
 from trtedge.runtime.sampling_params import SamplingParams
-from trtedge.runtime.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from trtedge.runtime.sequence import Sequence
-from trtedge.runtime.snapshots import HybridStateCache
 from trtedge.runtime.speculative import SpeculativeConfig, build_decoder
 from trtedge.runtime.speculative.decoder import SpecStats, may_speculate
-from trtedge.runtime.state_pool import row_bytes
-from trtedge.runtime.stream import CancellableIterator, GenerationMetrics, StreamDelta
-from trtedge.runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from trtedge.runtime.structured import GuidedDecoding
+from trtedge.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger("trtedge")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.core.request import Sequence
 
 ENV = "TRTEDGE_TEST_FAULT"
 

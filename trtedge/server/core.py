@@ -12,8 +12,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from trtedge.runtime.stream import StreamDelta
-from trtedge.runtime.tokenizer import TemplateError
+from trtedge.runtime.output import StreamDelta
+from trtedge.runtime.text.tokenizer import TemplateError
 from trtedge.server.errors import bad_request, not_supported
 from trtedge.server.generation import Choice
 from trtedge.server.multimodal import MEDIA_PARTS, Media, in_media_thread, load_media

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtedge.llm import LLM
+from trtedge.runtime.output import CancellableIterator, StreamDelta
 from trtedge.runtime.sampling_params import SamplingParams
-from trtedge.runtime.stream import CancellableIterator, StreamDelta
 from trtedge.server.admission import Seat
 from trtedge.server.errors import APIError, engine_failure
 from trtedge.server.metrics import ServerMetrics

@@ -65,7 +65,7 @@ def prepare_tensors(tensors, checkpoint, weights: str, native: bool, dtype: torc
     """Bring each tensor to the format it runs in: quantized bundle tensors stay quantized where the
     native kernels run (else they are dequantized); float ones are quantized as ``weights`` asks
     (a checkpoint loaded without a bundle)."""
-    from trtedge.runtime.quantize import QuantizedTensor, quantize, target_format
+    from trtedge.runtime.artifacts.quantize import QuantizedTensor, quantize, target_format
 
     sources = checkpoint.quantization or {}
     for name, tensor in tensors:

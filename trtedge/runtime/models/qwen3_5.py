@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
+from trtedge.runtime.executor.state_pool import RecurrentBatch, WindowPlan, copy_states
 from trtedge.runtime.models.config import ModelConfig
 from trtedge.runtime.models.layers import GatedMLP, require, rotate
 from trtedge.runtime.models.moe import SparseMoE
@@ -20,7 +21,6 @@ from trtedge.runtime.ops import gated_delta as gd
 from trtedge.runtime.ops import triton_attention
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import make_linear
-from trtedge.runtime.state_pool import RecurrentBatch, WindowPlan, copy_states
 
 log = logging.getLogger("trtedge")
 

@@ -1,6 +1,6 @@
 """The native int4 kernels (C source, compiled with the others in ``cpu_kernels``).
 
-Weights: group-32 asymmetric int4 in the packing of ``runtime/quantize.py`` (blocks of 16 groups,
+Weights: group-32 asymmetric int4 in the packing of ``runtime/artifacts/quantize.py`` (blocks of 16 groups,
 then spans of two). Activations: each row is quantized per group of 32 inputs to int16
 (dx = max|x| / 32767, plus the group's float sum), so that
 ``sum_k w_k x_k = sum_g scale_g dx_g sum_j q_j qx_j + min_g sum_g(x)``: integer dot products

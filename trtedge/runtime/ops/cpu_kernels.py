@@ -301,7 +301,7 @@ _failed = False
 
 
 def _kernel_dir() -> Path:
-    from trtedge.runtime.checkpoint import default_cache_dir
+    from trtedge.runtime.artifacts.checkpoint import default_cache_dir
 
     return default_cache_dir() / "kernels"
 

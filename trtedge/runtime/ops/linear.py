@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trtedge.runtime.artifacts.quantize import QuantizedTensor, quantize, quantize_int8
 from trtedge.runtime.ops import cpu_kernels, triton_gemv
-from trtedge.runtime.quantize import QuantizedTensor, quantize, quantize_int8
 
 _KERNEL_MAX_ROWS = 256  # above this, dequantizing once for the BLAS product is faster (int8)
 _INT4_KERNEL_MAX_ROWS = 64

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
+from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.core.scheduler import ScheduledBatch
 from trtedge.runtime.sampling_params import SamplingParams
-from trtedge.runtime.scheduler import ScheduledBatch
-from trtedge.runtime.sequence import Sequence
 from trtedge.runtime.speculative.config import SpeculativeConfig
 from trtedge.runtime.speculative.tree import Draft, span_mask
 from trtedge.runtime.speculative.verifier import Verdict, verify
@@ -232,7 +232,7 @@ def _with_bias(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
 def _with_guide(logits: torch.Tensor, seq: Sequence, draft: Draft) -> torch.Tensor:
     """Mask every node's logits with the structured-output guide's state after the draft tokens
     before it; the matcher is rolled back afterwards (the engine accepts the tokens it emits)."""
-    from trtedge.runtime.guided import apply_bitmask
+    from trtedge.runtime.structured import apply_bitmask
 
     matcher, count = seq.matcher, len(draft) + 1
     bitmask = torch.full((count, -(-logits.shape[-1] // 32)), -1, dtype=torch.int32)

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trtedge.runtime.kv_cache import BlockManager
+from trtedge.runtime.core.block_manager import BlockManager
+from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.ops.attention import AttentionBatch
-from trtedge.runtime.sequence import Sequence
 
 
 @dataclass

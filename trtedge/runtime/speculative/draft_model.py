@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.speculative import check_draft
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, last_rows
 from trtedge.runtime.speculative.tree import Draft

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.models.config import RopeConfig
 from trtedge.runtime.models.layers import rms_norm, rotate
 from trtedge.runtime.models.rope import rope_tables
 from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
-from trtedge.runtime.sequence import Sequence
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, last_rows
 from trtedge.runtime.speculative.tree import Draft
 

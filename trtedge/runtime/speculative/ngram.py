@@ -3,7 +3,7 @@ last n-gram (longest n first). No model; copy-heavy tasks (editing, quoting, cod
 
 from __future__ import annotations
 
-from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.speculative.tree import Draft
 
 

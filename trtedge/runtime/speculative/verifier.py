@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trtedge.runtime.sampling import exponential_noise, mix_seed, sampling_probs
-from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.executor.sampler import exponential_noise, mix_seed, sampling_probs
 from trtedge.runtime.speculative.tree import Draft
 
 _ACCEPT_STREAM = 0x5EC0DE

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from trtedge.runtime.stream import StreamDelta
+from trtedge.runtime.output import StreamDelta
 from trtedge.server import sse
 from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.anthropic.translate import error_body, to_chat_request

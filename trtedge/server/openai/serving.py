@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from trtedge.llm import LLM, GuidedUnavailableError, PromptTooLongError
-from trtedge.runtime.sampling import TokenLogprobs
+from trtedge.runtime.executor.sampler import TokenLogprobs
+from trtedge.runtime.output import StreamDelta
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
-from trtedge.runtime.stream import StreamDelta
 from trtedge.server import sse
 from trtedge.server.admission import Admission
 from trtedge.server.auth import cache_salt

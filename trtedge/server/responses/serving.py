@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from trtedge.runtime.stream import StreamDelta
+from trtedge.runtime.output import StreamDelta
 from trtedge.server import sse
 from trtedge.server.auth import cache_salt
 from trtedge.server.core import ChatPlan, call_id, prepare_chat

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.core.request import Sequence
 
 NO_LIMIT = 1 << 62
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from trtedge.runtime.bundle_cache import (  # noqa: F401 - clear/prune are public here too
+from trtedge.runtime.artifacts.cache import (  # noqa: F401 - clear/prune are public here too
     DEFAULT_MAX_SIZE_GB,
     LAYOUT_VERSION,
     BundleError,
@@ -204,7 +204,7 @@ def checkpoint_files(path: Path) -> dict[str, Path]:
     files = {name: path / name for name in TEXT_FILES if (path / name).is_file()}
     for file in sorted(path.glob("additional_chat_templates/*.jinja")):
         files[file.relative_to(path).as_posix()] = file
-    from trtedge.runtime.checkpoint import safetensors_files
+    from trtedge.runtime.artifacts.checkpoint import safetensors_files
 
     for file in safetensors_files(path):  # the index's shards when there is one (not consolidated.*)
         files[file.name] = file
@@ -268,14 +268,14 @@ class BundleComponent:
         """(name, tensor); quantized weights come whole, as ``QuantizedTensor``s under their plain name."""
         from safetensors import safe_open
 
-        from trtedge.runtime.quantize import gather
+        from trtedge.runtime.artifacts.quantize import gather
 
         for file in self.weight_files():
             with safe_open(str(file), framework="pt") as f:
                 yield from gather({name: f.get_tensor(name) for name in f.keys()}).items()
 
     def load_tokenizer(self):
-        from trtedge.runtime.tokenizer import Tokenizer
+        from trtedge.runtime.text.tokenizer import Tokenizer
 
         return Tokenizer.from_dir(self.path)
 
@@ -333,7 +333,7 @@ class Bundle(BundleComponent):
         """Cheap structural load: tokenizer, weight headers, the tensors every model needs."""
         from safetensors import safe_open
 
-        from trtedge.runtime.quantize import quantized_name
+        from trtedge.runtime.artifacts.quantize import quantized_name
 
         self.load_tokenizer()
         for component in (self, self.draft):
@@ -358,8 +358,8 @@ class _Source:
 
 def _locate(model, cache: Cache) -> _Source:
     """Find the checkpoint path without parsing a GGUF file (that costs seconds and a hit needs none)."""
-    from trtedge.runtime.checkpoint import resolve_checkpoint
-    from trtedge.runtime.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+    from trtedge.runtime.artifacts.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
 
     if model is None or str(model) == "":
         return _Source(EMBEDDED_MODEL_NAME, embedded_model_path(), None)
@@ -371,7 +371,7 @@ def _locate(model, cache: Cache) -> _Source:
 
 
 def _resolve(model, source: _Source, cache: Cache):
-    from trtedge.runtime.checkpoint import resolve_checkpoint
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
 
     if source.checkpoint is None:
         source.checkpoint = resolve_checkpoint(model if model else None, cache.root)
@@ -391,7 +391,7 @@ def prepare_bundle(
 
     The returned bundle holds a shared lock (no prune removes it) until ``release()``.
     """
-    from trtedge.runtime import builder
+    from trtedge.runtime.artifacts import builder
 
     profile = profile or BuildProfile()
     max_bytes = check_max_size_gb(max_size_gb) * 2**30

@@ -18,8 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.sampling_params import GuidedDecodingParams
-from trtedge.runtime.sequence import Sequence
 
 INSTALL_HINT = "pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2"
 MAX_CACHED_GRAMMARS = 64

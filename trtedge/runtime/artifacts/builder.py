@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from trtedge._version import __version__
-from trtedge.runtime.bundle import TEXT_FILES, BuildProfile, Cache, digest_json, now_iso
-from trtedge.runtime.bundle import fingerprint as checkpoint_fingerprint
-from trtedge.runtime.quantize import QUANTIZATION_LAYOUT, QuantizedTensor, quantize, target_format
+from trtedge.runtime.artifacts.bundle import TEXT_FILES, BuildProfile, Cache, digest_json, now_iso
+from trtedge.runtime.artifacts.bundle import fingerprint as checkpoint_fingerprint
+from trtedge.runtime.artifacts.quantize import QUANTIZATION_LAYOUT, QuantizedTensor, quantize, target_format
 
 log = logging.getLogger("trtedge")
 
@@ -121,7 +121,7 @@ def _stored_dtype(checkpoint, dtype: str) -> str | None:
 
 
 def _safetensors_dtypes(path: Path) -> set[str]:
-    from trtedge.runtime.checkpoint import safetensors_files
+    from trtedge.runtime.artifacts.checkpoint import safetensors_files
 
     found = set()
     for file in safetensors_files(Path(path)):
@@ -220,7 +220,7 @@ def _write_shards(
 
 def _source_tensors(checkpoint, mode: str):
     if checkpoint.kind == "gguf" and mode in ("auto", "int4"):
-        from trtedge.runtime.gguf_loader import iter_gguf_tensors
+        from trtedge.runtime.artifacts.gguf import iter_gguf_tensors
 
         return iter_gguf_tensors(checkpoint.path, keep_int4=True)  # Q4_0/Q4_1 blocks kept as they are
     return checkpoint.iter_tensors()

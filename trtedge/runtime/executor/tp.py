@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trtedge.runtime.distributed import (
+from trtedge.runtime.executor.distributed import (
     TensorParallelError,
     check_tensor_parallel,
     parallelize,
@@ -324,7 +324,7 @@ def _exit_with_parent(parent: int) -> None:
 
 def run_worker(launch: ShardLaunch, rank: int, store=None) -> None:
     """A rank other than 0: load the slice, then run each step rank 0 sends until it sends None."""
-    from trtedge.runtime.runner import ModelRunner
+    from trtedge.runtime.executor.runner import ModelRunner
 
     device = _prepare_env(launch, rank)
     plan_group = _join(launch, rank, store)

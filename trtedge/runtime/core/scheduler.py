@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trtedge.runtime.kv_cache import BlockManager
-from trtedge.runtime.sequence import Sequence, Status
+from trtedge.runtime.core.block_manager import BlockManager
+from trtedge.runtime.core.request import Sequence, Status
 
 
 @dataclass(frozen=True)

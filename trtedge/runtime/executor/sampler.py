@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trtedge.runtime.sequence import Sequence
+from trtedge.runtime.core.request import Sequence
 
 _MASK64 = (1 << 64) - 1
 

@@ -261,7 +261,7 @@ def _dequantize(model: _GGUF, t: gguf.ReaderTensor) -> torch.Tensor:
 
 
 def _int4_tensor(t: gguf.ReaderTensor, name: str, n_head: int, permuted: bool):
-    from trtedge.runtime.quantize import int4_from_gguf_blocks
+    from trtedge.runtime.artifacts.quantize import int4_from_gguf_blocks
 
     cols, rows = (int(n) for n in t.shape)
     q = int4_from_gguf_blocks(np.asarray(t.data), t.tensor_type.name, rows, cols)

@@ -7,15 +7,15 @@ import logging
 
 import torch
 
-from trtedge.runtime.guided import draft_rows
+from trtedge.runtime.core.hybrid_state import HybridStateCache
+from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.core.scheduler import ScheduledBatch
+from trtedge.runtime.executor.sampler import Sampler, TokenLogprobs
+from trtedge.runtime.executor.state_pool import RecurrentBatch, RecurrentStatePool, plan_windows
 from trtedge.runtime.multimodal.inputs import MediaInputs, media_inputs
 from trtedge.runtime.ops import triton_attention, triton_prefill
 from trtedge.runtime.ops.attention import AttentionBatch
-from trtedge.runtime.sampling import Sampler, TokenLogprobs
-from trtedge.runtime.scheduler import ScheduledBatch
-from trtedge.runtime.sequence import Sequence
-from trtedge.runtime.snapshots import HybridStateCache
-from trtedge.runtime.state_pool import RecurrentBatch, RecurrentStatePool, plan_windows
+from trtedge.runtime.structured import draft_rows
 
 log = logging.getLogger("trtedge")
 
@@ -90,7 +90,7 @@ class ModelRunner:
         )
         self.graphs = None
         if self.on_cuda and cuda_graphs:
-            from trtedge.runtime.cuda_graphs import DecodeGraphs
+            from trtedge.runtime.executor.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(
                 model, self.kv_caches, max_batch_size, max_blocks_per_seq, block_size, num_blocks

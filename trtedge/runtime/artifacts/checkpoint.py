@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from trtedge.runtime.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
+from trtedge.runtime.artifacts.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
 from trtedge.runtime.models.config import ModelConfig, UnsupportedModelError
 
 log = logging.getLogger("trtedge")
@@ -57,7 +57,7 @@ class Checkpoint:
     def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (HF tensor name, tensor) in the checkpoint's own dtype (GGUF: dequantized float32)."""
         if self.kind == "gguf":
-            from trtedge.runtime.gguf_loader import iter_gguf_tensors
+            from trtedge.runtime.artifacts.gguf import iter_gguf_tensors
 
             yield from iter_gguf_tensors(self.path)
             return
@@ -72,7 +72,7 @@ class Checkpoint:
                 raise CheckpointError(f"{file}: cannot read safetensors file ({e})") from None
 
     def load_tokenizer(self):
-        from trtedge.runtime.tokenizer import Tokenizer
+        from trtedge.runtime.text.tokenizer import Tokenizer
 
         if self.kind == "gguf":
             t = self.tokenizer_files
@@ -182,7 +182,7 @@ def _check_safetensors(file: Path) -> None:
 
 
 def _gguf_checkpoint(path: Path, source: str) -> Checkpoint:
-    from trtedge.runtime.gguf_loader import GGUFError, read_gguf
+    from trtedge.runtime.artifacts.gguf import GGUFError, read_gguf
 
     try:
         contents = read_gguf(path)

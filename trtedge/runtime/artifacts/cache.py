@@ -117,7 +117,7 @@ class CachedBundle:
 
 
 def default_cache_dir() -> Path:
-    from trtedge.runtime.checkpoint import default_cache_dir as default
+    from trtedge.runtime.artifacts.checkpoint import default_cache_dir as default
 
     return default()
 

@@ -7,8 +7,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from trtedge.runtime.sequence import Sequence
-from trtedge.runtime.snapshots import HybridStateCache
+from trtedge.runtime.core.hybrid_state import HybridStateCache
+from trtedge.runtime.core.request import Sequence
 
 
 @dataclass

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from trtedge.runtime.sampling import TokenLogprobs
+from trtedge.runtime.executor.sampler import TokenLogprobs
 
 
 @dataclass(frozen=True)
