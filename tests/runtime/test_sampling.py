@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 
 import pytest
@@ -267,3 +268,17 @@ def test_e2e_n_choices_share_the_prompt_and_are_independent(tiny):
     assert g.outputs[0].token_ids == g.outputs[1].token_ids
     assert out.metrics.generated_tokens == 24 and out.metrics.prompt_tokens == 40
     assert tiny.stats()["kv_blocks_free"] == tiny.stats()["kv_blocks_total"]
+
+
+@pytest.mark.parametrize(
+    ("field", "values", "message"),
+    [
+        ("top_p", [0, 0.0, -0.5, 1.5, 2], r"top_p must be in \(0, 1\], got "),
+        ("repetition_penalty", [0, -1.0], r"repetition_penalty must be > 0, got "),
+    ],
+)
+def test_a_range_has_one_rule_and_one_message(field, values, message):
+    for value in values:
+        with pytest.raises(ValueError, match=message + re.escape(repr(value))):
+            SamplingParams(**{field: value})
+    SamplingParams(**{field: 1.0})

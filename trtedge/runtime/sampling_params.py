@@ -133,16 +133,12 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         _int("max_tokens", self.max_tokens, lo=1)
         _num("temperature", self.temperature, lo=0.0)
-        _num("top_p", self.top_p, lo=0.0, hi=1.0)
-        if self.top_p == 0:
-            raise ValueError("top_p must be in (0, 1], got 0")
+        _num("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True)
         _int("top_k", self.top_k, lo=-1)
         if self.top_k == 0:
             raise ValueError("top_k must be -1 (off) or a positive integer, got 0")
         _num("min_p", self.min_p, lo=0.0, hi=1.0)
-        _num("repetition_penalty", self.repetition_penalty, lo=0.0)
-        if self.repetition_penalty == 0:
-            raise ValueError("repetition_penalty must be > 0, got 0")
+        _num("repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True)
         _num("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
         _num("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
         if self.seed is not None:
@@ -184,13 +180,18 @@ def _int(name: str, value, lo: int | None = None, hi: int | None = None) -> None
     _range(name, value, lo, hi)
 
 
-def _num(name: str, value, lo: float | None = None, hi: float | None = None) -> None:
+def _num(name: str, value, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    _range(name, value, lo, hi)
+    _range(name, value, lo, hi, lo_open)
 
 
-def _range(name, value, lo, hi) -> None:
-    if lo is not None and value < lo or hi is not None and value > hi:
-        bounds = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+def _range(name, value, lo, hi, lo_open: bool = False) -> None:
+    """One rule, one message: every value outside the range gets the same wording (`lo_open`: lo excluded)."""
+    below = lo is not None and (value <= lo if lo_open else value < lo)
+    if below or hi is not None and value > hi:
+        if lo_open:
+            bounds = f"in ({lo:g}, {hi:g}]" if hi is not None else f"> {lo:g}"
+        else:
+            bounds = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ValueError(f"{name} must be {bounds}, got {value!r}")
