@@ -86,9 +86,21 @@ def flag_table(command) -> str:
     return "\n".join(rows) + "\n"
 
 
+EXIT_BLOCK = re.compile(r"(<!-- exit-status -->\n).*?(<!-- /exit-status -->)", re.S)
+
+
+def exit_table() -> str:
+    from trtedge.commands.exit_codes import MEANING
+
+    rows = ["| status | meaning |", "| --- | --- |"]
+    rows += [f"| {code} | {_text(meaning)} |" for code, meaning in MEANING.items()]
+    return "\n".join(rows) + "\n"
+
+
 def guide(text: str) -> str:
-    """A docs page with every flags block regenerated from the code."""
+    """A docs page with every flags block (and the exit-status table) regenerated from the code."""
     found = commands()
+    text = EXIT_BLOCK.sub(lambda m: m.group(1) + exit_table() + m.group(2), text)
 
     def fill(match: re.Match) -> str:
         name = match.group(2).strip()

@@ -50,7 +50,7 @@ def test_build_bad_flags_exit_non_zero_naming_the_flag(tiny, cache_dir):
     result = _build(tiny, cache_dir, "--speculative-config", '{"method": "draft_model"}')
     assert result.exit_code == 2 and "needs model" in result.output
     result = runner.invoke(app, ["build", str(cache_dir / "missing"), "--cache-dir", str(cache_dir)])
-    assert result.exit_code == 1 and "no such file" in result.output
+    assert result.exit_code == 2 and "no such file" in result.output  # a bad MODEL is bad input
 
 
 def test_build_with_draft_component(tiny, cache_dir, tmp_path):
@@ -77,7 +77,7 @@ def test_ls_path_and_clear(tiny, cache_dir):
     assert path.stdout.strip() == str(cache_dir)
 
     refused = runner.invoke(app, ["cache", "clear", "--cache-dir", str(cache_dir)], input="")
-    assert refused.exit_code == 1 and "--yes" in refused.output
+    assert refused.exit_code == 2 and "--yes" in refused.output
     cleared = runner.invoke(app, ["cache", "clear", "--yes", "--cache-dir", str(cache_dir)])
     assert cleared.exit_code == 0 and cleared.output == ""
     assert not list((cache_dir / "bundles").iterdir()) and (cache_dir / "checkpoints" / "keep").is_file()
@@ -88,8 +88,19 @@ def test_ls_path_and_clear(tiny, cache_dir):
 @pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf"])
 def test_prune_refuses_bad_cap_with_one_line(cache_dir, bad):
     result = runner.invoke(app, ["cache", "prune", "--max-size-gb", bad, "--cache-dir", str(cache_dir)])
-    assert result.exit_code != 0
+    assert result.exit_code == 2
     assert "--max-size-gb" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [["ls"], ["ls", "--json"], ["prune"], ["clear", "--yes"]])
+def test_a_cache_dir_that_is_missing_or_a_file_fails_naming_it(tmp_path, command):
+    missing, regular = tmp_path / "typo", tmp_path / "file"
+    regular.write_text("x")
+    for where, why in ((missing, "no such directory"), (regular, "not a directory")):
+        result = runner.invoke(app, ["cache", *command, "--cache-dir", str(where)])
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == f"trtedge cache: --cache-dir {where}: {why}"
+    assert not missing.exists() and regular.read_text() == "x"
 
 
 def test_chat_refuses_bad_engine_cache_cap():

@@ -179,6 +179,18 @@ def test_url_mode_chats_with_a_running_server(server, tmp_path):
     assert status == 0
 
 
+def test_a_one_shot_answer_cut_by_ctrl_c_exits_130(server, tmp_path):
+    prompt = "Write a very long story about a dragon who learns to fly."
+    term = Terminal(["--url", server, "-p", prompt, "--temperature", "0", "--max-tokens", "400"], tmp_path)
+    try:
+        term.wait(r"[^\n]{40,}", timeout=60)  # the answer is streaming
+        term.child.sendintr()
+    finally:
+        status = term.close()
+    assert status == 130, term.text[-2000:]
+    assert "Traceback" not in term.text
+
+
 def test_url_mode_with_piped_stdin(server):
     proc = subprocess.run(
         [sys.executable, "-m", "trtedge.cli", "chat", "--url", f"{server}/v1", *GREEDY],

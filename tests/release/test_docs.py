@@ -85,3 +85,15 @@ def test_guide_flag_tables_list_the_flags_of_the_code(command, page):
     for param in gen.flags(gen.commands()[command]):
         row = next(x for x in block.group(1).splitlines() if x.startswith(f"| `{param.opts[0]}`"))
         assert gen._text(param.help or "") in row, f"{param.opts[0]}: the table's meaning is not its --help"
+
+
+def test_the_exit_status_table_is_the_code_s():
+    from trtedge.commands.exit_codes import MEANING
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    block = re.search(r"<!-- exit-status -->\n(.*?)<!-- /exit-status -->", text, re.S)
+    assert block, "docs/cli.md has no exit-status table"
+    rows = dict(re.findall(r"^\| (\d+) \| (.*) \|$", block.group(1), re.M))
+    assert {int(k) for k in rows} == set(MEANING)
+    for code, meaning in MEANING.items():
+        assert rows[str(code)] == " ".join(meaning.split())

@@ -10,6 +10,7 @@ import time
 import typer
 
 from trtedge.commands.completion import cached_models
+from trtedge.commands.exit_codes import FAILED, USAGE
 
 HELP = (
     "Compile a checkpoint into a cached runtime bundle: convert weights (GGUF dequantization, dtype "
@@ -24,7 +25,9 @@ def build(
         autocompletion=cached_models,
         help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M.",
     ),
-    components: str = typer.Option("all", "--components", help="all, or a comma list of: llm, draft, vision."),
+    components: str = typer.Option(
+        "all", "--components", help="all, or a comma list of: llm, draft, vision."
+    ),
     cache_dir: str = typer.Option(
         None, "--cache-dir", help="Cache directory (default $TRTEDGE_CACHE_DIR or ~/.cache/trtedge)."
     ),
@@ -57,6 +60,7 @@ def build(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
     )
+    from trtedge import CheckpointError
     from trtedge.runtime.artifacts.bundle import BuildProfile, BundleError, check_max_size_gb, prepare_bundle
 
     try:
@@ -76,15 +80,17 @@ def build(
                 f"--max-input-len {max_input_len} exceeds --max-kv-cache-capacity {max_kv_cache_capacity}"
             )
     except BundleError as e:
-        _fail(str(e), 2)
+        _fail(str(e), USAGE)
     start = time.perf_counter()
     try:
         with _progress(quiet=as_json) as report:
             bundle = prepare_bundle(
                 model, profile, cache_dir=cache_dir, max_size_gb=max_size_gb, progress=report
             )
-    except (ValueError, OSError) as e:  # BundleError, CheckpointError, GGUFError; missing files
-        _fail(str(e), 1)
+    except CheckpointError as e:  # MODEL does not exist or cannot be read: bad input, as for serve and chat
+        _fail(str(e), USAGE)
+    except (ValueError, OSError) as e:  # BundleError, GGUFError; a bundle that cannot be written
+        _fail(str(e), FAILED)
     bundle.release()
     if as_json:
         typer.echo(json.dumps({"key": bundle.key, "path": str(bundle.path), **bundle.manifest}, indent=2))

@@ -10,6 +10,7 @@ import typer
 
 from trtedge.commands import DRAFT_STEP_FLAGS, VERIFY_TOKENS_FLAGS
 from trtedge.commands.completion import cached_models
+from trtedge.commands.exit_codes import FAILED, INTERRUPTED, USAGE
 
 HELP = (
     "Chat with a model in the terminal: streamed answers, then time to first token, tokens/s, latency "
@@ -131,7 +132,7 @@ def chat(
         else:
             backend = _local_backend(model, interactive, **llm_kwargs)
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        raise typer.Exit(INTERRUPTED) from None
     try:
         if interactive:
             from trtedge.chat.session import ChatSession
@@ -215,12 +216,15 @@ def _answer_once(backend, request, params, verbose: bool) -> None:
             if not chunk.reasoning:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the answer is cut short: say so to a script, as the shell does
         stream.cancel()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        raise typer.Exit(INTERRUPTED) from None
     except BackendError as e:
         sys.stdout.write("\n")
         typer.echo(f"trtedge chat: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(FAILED) from None
     sys.stdout.write("\n")
     sys.stdout.flush()
     metrics = stream.wait_metrics(2.0)
@@ -230,4 +234,4 @@ def _answer_once(backend, request, params, verbose: bool) -> None:
 
 def _fail(message: str) -> None:
     typer.echo(f"trtedge chat: {message}", err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(USAGE)
