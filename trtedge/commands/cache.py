@@ -9,6 +9,8 @@ import time
 
 import typer
 
+from trtedge.commands.exit_codes import FAILED, USAGE
+
 HELP = "List, prune or clear the runtime-bundle cache (downloaded checkpoints are kept)."
 
 app = typer.Typer(help=HELP, no_args_is_help=True)
@@ -31,9 +33,10 @@ def ls(
         typer.echo(json.dumps([{**e.to_dict(), "in_use": in_use[e.key]} for e in entries], indent=2))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"{cache.bundles} ({len(entries)} bundles, {_size(_disk_bytes(entries))})")
+    table = Table(title=escape(f"{cache.bundles} ({len(entries)} bundles, {_size(_disk_bytes(entries))})"))
     for column in ("key", "model", "profile", "size", "last used", "in use"):
         table.add_column(column, justify="right" if column == "size" else "left")
     for e in entries:
@@ -41,7 +44,8 @@ def ls(
         summary = _summary(e.profile)
         if e.outdated:
             summary = f"old layout {e.layout_version}: unused, `prune` removes it"
-        table.add_row(e.key, e.model, summary, _size(e.size_bytes), _when(e.last_used), used)
+        cells = (e.key, e.model, summary, _size(e.size_bytes), _when(e.last_used), used)
+        table.add_row(*(escape(str(c)) for c in cells))  # a model path may hold [brackets]
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
@@ -62,7 +66,7 @@ def prune(
     try:
         cap = check_max_size_gb(max_size_gb, "--max-size-gb")
     except BundleError as e:
-        _fail(str(e))
+        _fail(str(e), USAGE)
     removed = _run(lambda: _cache(cache_dir).prune(cap * 2**30, dry_run=dry_run))
     if verbose or dry_run:
         verb = "would evict" if dry_run else "evicted"
@@ -83,10 +87,10 @@ def clear(
     cache = _cache(cache_dir)
     if not yes:
         if not sys.stdin.isatty():
-            _fail("refusing to clear without --yes (no terminal to ask on)")
+            _fail("refusing to clear without --yes (no terminal to ask on)", USAGE)
         what = "all bundles" + (" and downloaded checkpoints" if checkpoints else "")
         if not typer.confirm(f"Remove {what} in {cache.root}?"):
-            raise typer.Exit(1)
+            raise typer.Exit(FAILED)
     removed = _run(lambda: cache.clear(checkpoints=checkpoints))
     if verbose:
         typer.echo(f"removed {len(removed)} bundle(s), {_size(sum(e.size_bytes for e in removed))}")
@@ -94,12 +98,24 @@ def clear(
 
 @app.command("path", help="Print the cache directory.")
 def path(cache_dir: str = _CACHE_DIR) -> None:
-    typer.echo(str(_cache(cache_dir).root))
+    from trtedge.runtime.artifacts.cache import Cache
+
+    typer.echo(str(Cache(cache_dir).root))  # it may not exist yet: nothing has been built
 
 
 def _cache(cache_dir):
+    """The cache at --cache-dir, which must be a directory: a typo in a cron job's path fails loudly.
+    The default cache may not exist yet (nothing built): that is an empty cache."""
+    from pathlib import Path
+
     from trtedge.runtime.artifacts.cache import Cache
 
+    if cache_dir is not None:
+        where = Path(cache_dir).expanduser()
+        if not where.exists():
+            _fail(f"--cache-dir {cache_dir}: no such directory", USAGE)
+        if not where.is_dir():
+            _fail(f"--cache-dir {cache_dir}: not a directory", USAGE)
     return Cache(cache_dir)
 
 
@@ -107,7 +123,7 @@ def _run(action):
     try:
         return action()
     except OSError as e:
-        _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "))
+        _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), FAILED)
 
 
 def _logging(verbose: bool) -> None:
@@ -142,6 +158,6 @@ def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int) -> None:
     typer.echo(f"trtedge cache: {message}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(code)
