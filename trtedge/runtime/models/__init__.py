@@ -33,7 +33,7 @@ ARCHITECTURES = {
     "qwen3_vl": Qwen3VLModel,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
-_QUANTIZED_ARCHITECTURES = {LlamaModel, Qwen25VLModel, Qwen3VLModel}
+_QUANTIZED_ARCHITECTURES = {LlamaModel, Gemma3Model, Qwen25VLModel, Qwen3VLModel}
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from trtedge.runtime.models.layers import rename_prefix, require
 from trtedge.runtime.models.llama import LlamaLayer, LlamaModel
+from trtedge.runtime.ops.linear import embedding
 
 # A multimodal Gemma 3 checkpoint keeps the text model under another prefix; its vision tower and
 # projector are not used.
@@ -70,7 +71,7 @@ class Gemma3Model(LlamaModel):
         self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=dtype, device=device)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.embed) * self.embed_scale
+        return embedding(input_ids, self.embed) * self.embed_scale
 
 
 def _text_tensors(tensors: Iterable[tuple[str, torch.Tensor]]):
