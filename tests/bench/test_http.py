@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -18,7 +19,8 @@ from trtedge.cli import app
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
     server = ServeProcess(
-        tmp_path_factory, ["--max-kv-cache-capacity", "1024", "--max-input-len", "512", "--log-level", "warning"]
+        tmp_path_factory,
+        ["--max-kv-cache-capacity", "1024", "--max-input-len", "512", "--log-level", "warning"],
     )
     yield server.url
     server.stop()
@@ -89,3 +91,34 @@ def test_cli_exits_1_when_every_request_fails_and_still_reports_them(tmp_path):
     assert payload["config"]["concurrency"] is None  # a rate sweep alone does not cap concurrency
     (point,) = payload["sweep"]["points"]
     assert (point["metrics"]["completed"], point["metrics"]["failed"]) == (0, 2)
+
+
+def test_a_failing_warm_up_stops_the_run_with_the_server_s_message(server_url):
+    args = ["bench", "--url", server_url, "--served-model-name", "nope", "--num-prompts", "2"]
+    result = CliRunner().invoke(app, [*args, "--input-len", "8", "--output-len", "4"])
+    assert result.exit_code == 1, result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("trtedge bench:")]
+    assert "warm-up request failed" in line and "HTTP 404" in line and "nope" in line
+    assert '{"' not in line  # the server's message, not its JSON
+    assert "TTFT" not in result.output and "throughput" not in result.output
+
+
+def test_a_run_where_every_request_failed_shows_no_figures(server_url):
+    args = [
+        "bench",
+        "--url",
+        server_url,
+        "--served-model-name",
+        "nope",
+        "--num-prompts",
+        "2",
+        "--warmup",
+        "0",
+    ]
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, [*args, "--input-len", "8", "--output-len", "4"])
+    assert result.exit_code == 1, result.output
+    assert "every request failed" in result.stderr
+    assert "requests ok / failed" in result.stdout and "failed x2" in result.stdout
+    assert "HTTP 404" in result.stdout and '{"' not in result.stdout
+    assert "TTFT" not in result.stdout and "throughput" not in result.stdout
+    assert not re.search(r"\s0\.0\s", result.stdout)  # no latency of zero for what never completed

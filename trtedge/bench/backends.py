@@ -91,8 +91,7 @@ class HttpBackend:
         try:
             with self.client.stream("POST", f"{self.base}/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
-                    detail = resp.read().decode(errors="replace")[:200]
-                    raise RuntimeError(f"HTTP {resp.status_code}: {detail}")
+                    raise RuntimeError(f"HTTP {resp.status_code}: {error_message(resp.read())}")
                 for line in resp.iter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -101,7 +100,7 @@ class HttpBackend:
                         break
                     chunk = json.loads(data)
                     if "error" in chunk:
-                        raise RuntimeError(f"stream error: {chunk['error']}")
+                        raise RuntimeError(f"stream error: {error_message(chunk)}")
                     usage = chunk.get("usage") or usage
                     if any(c.get("text") for c in chunk.get("choices") or []):
                         result.chunk_times.append(time.perf_counter() - start)
@@ -119,6 +118,22 @@ class HttpBackend:
 
     def close(self) -> None:
         self.client.close()
+
+
+def error_message(body: bytes | dict) -> str:
+    """The message of an OpenAI- or Anthropic-style error body (``{"error": {"message": ...}}``), else
+    the body itself, shortened."""
+    try:
+        data = json.loads(body) if isinstance(body, bytes) else body
+        error = data.get("error", data) if isinstance(data, dict) else data
+        message = error.get("message") if isinstance(error, dict) else error
+        if isinstance(message, str) and message:
+            return message
+    except ValueError:
+        pass
+    text = body.decode(errors="replace") if isinstance(body, bytes) else json.dumps(body)
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:299] + "…"
 
 
 def normalize_url(url: str) -> str:

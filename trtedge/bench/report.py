@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from trtedge.bench.metrics import LATENCIES
 
@@ -15,8 +17,9 @@ STATS = ("mean", "median", "p90", "p99")
 
 
 def run_tables(metrics: dict, title: str = "trtedge bench") -> list[Table]:
-    """The figures of one run: a summary table and a latency table (ms)."""
-    table = Table(title=title, show_header=True, header_style="bold", min_width=len(title) + 4)
+    """The figures of one run: a summary table and a latency table (ms). Figures come only from the
+    requests that completed: with none, the tables show the counts and the errors, no zeros."""
+    table = Table(title=escape(title), show_header=True, header_style="bold", min_width=len(title) + 4)
     table.add_column("metric")
     table.add_column("value", justify="right")
     failed = metrics["failed"]
@@ -24,15 +27,16 @@ def run_tables(metrics: dict, title: str = "trtedge bench") -> list[Table]:
         "requests ok / failed", f"{metrics['completed']} / " + (f"[red]{failed}[/]" if failed else "0")
     )
     table.add_row("duration (s)", f"{metrics['duration_s']:.2f}")
-    table.add_row(
-        "input / output tokens", f"{metrics['total_input_tokens']} / {metrics['total_output_tokens']}"
-    )
-    table.add_row("request throughput (req/s)", f"{metrics['request_throughput']:.2f}")
-    table.add_row("input throughput (tok/s)", f"{metrics['input_throughput']:.1f}")
-    table.add_row("output throughput (tok/s)", f"{metrics['output_throughput']:.1f}")
-    if "goodput" in metrics:
-        slo = ", ".join(f"{k}<={v:g}ms" for k, v in metrics["goodput_slo_ms"].items())
-        table.add_row(f"goodput (req/s, {slo})", f"{metrics['goodput']:.2f}")
+    if metrics["completed"]:
+        table.add_row(
+            "input / output tokens", f"{metrics['total_input_tokens']} / {metrics['total_output_tokens']}"
+        )
+        table.add_row("request throughput (req/s)", f"{metrics['request_throughput']:.2f}")
+        table.add_row("input throughput (tok/s)", f"{metrics['input_throughput']:.1f}")
+        table.add_row("output throughput (tok/s)", f"{metrics['output_throughput']:.1f}")
+        if "goodput" in metrics:
+            slo = ", ".join(f"{k}<={v:g}ms" for k, v in metrics["goodput_slo_ms"].items())
+            table.add_row(f"goodput (req/s, {slo})", f"{metrics['goodput']:.2f}")
     if "decode_tokens_per_s" in metrics:
         table.add_row("decode (tok/s, batch 1)", f"{metrics['decode_tokens_per_s']:.1f}")
         bw = metrics["achieved_bandwidth_gbs"]
@@ -40,15 +44,22 @@ def run_tables(metrics: dict, title: str = "trtedge bench") -> list[Table]:
         share = f" ({100 * bw / peak:.1f}% of {peak:g})" if peak else " (peak unknown: --peak-bandwidth-gbs)"
         table.add_row("achieved bandwidth (GB/s)", f"{bw:.2f}{share}")
     for error, count in metrics.get("errors", {}).items():
-        table.add_row(f"[red]failed x{count}[/]", error[:100])
+        table.add_row(Text(f"failed x{count}", style="red"), Text(error))  # the server's words, not markup
+    if not metrics["completed"]:
+        return [table]
     latency = Table(show_header=True, header_style="bold", caption="latencies in ms")
     latency.add_column("latency")
     for stat in STATS:
         latency.add_column(stat, justify="right")
     for name in LATENCIES:
         d = metrics[f"{name}_ms"]
-        latency.add_row(LATENCY_NAMES[name], *(f"{d[s]:.1f}" for s in STATS))
+        latency.add_row(LATENCY_NAMES[name], *(_ms(d, s) for s in STATS))
     return [table, latency]
+
+
+def _ms(described: dict, stat: str) -> str:
+    """A latency figure, or "-" where no completed request gave one (TPOT of one-token answers)."""
+    return f"{described[stat]:.1f}" if described.get("count", 1) else "-"
 
 
 def sweep_table(points: list[dict], knob: str) -> Table:
@@ -59,17 +70,18 @@ def sweep_table(points: list[dict], knob: str) -> Table:
         table.add_column(col, justify="right")
     for p in points:
         m = p["metrics"]
-        table.add_row(
-            f"{p['value']:g}",
-            f"{m['completed']}/{m['failed']}",
+        figures = [
             f"{m['request_throughput']:.2f}",
             f"{m['output_throughput']:.1f}",
-            f"{m['ttft_ms']['mean']:.1f}",
-            f"{m['ttft_ms']['p99']:.1f}",
-            f"{m['tpot_ms']['mean']:.1f}",
-            f"{m['itl_ms']['p99']:.1f}",
-            f"{m['e2e_ms']['p99']:.1f}",
-        )
+            _ms(m["ttft_ms"], "mean"),
+            _ms(m["ttft_ms"], "p99"),
+            _ms(m["tpot_ms"], "mean"),
+            _ms(m["itl_ms"], "p99"),
+            _ms(m["e2e_ms"], "p99"),
+        ]
+        if not m["completed"]:
+            figures = ["-"] * len(figures)
+        table.add_row(f"{p['value']:g}", f"{m['completed']}/{m['failed']}", *figures)
     return table
 
 
@@ -150,7 +162,7 @@ def compare_tables(a: dict, b: dict, name_a: str, name_b: str) -> list[Table]:
     tables = []
     for label in [k for k in runs_a if k in runs_b]:
         fa, fb = flatten(runs_a[label]), flatten(runs_b[label])
-        table = Table(title=f"{label}: {name_b} / {name_a}", header_style="bold")
+        table = Table(title=escape(f"{label}: {name_b} / {name_a}"), header_style="bold")
         table.add_column("figure")
         table.add_column(name_a, justify="right")
         table.add_column(name_b, justify="right")

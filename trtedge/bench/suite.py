@@ -72,6 +72,10 @@ def make_requests(config: BenchConfig, vocab_size: int) -> list[workloads.BenchR
     return workloads.file_requests(c.dataset, c.num_prompts, c.output_len, c.seed)
 
 
+class WarmupFailed(RuntimeError):
+    """A warm-up request failed; the message is its error (the server's words for an HTTP error)."""
+
+
 def run_suite(
     config: BenchConfig,
     send: Callable[[workloads.BenchRequest], RequestResult],
@@ -81,7 +85,10 @@ def run_suite(
     """Warm up, then run one point or every sweep point; returns {"metrics"/"requests"} or {"sweep"}.
     ``on_point(label, total)`` may return a per-result callback (a progress bar)."""
     if config.warmup:
-        run_load(send, requests[: config.warmup], concurrency=1)
+        warmup, _ = run_load(send, requests[: config.warmup], concurrency=1)
+        failed = [r for r in warmup if not r.ok]
+        if failed:  # every measured request would fail the same way: stop with the reason
+            raise WarmupFailed(failed[0].error)
     if not config.sweep:
         label = _label(config.concurrency, config.request_rate)
         results, duration = _point(

@@ -11,6 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from trtedge.commands import DRAFT_STEP_FLAGS, VERIFY_TOKENS_FLAGS
+from trtedge.commands.exit_codes import FAILED, INTERRUPTED, USAGE
 
 HELP = (
     "Benchmark a model offline (in-process) or a running OpenAI-compatible server (--url): "
@@ -188,7 +189,10 @@ def run(
             payload["speculative"] = llm.speculative_metrics()
     except KeyboardInterrupt:
         typer.echo("trtedge bench: interrupted", err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(INTERRUPTED) from None
+    except suite.WarmupFailed as e:
+        typer.echo(f"trtedge bench: the warm-up request failed, so the run stops: {e}", err=True)
+        raise typer.Exit(FAILED) from None
     except (ValueError, OSError) as e:
         _fail(str(e))
     except Exception as e:  # a server that is down, a model that does not load
@@ -206,16 +210,11 @@ def run(
         report.print_tables(report.run_tables(payload["metrics"], title), out)
     if payload.get("speculative"):
         out.print(report.speculative_line(payload["speculative"]))
-    if json_path:
-        report.write_json(json_path, payload)
-        console.print(f"wrote {json_path}")
-    if plot_path:
-        why_not = report.plot(plot_path, payload)
-        console.print(f"--plot skipped: {why_not}" if why_not else f"wrote {plot_path}")
+    write_outputs(payload, json_path, plot_path, console)
     runs = [p["metrics"] for p in result["sweep"]["points"]] if config.sweep else [result["metrics"]]
     if not any(m["completed"] for m in runs):
         typer.echo("trtedge bench: every request failed", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(FAILED)
 
 
 @app.command("compare", help="Print the ratio B / A of every figure of two `--json` result files.")
@@ -234,6 +233,20 @@ def compare(
         _fail("the two files have no run in common (sweeps over different points?)")
     typer.echo(f"A = {a}\nB = {b}")
     report.print_tables(tables)
+
+
+def write_outputs(payload: dict, json_path: str | None, plot_path: str | None, console) -> None:
+    """--json and --plot; each says what it wrote, or why not, as plain text (never rich markup)."""
+    from rich.markup import escape
+
+    from trtedge.bench import report
+
+    if json_path:
+        report.write_json(json_path, payload)
+        console.print(escape(f"wrote {json_path}"))
+    if plot_path:
+        why_not = report.plot(plot_path, payload)
+        console.print(escape(f"--plot skipped: {why_not}" if why_not else f"wrote {plot_path}"))
 
 
 def _load(
@@ -298,7 +311,7 @@ def _run_with_progress(config, send, requests, console) -> dict:
             return on_result
 
         if config.warmup:
-            progress.console.print(f"warming up with {config.warmup} request(s)")
+            progress.console.print(f"warming up with {config.warmup} request(s)", markup=False)
         return suite.run_suite(config, send, requests, on_point)
 
 
@@ -313,4 +326,4 @@ def _config_dict(config) -> dict:
 
 def _fail(message: str):
     typer.echo(f"trtedge bench: {message}", err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(USAGE)
