@@ -149,6 +149,34 @@ def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
     assert not (tmp_path / "p.png").exists()
 
 
+def test_the_plot_hint_keeps_its_extra_when_printed(tmp_path, monkeypatch):
+    # rich read "[bench]" in "pip install 'trtedge[bench]'" as markup and printed "pip install 'trtedge'"
+    import io
+
+    from rich.console import Console
+
+    from trtedge.commands.bench import write_outputs
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = io.StringIO()
+    write_outputs(_payload(1.0, 0.1), None, str(tmp_path / "p.png"), Console(file=out, width=200))
+    assert "pip install 'trtedge[bench]' to draw --plot" in out.getvalue()
+
+
+def test_a_run_with_no_completed_request_shows_counts_and_errors_only():
+    import io
+
+    from rich.console import Console
+
+    failed = [RequestResult(error="HTTP 404: the model 'nope' does not exist [x]")] * 2
+    m = summarize(failed, 1.0)
+    out = io.StringIO()
+    report.print_tables(report.run_tables(m, "t"), Console(file=out, width=200))
+    text = out.getvalue()
+    assert "0 / 2" in text and "failed x2" in text and "does not exist [x]" in text
+    assert "TTFT" not in text and "throughput" not in text
+
+
 def test_concurrency_caps_requests_in_flight():
     import threading
 
