@@ -97,3 +97,23 @@ def test_the_exit_status_table_is_the_code_s():
     assert {int(k) for k in rows} == set(MEANING)
     for code, meaning in MEANING.items():
         assert rows[str(code)] == " ".join(meaning.split())
+
+
+def test_installation_says_what_the_torch_command_installs_and_how_to_get_the_cpu_build():
+    page = (ROOT / "docs" / "installation.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "pip install torch==2.13.0 &&" in readme  # the README's command stays the one that works here
+    assert "CPU PyTorch" not in readme
+    assert re.search(
+        r"pip install torch==2\.13\.0 --index-url https://download\.pytorch\.org/whl/cpu\n", page
+    )
+    assert "CUDA build" in page and "nvidia-*" in page
+
+
+def test_the_dev_extra_has_what_the_docs_examples_need():
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=!;\[ ]", r, maxsplit=1)[0] for r in extras["dev"]}
+    for extra in ("bench", "vision"):  # --plot, and image and video input
+        for requirement in extras[extra]:
+            assert re.split(r"[<>=!;\[ ]", requirement, maxsplit=1)[0] in names, requirement
