@@ -82,3 +82,21 @@ def test_one_shot_chat_streams_answer_to_stdout():
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
     assert "embedded default model" in proc.stderr
+    assert "chat template" not in proc.stderr  # an instruction-tuned model: no warning
+
+
+def test_chat_warns_when_the_model_has_no_chat_template_and_asks_in_raw_text(tmp_path):
+    import json
+
+    from tests.tiny import make_tiny_checkpoint
+
+    tiny = make_tiny_checkpoint(tmp_path / "tiny", "llama")
+    config = tmp_path / "tiny" / "tokenizer_config.json"
+    config.write_text(
+        json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "chat_template"})
+    )
+    args = ["chat", str(tiny), "-p", "w5 w6", "--max-tokens", "2", "--temperature", "0"]
+    result = CliRunner().invoke(app, [*args, "--cache-dir", str(tmp_path / "cache")])
+    assert result.exit_code == 0, result.output
+    assert "warning: this model has no chat template" in result.stderr
+    assert "sent as raw text" in result.stderr

@@ -196,6 +196,18 @@ class LLM:
     def model_name(self) -> str:
         return self.checkpoint.name
 
+    @property
+    def chat_template_origin(self) -> str | None:
+        """Where the chat template comes from: ``"model"`` (the checkpoint's own), ``"default"`` (the
+        file has none, so trtedge uses its family's turn format: often a base model, which continues
+        text rather than answering), or None (no template: send raw text, ``apply_chat_template=False``)."""
+        from trtedge.runtime.artifacts.gguf import is_default_chat_template
+
+        template = self.tokenizer.chat_template
+        if template is None:
+            return None
+        return "default" if is_default_chat_template(template) else "model"
+
     # ---- prompts ------------------------------------------------------------------------------
     def encode_prompt(
         self,

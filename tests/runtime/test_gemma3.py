@@ -69,6 +69,7 @@ def test_gemma3_chat_template_renders_gemma_turns(gemma):
     ids = gemma.encode_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     text = gemma.tokenizer.decode(ids, skip_special_tokens=False)
     assert text == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert gemma.chat_template_origin == "default"  # the file has none: a base model (chat warns)
 
 
 @pytest.mark.slow

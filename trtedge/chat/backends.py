@@ -97,6 +97,7 @@ class LocalBackend:
     def __init__(self, llm):
         self.llm = llm
         self.model_name = llm.model_name
+        self.chat_template_origin = llm.chat_template_origin  # "model", "default" or None
         self.max_context = llm.config.max_kv_cache_capacity
 
     def stream(self, messages: list[dict] | str, params: SamplingParams) -> ChatStream:

@@ -133,6 +133,10 @@ def chat(
             backend = _local_backend(model, interactive, **llm_kwargs)
     except KeyboardInterrupt:
         raise typer.Exit(INTERRUPTED) from None
+    # A server applies its own template; a local model may have none of its own (a base model).
+    origin = "model" if url is not None or no_chat_template else backend.chat_template_origin
+    if origin != "model":
+        typer.echo(f"trtedge chat: warning: {_TEMPLATE_WARNINGS[origin, interactive]}", err=True)
     try:
         if interactive:
             from trtedge.chat.session import ChatSession
@@ -140,10 +144,26 @@ def chat(
 
             session = ChatSession(params, system=system, max_context=backend.max_context)
             raise typer.Exit(ChatApp(backend, session, markdown=markdown).run())
-        request = prompt if no_chat_template else _messages(system, prompt)
+        raw = no_chat_template or origin is None  # with no template, the prompt goes as it is
+        request = prompt if raw else _messages(system, prompt)
         _answer_once(backend, request, params, verbose)
     finally:
         backend.close()
+
+
+_BASE_MODEL = (
+    "this model's file has no chat template, so it is probably a base model, not an instruction-tuned "
+    "one: trtedge applies its family's turn format, but the answers may continue or repeat the prompt "
+    "rather than answer it. Use an instruction-tuned model to chat"
+)
+_TEMPLATE_WARNINGS = {
+    ("default", True): _BASE_MODEL + ".",
+    ("default", False): _BASE_MODEL + " (--no-chat-template sends the prompt as raw text to continue).",
+    (None, True): "this model has no chat template (a base model?): messages cannot be rendered; ask once "
+    "with --prompt to send raw text, or use an instruction-tuned model",
+    (None, False): "this model has no chat template (a base model?): the prompt is sent as raw text, "
+    "which the model continues rather than answers",
+}
 
 
 def _local_backend(model, interactive: bool, **llm_kwargs):

@@ -82,6 +82,11 @@ _GEMMA3_CHAT_TEMPLATE = (
 )
 _DEFAULT_CHAT_TEMPLATES = {"gemma3": _GEMMA3_CHAT_TEMPLATE}
 
+
+def is_default_chat_template(template: str | None) -> bool:
+    """Whether ``template`` is the stand-in given to a file that carries none (often a base model)."""
+    return template is not None and template in _DEFAULT_CHAT_TEMPLATES.values()
+
 # Pre-tokenizer split regexes by `tokenizer.ggml.pre`, as in the models' own tokenizer.json files.
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
