@@ -14,6 +14,6 @@ MEANING = {
     "a benchmark's warm-up or every one of its requests failed, a confirmation was declined",
     USAGE: "bad input, nothing was done: a flag value; a MODEL, file or directory that does not exist or is "
     "not a model; an empty stdin; a `--url` that cannot be reached",
-    INTERRUPTED: "Ctrl-C cut the work short: a one-shot `chat` answer, a `bench` run, a model load "
-    "(128 + SIGINT, as a shell reports it)",
+    INTERRUPTED: "Ctrl-C cut the work short: a one-shot `chat` answer, a `bench` run, a model load, "
+    "`serve`'s second Ctrl-C (128 + SIGINT, as a shell reports it)",
 }
