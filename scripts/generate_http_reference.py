@@ -24,6 +24,7 @@ feature is not available is refused with a 400 naming it.
 
 | method | path | body |
 | --- | --- | --- |
+| GET, HEAD | `/` | none (a short plain-text 200: clients probe the base URL) |
 | GET | `/health`, `/health/ready` | none |
 | GET | `/metrics` | none (Prometheus text) |
 | GET | `/openapi.json` | none (the OpenAPI 3.1 document generated from these models) |

@@ -8,7 +8,7 @@ import logging
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -29,6 +29,7 @@ from trtedge.server.responses.serving import ResponsesServing
 log = logging.getLogger("trtedge.server")
 
 ENDPOINTS = (
+    "/",
     "/health",
     "/health/ready",
     "/metrics",
@@ -62,6 +63,10 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
     async def health(request: Request) -> Response:
         body = health_body(llm, config, admission, serving.model_name)
         return JSONResponse(body, status_code=503 if body["status"] != "ok" else 200)
+
+    async def root(request: Request) -> Response:
+        # clients (Claude Code) probe the base URL before their first request
+        return PlainTextResponse(f"trtedge serve: {serving.model_name}\n")
 
     async def ready(request: Request) -> Response:
         error = llm.stats()["engine_error"]
@@ -106,6 +111,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         return await responses.create(body, request)
 
     routes = [
+        Route("/", _guard(root), methods=["GET", "HEAD"]),
         Route("/health", _guard(health)),
         Route("/health/ready", _guard(ready)),
         Route("/metrics", _guard(metrics_route)),

@@ -13,7 +13,7 @@ class _Model(BaseModel):
 
 
 class AnthropicMessage(_Model):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: a system turn mid-conversation
     content: str | list[dict[str, Any]]
 
 
@@ -24,6 +24,7 @@ class _Conversation(_Model):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None  # accepted; the server keeps no context to edit
 
 
 class CountTokensRequest(_Conversation):

@@ -41,7 +41,12 @@ class AnthropicServing:
         serving = self.openai
         serving.check_model(req.model)
         chat = to_chat_request(req)
-        plan = await prepare_chat(serving, chat, salt=cache_salt(request, chat.cache_salt))
+        try:
+            plan = await prepare_chat(serving, chat, salt=cache_salt(request, chat.cache_salt))
+        except APIError as e:
+            if e.code != "context_length_exceeded":
+                raise
+            raise await self._too_long(chat, req.max_tokens, e) from None
         rid = f"msg_{uuid.uuid4().hex[:24]}"
         gen, watcher = await serving._start(chat, plan.choices, rid, request, arrival)
         if gen is None:
@@ -73,6 +78,27 @@ class AnthropicServing:
                 "usage": {"input_tokens": out.prompt_tokens, "output_tokens": out.completion_tokens},
             }
         )
+
+    async def _too_long(self, chat, max_tokens: int, error: APIError) -> APIError:
+        """``error`` (the prompt does not fit) in Anthropic's words, which clients parse: Claude Code
+        retries with a smaller max_tokens on "input length and `max_tokens` exceed context limit:
+        N + M > C" and compacts its conversation on "prompt is too long"."""
+        config = self.openai.llm.config
+        try:
+            num_prompt_tokens = len((await prepare_prompt(self.openai, chat)).ids)
+        except APIError:
+            return error  # media past the limit: the prompt was never rendered
+        if num_prompt_tokens > config.max_input_len:
+            message = f"prompt is too long: {num_prompt_tokens} tokens > {config.max_input_len} maximum"
+        elif 0 < num_prompt_tokens and num_prompt_tokens + max_tokens > config.max_kv_cache_capacity:
+            message = (
+                f"input length and `max_tokens` exceed context limit: {num_prompt_tokens} + "
+                f"{max_tokens} > {config.max_kv_cache_capacity}, decrease input length or `max_tokens` "
+                "and try again"
+            )
+        else:
+            return error
+        return APIError(400, message, param=error.param, code=error.code)
 
     def _stop_reason(
         self,

@@ -181,7 +181,7 @@ def error_body(error: APIError) -> tuple[int, dict]:
     kind = _TYPES.get(status, "api_error")
     message = (
         f"{error.param}: {error.message}"
-        if error.param and error.param not in error.message
+        if error.param and error.param not in error.message and error.code != "context_length_exceeded"
         else error.message
     )
     return status, {"type": "error", "error": {"type": kind, "message": message}}
