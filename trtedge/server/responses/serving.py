@@ -18,7 +18,7 @@ from trtedge.server.errors import APIError, internal_error
 from trtedge.server.generation import Generation
 from trtedge.server.openai.serving import OpenAIServing
 from trtedge.server.responses.protocol import ResponsesRequest
-from trtedge.server.responses.translate import to_chat_request
+from trtedge.server.responses.translate import namespaces, to_chat_request
 
 
 class ResponsesServing:
@@ -40,7 +40,7 @@ class ResponsesServing:
         if req.stream:
             return sse.SSEResponse(self._events(gen, plan, head), on_close=_closer(gen, watcher))
         [out] = await serving._collect(gen, watcher)
-        items = _Items()
+        items = _Items(namespaces(req.tools))
         reader = plan.reader()
         for event in reader.feed(StreamDelta("".join(out.text), [], out.finish_reason)):
             items.add(event)
@@ -60,7 +60,7 @@ class ResponsesServing:
         yield event({"type": "response.created", "response": head.response([], None, 0, 0)})
         yield event({"type": "response.in_progress", "response": head.response([], None, 0, 0)})
         reader = plan.reader()
-        items = _Items()
+        items = _Items(namespaces(head.req.tools))
         prompt, completion, finish = plan.choices[0].num_prompt_tokens, 0, None
         try:
             async for _, d in gen.deltas():
@@ -133,7 +133,8 @@ class _Items:
     """Output items built from reader events: one open at a time; ``add``/``close`` return the stream events
     and ``done`` holds the finished items."""
 
-    def __init__(self):
+    def __init__(self, namespaces: dict[str, tuple[str, str]]):
+        self.namespaces = namespaces  # prompt name -> (namespace, name) of namespaced functions
         self.done: list[dict] = []
         self.item: dict | None = None
         self.key: tuple | None = None
@@ -190,6 +191,8 @@ class _Items:
                 "arguments": "",
                 "status": "in_progress",
             }
+            if e[2] in self.namespaces:
+                call["namespace"], call["name"] = self.namespaces[e[2]]
             out += self._open(("call", e[1]), call)
         elif self.key == ("call", e[1]):
             self.item["arguments"] += e[2]

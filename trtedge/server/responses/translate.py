@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import ValidationError
@@ -11,7 +12,24 @@ from trtedge.server.multimodal import media_part, take_media_params
 from trtedge.server.openai.protocol import ChatCompletionRequest
 from trtedge.server.responses.protocol import ResponsesRequest
 
+log = logging.getLogger("trtedge.server")
+
 _TEXT = ("input_text", "output_text", "text", "refusal")
+# Tools that OpenAI runs on its side; Codex sends web_search on every request.
+HOSTED_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_2025_08_26",
+        "web_search_preview_2025_03_11",
+        "file_search",
+        "code_interpreter",
+        "image_generation",
+        "computer_use_preview",
+        "mcp",
+    }
+)
+_skipped: set[str] = set()  # hosted tool types already logged
 _EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
@@ -30,7 +48,7 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         _add_item(messages, item, f"input.{i}" if isinstance(req.input, list) else "input")
     body: dict[str, Any] = {"messages": messages, "priority": req.priority}
     if req.tools:
-        body["tools"] = [_tool(t, f"tools.{i}") for i, t in enumerate(req.tools)]
+        body["tools"] = [f for i, t in enumerate(req.tools) for f in _tools(t, f"tools.{i}")]
     if req.tool_choice is not None:
         body["tool_choice"] = _tool_choice(req.tool_choice)
     for name in ("parallel_tool_calls", "temperature", "top_p", "user"):
@@ -71,11 +89,14 @@ def _add_item(messages: list[dict], item: dict, param: str) -> None:
             raise bad_request("role must be user, system, developer or assistant", param=f"{param}.role")
         messages.append({"role": "system" if role == "developer" else role, "content": _content(item, param)})
     elif kind == "function_call":
+        name = _string(item, "name", param)
+        if isinstance(item.get("namespace"), str):
+            name = f"{item['namespace']}.{name}"
         call = {
             "id": _string(item, "call_id", param),
             "type": "function",
             "function": {
-                "name": _string(item, "name", param),
+                "name": name,
                 "arguments": _string(item, "arguments", param),
             },
         }
@@ -138,10 +159,46 @@ def _string(item: dict, key: str, param: str) -> str:
     return value
 
 
+def _tools(tool: dict, param: str) -> list[dict]:
+    """The function tools of one entry of ``tools``: itself, a namespace's functions (named
+    ``namespace.name`` in the prompt), or none for a hosted tool the server cannot run."""
+    kind = tool.get("type")
+    if kind == "namespace":
+        namespace = _string(tool, "name", param)
+        members = tool.get("tools")
+        if not isinstance(members, list):
+            raise bad_request("a namespace needs tools (a list)", param=f"{param}.tools")
+        out = []
+        for j, member in enumerate(members):
+            where = f"{param}.tools.{j}"
+            if not isinstance(member, dict):
+                raise bad_request("a tool must be an object", param=where)
+            function = _tool(member, where)["function"]
+            function["name"] = f"{namespace}.{function['name']}"
+            out.append({"type": "function", "function": function})
+        return out
+    if kind in HOSTED_TOOLS:
+        if kind not in _skipped:
+            _skipped.add(kind)
+            log.info("tools of type %r run on OpenAI's servers: left out of the prompt", kind)
+        return []
+    return [_tool(tool, param)]
+
+
+def namespaces(tools: list[dict] | None) -> dict[str, tuple[str, str]]:
+    """Prompt name -> (namespace, name) of each namespaced function in ``tools``."""
+    out = {}
+    for tool in tools or ():
+        if tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+            for member in tool["tools"]:
+                out[f"{tool['name']}.{member['name']}"] = (tool["name"], member["name"])
+    return out
+
+
 def _tool(tool: dict, param: str) -> dict:
     if tool.get("type") != "function":
         raise not_supported(
-            f"the tool type {tool.get('type')!r} (only function tools are served)", f"{param}.type"
+            f"the tool type {tool.get('type')!r} (function and namespace tools are served)", f"{param}.type"
         )
     function = {"name": _string(tool, "name", param)}
     if isinstance(tool.get("description"), str):
