@@ -8,6 +8,7 @@ that each surface writes in its own wire format."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -18,11 +19,21 @@ from trtedge.server.errors import bad_request, not_supported
 from trtedge.server.generation import Choice
 from trtedge.server.multimodal import MEDIA_PARTS, Media, in_media_thread, load_media
 from trtedge.server.openai.protocol import ChatCompletionRequest
-from trtedge.server.parsers import Format, OutputParser, reasoning_parser, tool_call_guide, tool_format
+from trtedge.server.parsers import (
+    FORMATS,
+    Format,
+    OutputParser,
+    reasoning_parser,
+    tool_call_guide,
+    tool_format,
+)
 from trtedge.server.parsers.reasoning import HARMONY
+from trtedge.server.parsers.tool_prompt import renders_tools, with_tool_prompt
 
 if TYPE_CHECKING:
     from trtedge.server.openai.serving import OpenAIServing
+
+log = logging.getLogger("trtedge.server")
 
 _TEXT_PARTS = ("text", "input_text", "output_text")
 
@@ -79,6 +90,7 @@ class Prompt:
     tool_choice: str | dict
     template: str
     engine_prompt: Any = None  # what the engine is given: ``ids``, or a MultimodalPrompt with images
+    tool_prompt: bool = False  # the tools went into the system prompt (the template shows none)
 
     def __post_init__(self) -> None:
         if self.engine_prompt is None:
@@ -114,19 +126,25 @@ def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest, media: Med
         tokenizer.chat_templates.get("tool_use" if tools else "default") or tokenizer.chat_template or ""
     )
     messages = _template_messages(req, media or {})
+    tool_prompt = bool(
+        tools and req.apply_chat_template and not renders_tools(tokenizer.apply_chat_template, template)
+    )
+    if tool_prompt:
+        log.debug("the chat template renders no tools: %d tools go into the system prompt", len(tools))
+        messages = with_tool_prompt(messages, tools)
     options = dict(
         add_generation_prompt=req.add_generation_prompt,
-        tools=tools,
+        tools=None if tool_prompt else tools,
         enable_thinking=req.enable_thinking,
         reasoning_effort=req.reasoning_effort,
         chat_template_kwargs=req.chat_template_kwargs,
     )
-    engine_prompt = None
-    try:
+
+    def render(messages: list[dict]) -> tuple[str, list[int], Any]:
         if not req.apply_chat_template:
             text = "\n".join(m.get("content") or "" for m in messages)
-            ids = tokenizer.encode(text, add_special_tokens=True)
-        elif media:
+            return text, tokenizer.encode(text, add_special_tokens=True), None
+        if media:
             try:
                 engine_prompt = llm.encode_prompt(messages, **options)
             except TemplateError:
@@ -134,13 +152,39 @@ def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest, media: Med
             except ValueError as e:  # the vision processor refused a picture
                 raise bad_request(str(e), param="messages", code="invalid_media") from None
             ids = list(engine_prompt.ids)
-            text = tokenizer.decode(ids, skip_special_tokens=False)
-        else:
-            text = tokenizer.apply_chat_template(messages, **options)
-            ids = tokenizer.encode(text, add_special_tokens=False)
+            return tokenizer.decode(ids, skip_special_tokens=False), ids, engine_prompt
+        text = tokenizer.apply_chat_template(messages, **options)
+        return text, tokenizer.encode(text, add_special_tokens=False), None
+
+    try:
+        try:
+            text, ids, engine_prompt = render(messages)
+        except TemplateError:
+            folded = fold_system_messages(messages)
+            if folded is messages:
+                raise
+            text, ids, engine_prompt = render(folded)  # the template refused system turns mid-way
     except (TemplateError, ValueError) as e:
         raise bad_request(f"cannot apply the chat template: {e}", param="messages") from None
-    return Prompt(text, ids, tools, choice, template, engine_prompt)
+    return Prompt(text, ids, tools, choice, template, engine_prompt, tool_prompt)
+
+
+def fold_system_messages(messages: list[dict]) -> list[dict]:
+    """``messages`` with every system message after the first turn merged into the leading system
+    prompt, for templates that allow a system message only first; ``messages`` itself when none is."""
+    later = [m for m in messages[1:] if m["role"] == "system"]
+    if not later:
+        return messages
+    head = messages[0] if messages[0]["role"] == "system" else None
+    texts = [_plain(m["content"]) for m in ([head] if head else []) + later]
+    rest = [m for m in messages[1 if head else 0 :] if m["role"] != "system"]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *rest]
+
+
+def _plain(content: str | list[dict]) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text", "") for p in content if p.get("type") == "text")
 
 
 def plan_chat(
@@ -156,7 +200,13 @@ def plan_chat(
     config = serving.config
     prompt = render_prompt(serving, req, media)
     tools, choice = prompt.tools, prompt.tool_choice
-    fmt = tool_format(config.tool_call_parser, prompt.template) if tools and choice != "none" else None
+    fmt = None
+    if tools and choice != "none":
+        fmt = (
+            FORMATS["generic"]
+            if prompt.tool_prompt
+            else tool_format(config.tool_call_parser, prompt.template)
+        )
     if choice == "auto" and not config.enable_auto_tool_choice:
         raise bad_request(
             'tool_choice "auto" (the default when tools are given) needs the server flag '
