@@ -58,6 +58,13 @@ def serve(
         "--enable-auto-tool-choice",
         help='Let the model choose tools (tool_choice="auto", the default when tools are sent).',
     ),
+    override_generation_config: str = typer.Option(
+        None,
+        "--override-generation-config",
+        help='JSON sampling defaults for requests that omit them, e.g. \'{"temperature": 0, '
+        '"max_new_tokens": 256}\' (keys: temperature, top_p, top_k, min_p, repetition_penalty, '
+        "max_new_tokens: the default max_tokens).",
+    ),
     max_queued_requests: int = typer.Option(
         16, "--max-queued-requests", help="Requests that may wait beyond those generating; more get 429."
     ),
@@ -208,7 +215,7 @@ def _serve(print_config: bool, settings: dict) -> None:
     launch_keys += ("mm_embedding_cache_bytes", "components")
     launch_kwargs = {"model": model, **{k: v[k] for k in launch_keys}}
     serve_keys = ("host", "port", "served_model_name", "api_key", "api_key_file", "reasoning_parser")
-    serve_keys += ("tool_call_parser",)
+    serve_keys += ("tool_call_parser", "override_generation_config")
     serve_keys += ("enable_auto_tool_choice", "max_queued_requests", "queue_timeout")
     serve_keys += ("allowed_local_media_path", "allow_remote_media", "max_media_bytes", "media_fetch_timeout")
     serve_keys += ("max_video_frames", "max_image_tokens", "max_image_tokens_per_image")

@@ -48,6 +48,8 @@ class ServeConfig:
     engine_cache_max_size_gb: float | None = None
     clear_engine_cache: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
+    override_generation_config: str | None = None  # JSON: sampling defaults for requests that omit them
+    generation_defaults: dict = field(default_factory=dict, init=False, repr=False)  # parsed from it
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host or any(c.isspace() for c in self.host):
@@ -81,6 +83,7 @@ class ServeConfig:
         gb = self.engine_cache_max_size_gb
         if gb is not None and (isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0):
             raise ServerConfigError(f"--engine-cache-max-size-gb must be a positive number, got {gb!r}")
+        object.__setattr__(self, "generation_defaults", _generation_defaults(self.override_generation_config))
 
     @classmethod
     def from_env(cls, **kwargs) -> ServeConfig:
@@ -113,6 +116,32 @@ def _check_api_keys(keys: dict, api_key: str | None) -> None:
             raise ServerConfigError(f"{flag}: tenant {name!r} needs a non-empty string key")
     if len(set(keys.values())) != len(keys) or api_key in keys.values():
         raise ServerConfigError(f"{flag}: two tenants (or --api-key and a tenant) share a key")
+
+
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+
+
+def _generation_defaults(text: str | None) -> dict:
+    """--override-generation-config (vLLM's flag): a JSON object of sampling defaults, used where a
+    request does not set the field; ``max_new_tokens`` is the default max_tokens."""
+    flag = "--override-generation-config"
+    if text is None:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ServerConfigError(f"{flag} must be a JSON object ({e})") from None
+    if not isinstance(data, dict):
+        raise ServerConfigError(f'{flag} must be a JSON object, e.g. {{"temperature": 0}}')
+    for key, value in data.items():
+        if key not in GENERATION_KEYS:
+            raise ServerConfigError(f"{flag}: unknown key {key!r} (known: {', '.join(GENERATION_KEYS)})")
+        integer = key in ("top_k", "max_new_tokens")
+        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+            raise ServerConfigError(f"{flag}: {key} must be {'an integer' if integer else 'a number'}")
+    if data.get("max_new_tokens", 1) < 1:
+        raise ServerConfigError(f"{flag}: max_new_tokens must be a positive integer")
+    return data
 
 
 def _choice(flag: str, value: str | None, allowed: tuple[str, ...]) -> None:

@@ -342,9 +342,11 @@ class OpenAIServing:
         salt: str | None = None,
     ) -> SamplingParams:
         capacity = self.llm.config.max_kv_cache_capacity
+        defaults = self.config.generation_defaults  # --override-generation-config
         explicit = max_tokens is not None
         if not explicit:
             max_tokens = max(capacity - num_prompt_tokens, 1)  # what is left of the context, like vLLM
+            max_tokens = min(max_tokens, defaults.get("max_new_tokens", max_tokens))
         try:
             self.llm.check_lengths(num_prompt_tokens, max_tokens)
         except PromptTooLongError as e:
@@ -365,6 +367,7 @@ class OpenAIServing:
             )
             if getattr(req, name) is not None
         }
+        options = {k: v for k, v in defaults.items() if k != "max_new_tokens"} | options
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         try:
             return SamplingParams(
