@@ -211,10 +211,10 @@ def test_anthropic_and_responses_render_the_same_prompt(serving, model_dir):
         ),
         (
             "/v1/responses",
-            {"input": "x", "tools": [{"type": "web_search"}]},
+            {"input": "x", "tools": [{"type": "custom", "name": "apply_patch"}]},
             400,
             "tools.0.type",
-            "only function tools",
+            "function and namespace tools are served",
         ),
         ("/v1/responses", {"input": "x", "reasoning": {"effort": "max"}}, 400, "reasoning.effort", ""),
     ],
