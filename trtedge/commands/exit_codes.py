@@ -13,7 +13,8 @@ MEANING = {
     FAILED: "it ran and failed: a bundle could not be built or written, a server broke off the answer, "
     "a benchmark's warm-up or every one of its requests failed, a confirmation was declined",
     USAGE: "bad input, nothing was done: a flag value; a MODEL, file or directory that does not exist or is "
-    "not a model; an empty stdin; a `--url` that cannot be reached",
+    "not a model; an empty stdin; a `--url` that cannot be reached; a `serve` port in use or `--host` not of "
+    "this machine",
     INTERRUPTED: "Ctrl-C cut the work short: a one-shot `chat` answer, a `bench` run, a model load, "
     "`serve`'s second Ctrl-C (128 + SIGINT, as a shell reports it)",
 }

@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from trtedge.commands import DRAFT_STEP_FLAGS, VERIFY_TOKENS_FLAGS
+from trtedge.commands import DRAFT_STEP_FLAGS, VERIFY_TOKENS_FLAGS, exit_codes
 from trtedge.commands.completion import cached_models
 
 HELP = (
@@ -287,11 +287,8 @@ def _serve(print_config: bool, settings: dict) -> None:
         typer.echo(
             "trtedge serve: stopped at once (second Ctrl-C); requests in flight got 503; engine released"
         )
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(exit_codes.INTERRUPTED)
     typer.echo("trtedge serve: stopped; engine released")
-
-
-EXIT_INTERRUPTED = 130  # a second Ctrl-C cut the drain short (128 + SIGINT, as shells report it)
 
 
 async def _run(llm, config, sockets) -> bool:
