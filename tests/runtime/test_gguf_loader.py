@@ -563,3 +563,30 @@ def test_unsupported_tokenizer_and_tensors(tmp_path):
     _finish(writer)
     with pytest.raises(GGUFError, match="unsupported tensor 'blk.0.attn_gate.weight'"):
         read_gguf(path)
+
+
+def test_a_directory_holding_one_gguf_finds_its_cached_bundle_without_reading_the_file(tmp_path, monkeypatch):
+    from trtedge.runtime.artifacts import builder
+    from trtedge.runtime.artifacts import gguf as gguf_module
+    from trtedge.runtime.artifacts.bundle import prepare_bundle
+
+    directory = tmp_path / "model"
+    directory.mkdir()
+    write_tiny_gguf(directory / "tiny.gguf", make_hf_model("llama"), "llama")
+    cache = tmp_path / "cache"
+    first = prepare_bundle(str(directory), cache_dir=cache)
+    first.release()
+    assert first.built
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a cache hit read the GGUF file")
+
+    # A hit used to parse the whole file and build its tokenizer to find the path (seconds on a real model).
+    monkeypatch.setattr(gguf_module, "read_gguf", refuse)
+    monkeypatch.setattr(gguf_module, "_Reader", refuse)
+    monkeypatch.setattr(builder, "build_bundle", refuse)
+    for model in (directory, directory / "tiny.gguf"):
+        again = prepare_bundle(str(model), cache_dir=cache)
+        again.release()
+        assert again.key == first.key and not again.built
+        assert again.checkpoint_path == directory / "tiny.gguf"

@@ -358,14 +358,14 @@ class _Source:
 
 def _locate(model, cache: Cache) -> _Source:
     """Find the checkpoint path without parsing a GGUF file (that costs seconds and a hit needs none)."""
-    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+    from trtedge.runtime.artifacts.checkpoint import local_gguf, resolve_checkpoint
     from trtedge.runtime.artifacts.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
 
     if model is None or str(model) == "":
         return _Source(EMBEDDED_MODEL_NAME, embedded_model_path(), None)
-    path = Path(str(model)).expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return _Source(str(model), path, None)
+    gguf = local_gguf(Path(str(model)).expanduser())
+    if gguf is not None:  # a .gguf file, or a directory holding one
+        return _Source(str(model), gguf, None)
     checkpoint = resolve_checkpoint(model, cache.root)
     return _Source(checkpoint.name, checkpoint.path, checkpoint)
 

@@ -119,14 +119,27 @@ def _local_checkpoint(path: Path, source: str) -> Checkpoint:
         raise CheckpointError(
             f"{path}: not a model; pass a Hugging Face directory, a Hugging Face id or a .gguf file"
         )
+    gguf = local_gguf(path)
+    if gguf is not None:
+        return _gguf_checkpoint(gguf, source)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: no config.json; a Hugging Face checkpoint directory needs one")
+    return _hf_checkpoint(path, source)
+
+
+def local_gguf(path: Path) -> Path | None:
+    """The GGUF file a local model path stands for, found without reading it: the path itself, or the
+    only ``.gguf`` of a directory that has no config.json (and is not an exported engine)."""
+    if path.is_file():
+        return path if path.suffix.lower() == ".gguf" else None
+    if not path.is_dir():
+        return None
     if any(any(path.glob(p)) for p in _ENGINE_FILES):
         raise _engine_error(path)
     ggufs = sorted(path.glob("*.gguf"))
-    if not (path / "config.json").is_file():
-        if len(ggufs) == 1:
-            return _gguf_checkpoint(ggufs[0], source)
-        raise CheckpointError(f"{path}: no config.json; a Hugging Face checkpoint directory needs one")
-    return _hf_checkpoint(path, source)
+    if len(ggufs) == 1 and not (path / "config.json").is_file():
+        return ggufs[0]
+    return None
 
 
 def _engine_error(path: Path) -> CheckpointError:
