@@ -19,11 +19,11 @@ BODY = {"prompt": [1, 5, 9, 33, 200], "max_tokens": 8, "temperature": 0}
 
 
 def _workers(pid: int) -> list[int]:
-    """The spawned ranks under the server (not multiprocessing's resource tracker)."""
+    """The worker ranks under the server."""
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         found += [int(c) for c in (task / "children").read_text().split()]
-    return [c for c in found if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return [c for c in found if b"trtedge.runtime.executor.tp_worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
 def _complete(server: ServeProcess, model: str) -> httpx.Response:

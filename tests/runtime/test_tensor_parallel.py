@@ -230,3 +230,33 @@ def test_quantized_weights_are_refused_with_the_flag(checkpoints):
     paths, cache = checkpoints
     with pytest.raises(ConfigError, match=r"--tensor-parallel-size\) > 1 splits float weights only"):
         LLM(str(paths["llama"]), cache_dir=str(cache), tensor_parallel_size=2, weights="int8")
+
+
+_STDIN_SCRIPT = """
+import sys
+from trtedge import LLM, SamplingParams
+llm = LLM(sys.argv[1], cache_dir=sys.argv[2], tensor_parallel_size=2, max_kv_cache_capacity=128)
+print(llm.generate([1, 5, 9, 33, 200], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)).token_ids)
+llm.close()
+"""
+
+
+def test_a_script_fed_on_stdin_starts_tensor_parallel_workers(pair, checkpoints):
+    # multiprocessing's spawn re-ran the parent's main file in each worker: FileNotFoundError '<stdin>'
+    import subprocess
+    import sys
+
+    paths, cache = checkpoints
+    one, _ = pair("llama")
+    expected = one.generate(
+        PROMPTS[0], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    ).token_ids
+    proc = subprocess.run(
+        [sys.executable, "-", str(paths["llama"]), str(cache)],
+        input=_STDIN_SCRIPT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == str(expected)

@@ -1,6 +1,6 @@
-"""Tensor-parallel launch: rank 0 (the calling process, which runs the engine) starts ranks 1..N-1
-with torch.multiprocessing, or joins ranks that torchrun started; each rank loads only its slice of
-the weights. Every step rank 0 broadcasts the flattened batch and all ranks run the same forward.
+"""Tensor-parallel launch: rank 0 (the calling process, which runs the engine) starts ranks 1..N-1 as
+``python -m trtedge.runtime.executor.tp_worker`` processes, or joins ranks that torchrun started; each
+rank loads only its slice of the weights. Every step rank 0 broadcasts the flattened batch and all ranks run the same forward.
 
 Two process groups: the model's collectives (NCCL on CUDA, gloo on the CPU) with a timeout, and a
 gloo group that carries the step plans, on which idle workers wait without one. A watchdog thread
@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import subprocess
 import sys
 import threading
 import time
 import traceback
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -270,22 +273,12 @@ def start_tensor_parallel(
 
 
 def _spawn(launch: ShardLaunch):
-    import torch.multiprocessing as mp
-
     device = _prepare_env(launch, 0)
     store = None
     if launch.init_method is None:
         store = dist.TCPStore("127.0.0.1", 0, launch.size, is_master=True, wait_for_workers=False)
         launch = replace(launch, store_port=store.port)
-    context = mp.start_processes(
-        _spawned,
-        args=(launch, os.getpid()),
-        nprocs=launch.size - 1,
-        join=False,
-        daemon=True,
-        start_method="spawn",
-    )
-    processes = context.processes
+    processes = [WorkerProcess(launch, rank, os.getpid()) for rank in range(1, launch.size)]
     if store is not None:  # fail fast when a worker dies before it joins
         ready = [f"ready/{r}" for r in range(1, launch.size)]
         while not store.check(ready):
@@ -298,8 +291,45 @@ def _spawn(launch: ShardLaunch):
     return device, _join(launch, 0, store), processes
 
 
-def _spawned(index: int, launch: ShardLaunch, parent: int) -> None:
-    rank = index + 1
+class WorkerProcess:
+    """A rank started as ``python -m trtedge.runtime.executor.tp_worker``, its launch pickled on stdin.
+    Nothing of the parent's main module runs in it (multiprocessing's spawn re-runs it, which fails for
+    a script fed on stdin and re-runs an unguarded script), so a rank never depends on how the parent
+    was started. Offers the ``multiprocessing.Process`` calls the group makes."""
+
+    def __init__(self, launch: ShardLaunch, rank: int, parent: int):
+        import trtedge
+
+        root = str(Path(trtedge.__file__).resolve().parent.parent)  # wherever the parent imported it from
+        paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        self._popen = subprocess.Popen(
+            [sys.executable, "-m", "trtedge.runtime.executor.tp_worker"],
+            stdin=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+        )
+        with self._popen.stdin as pipe:
+            pickle.dump((launch, rank, parent), pipe)
+        self.pid = self._popen.pid
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def terminate(self) -> None:
+        self._popen.terminate()
+
+
+def serve_rank(launch: ShardLaunch, rank: int, parent: int) -> None:
+    """A worker process's whole life (see ``tp_worker``): join, serve steps, exit with the parent."""
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     store = None
     if launch.init_method is None:
