@@ -13,6 +13,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtedge.llm import LLM, structured_output_available
+from trtedge.server import logs
 from trtedge.server.admission import Admission
 from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.anthropic.serving import AnthropicServing, anthropic_error
@@ -46,6 +47,7 @@ ENDPOINTS = (
 def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
     """An ASGI app serving ``llm``. The caller owns the LLM (and closes it after the server stops)."""
     config = config or ServeConfig()
+    logs.install()
     launch = llm.config
     admission = Admission.for_engine(
         launch.enable_in_flight_batching,

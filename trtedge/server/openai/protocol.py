@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from trtedge.runtime.sampling_params import MAX_LOGIT_BIAS_ENTRIES, MAX_TOP_LOGPROBS
 from trtedge.server.errors import APIError, bad_request
+from trtedge.server.logs import name_list
 from trtedge.server.openai.structured import GuidedDecoding, ResponseFormat
 
 log = logging.getLogger("trtedge.server")
@@ -144,7 +145,7 @@ def parse_request(body: bytes, model: type[Request]) -> Request:
     except ValidationError as e:
         raise _field_error(e) from None
     if request.model_extra:
-        log.info("ignoring unknown request field(s): %s", ", ".join(sorted(request.model_extra)))
+        log.info("ignoring unknown request field(s): %s", name_list(request.model_extra))
     return request
 
 
