@@ -80,7 +80,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
     async def metrics_route(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    schema = openapi_schema()
+    schema = openapi_schema(api_key=bool(config.api_key or config.api_keys))
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(schema)

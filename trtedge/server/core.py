@@ -143,7 +143,7 @@ def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest, media: Med
     def render(messages: list[dict]) -> tuple[str, list[int], Any]:
         if not req.apply_chat_template:
             text = "\n".join(m.get("content") or "" for m in messages)
-            return text, tokenizer.encode(text, add_special_tokens=True), None
+            return text, tokenizer.encode(text, add_special_tokens=True) or serving.empty_prompt(), None
         if media:
             try:
                 engine_prompt = llm.encode_prompt(messages, **options)

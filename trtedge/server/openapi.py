@@ -98,7 +98,20 @@ def _get(summary: str, content_type: str = "application/json", secured: bool = F
     return {"get": op}
 
 
-def openapi_schema() -> dict:
+def openapi_schema(api_key: bool = True) -> dict:
+    """The document; ``api_key``: the server checks an API key on /v1 (else no security is declared)."""
+    document = _document()
+    if not api_key:
+        del document["components"]["securitySchemes"]
+        for item in document["paths"].values():
+            for op in item.values():
+                if isinstance(op, dict):
+                    op.pop("security", None)
+                    op.get("responses", {}).pop("401", None)
+    return document
+
+
+def _document() -> dict:
     schemas: dict = {"Error": _ERROR, "AnthropicError": _ANTHROPIC_ERROR}
     for model in (
         ChatCompletionRequest,

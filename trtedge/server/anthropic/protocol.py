@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trtedge.server.openai.protocol import INTEGRAL
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
@@ -34,10 +36,10 @@ class CountTokensRequest(_Conversation):
 class MessagesRequest(_Conversation):
     """POST /v1/messages."""
 
-    max_tokens: Annotated[int, Field(ge=1)]
+    max_tokens: Annotated[int, Field(ge=1), INTEGRAL]
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
+    top_k: Annotated[int, Field(ge=0), INTEGRAL] | None = None
     metadata: dict[str, Any] | None = None

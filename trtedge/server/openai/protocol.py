@@ -8,7 +8,7 @@ import json
 import logging
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
 
 from trtedge.runtime.sampling_params import MAX_LOGIT_BIAS_ENTRIES, MAX_TOP_LOGPROBS
 from trtedge.server.errors import APIError, bad_request
@@ -17,8 +17,17 @@ from trtedge.server.openai.structured import GuidedDecoding, ResponseFormat
 
 log = logging.getLogger("trtedge.server")
 
-U64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
-TokenId = Annotated[int, Field(ge=0)]
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# A JSON Schema "integer" includes integral numbers written with a fraction (349.0): accept them too.
+# (After any Field(...) in an Annotated: constraints before it stay in the JSON schema.)
+INTEGRAL = BeforeValidator(_integral)
+Int = Annotated[int, INTEGRAL]
+U64 = Annotated[int, Field(ge=0, le=2**64 - 1), INTEGRAL]
+TokenId = Annotated[int, Field(ge=0), INTEGRAL]
 MAX_STOP_STRINGS = 16
 
 
@@ -39,7 +48,7 @@ class ImageURL(_Model):
 class VideoURL(_Model):
     url: str
     fps: Annotated[float, Field(gt=0.0, le=60.0)] | None = None  # frames sampled per second (default 2)
-    nframes: Annotated[int, Field(ge=1)] | None = None  # at most this many frames
+    nframes: Annotated[int, Field(ge=1), INTEGRAL] | None = None  # at most this many frames
 
 
 class ContentPart(_Model):
@@ -50,6 +59,14 @@ class ContentPart(_Model):
 
 
 class ChatMessage(_Model):
+    # As in OpenAI's reference: a tool message answers one call, named by tool_call_id (the server
+    # refuses one without it, naming messages.N.tool_call_id).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"role": {"const": "tool"}}},
+            "then": {"required": ["tool_call_id"]},
+        }
+    )
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -60,10 +77,10 @@ class ChatMessage(_Model):
 
 class _Sampling(_Model):
     model: str | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: Annotated[int, Field(ge=-1), INTEGRAL] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
@@ -77,10 +94,10 @@ class _Sampling(_Model):
         ]
         | None
     ) = None
-    n: Annotated[int, Field(ge=1, le=16)] = 1
+    n: Annotated[int, Field(ge=1, le=16), INTEGRAL] = 1
     ignore_eos: bool = False
     user: str | None = None
-    priority: int = 0
+    priority: Int = 0
     stream: bool = False
     stream_options: StreamOptions | None = None
     reuse_context: bool = True
@@ -104,9 +121,9 @@ class ChatCompletionRequest(_Sampling):
     # translations): (message, part) -> the param that errors about that part name.
     _media_params: dict[tuple[int, int], str] = PrivateAttr(default_factory=dict)
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), INTEGRAL] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -120,11 +137,17 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | Annotated[list[TokenId], Field(min_length=1)] | list[str] | list[list[TokenId]]
+    # "" (or an empty token list inside a list) is served from the start of a document, as OpenAI does
+    prompt: (
+        str
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[list[TokenId]], Field(min_length=1)]
+    )
     echo: bool = False
-    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), INTEGRAL] | None = None
     suffix: str | None = None
-    best_of: Annotated[int, Field(ge=1)] | None = None
+    best_of: Annotated[int, Field(ge=1), INTEGRAL] | None = None
 
 
 Request = TypeVar("Request", bound=_Model)

@@ -208,9 +208,9 @@ class OpenAIServing:
         for p, prompt in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt.{p}"
             if isinstance(prompt, str):
-                ids = self.llm.encode_prompt(prompt, apply_chat_template=False)
+                ids = self.llm.encode_prompt(prompt, apply_chat_template=False) or self.empty_prompt()
             else:
-                ids = list(prompt)
+                ids = list(prompt) or self.empty_prompt()
                 if any(t >= self.vocab_size for t in ids):
                     raise bad_request(
                         f"token ids must be < the vocabulary size {self.vocab_size}", param=param
@@ -305,6 +305,14 @@ class OpenAIServing:
         }
 
     # ---- shared --------------------------------------------------------------------------------
+    def empty_prompt(self) -> list[int]:
+        """What an empty prompt is served as: the start of a document (OpenAI's default prompt is its
+        end-of-text token), i.e. the model's BOS token, else its first end-of-text token (else none)."""
+        tokenizer = self.llm.tokenizer
+        if tokenizer.bos_token_id is not None:
+            return [tokenizer.bos_token_id]
+        return sorted(tokenizer.eos_token_ids)[:1]
+
     def _refuse_unserved(self, req: _Sampling) -> None:
         self.check_model(req.model)
         minimum = self.llm.config.min_request_priority
@@ -347,6 +355,8 @@ class OpenAIServing:
         if not explicit:
             max_tokens = max(capacity - num_prompt_tokens, 1)  # what is left of the context, like vLLM
             max_tokens = min(max_tokens, defaults.get("max_new_tokens", max_tokens))
+        if num_prompt_tokens == 0:
+            raise bad_request("the prompt is empty", param=param, code="invalid_value")
         try:
             self.llm.check_lengths(num_prompt_tokens, max_tokens)
         except PromptTooLongError as e:

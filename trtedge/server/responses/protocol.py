@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trtedge.server.openai.protocol import INTEGRAL, Int
+
 
 class ResponsesRequest(BaseModel):
     """POST /v1/responses."""
@@ -19,7 +21,7 @@ class ResponsesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_output_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     stream: bool = False
@@ -29,4 +31,4 @@ class ResponsesRequest(BaseModel):
     text: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
-    priority: int = 0
+    priority: Int = 0
