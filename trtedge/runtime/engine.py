@@ -514,6 +514,7 @@ class Engine:
             seq.num_prompt_tokens,
             seq.num_output_tokens,
             choice.index,
+            seq.num_cached_tokens,
         )
         if reason is None:
             request.channel.put(delta)
@@ -570,7 +571,14 @@ class Engine:
         self._choices.pop(seq.seq_id, None)
         if delta is None:
             delta = StreamDelta(
-                choice.pending, [], reason, None, seq.num_prompt_tokens, seq.num_output_tokens, choice.index
+                choice.pending,
+                [],
+                reason,
+                None,
+                seq.num_prompt_tokens,
+                seq.num_output_tokens,
+                choice.index,
+                seq.num_cached_tokens,
             )
         if choice.index == 0 and request.finish_reason is None:
             request.finish_reason = reason

@@ -21,6 +21,7 @@ class StreamDelta:
     prompt_tokens: int = 0
     completion_tokens: int = 0  # of this choice so far
     index: int = 0  # which of the request's n choices this delta belongs to
+    cached_tokens: int = 0  # prompt tokens taken from the context cache (context reuse)
 
 
 @dataclass

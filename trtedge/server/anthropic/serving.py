@@ -75,7 +75,8 @@ class AnthropicServing:
                 "content": content,
                 "stop_reason": reason,
                 "stop_sequence": stop,
-                "usage": {"input_tokens": out.prompt_tokens, "output_tokens": out.completion_tokens},
+                "stop_details": None,  # a refusal's details: this server never refuses on policy
+                "usage": _usage(out.prompt_tokens, out.cached_tokens, out.completion_tokens),
             }
         )
 
@@ -135,13 +136,15 @@ class AnthropicServing:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+            "stop_details": None,
+            # context-reuse hits are known once the prompt is scheduled: message_delta has the final counts
+            "usage": _usage(prompt_tokens, 0, 0),
         }
         yield event("message_start", {"message": message})
         yield event("ping", {})
         reader = plan.reader()
         blocks = _Blocks(event)
-        text, token_ids, completion, finish = [], [], 0, None
+        text, token_ids, completion, cached, finish = [], [], 0, 0, None
         deltas = gen.deltas().__aiter__()
         pending: asyncio.Future | None = None
         try:
@@ -161,7 +164,7 @@ class AnthropicServing:
                     return  # the client hung up
                 text.append(d.text)
                 token_ids += d.token_ids
-                completion, finish = d.completion_tokens, d.finish_reason
+                completion, cached, finish = d.completion_tokens, d.cached_tokens, d.finish_reason
                 for e in reader.feed(d):
                     for chunk in blocks.add(e):
                         yield chunk
@@ -170,8 +173,9 @@ class AnthropicServing:
             for chunk in blocks.close(final=True):
                 yield chunk
             reason, stop = self._stop_reason(reader, finish, token_ids, "".join(text), stops)
-            delta = {"stop_reason": reason, "stop_sequence": stop}
-            yield event("message_delta", {"delta": delta, "usage": {"output_tokens": completion}})
+            delta = {"stop_reason": reason, "stop_sequence": stop, "stop_details": None}
+            usage = _usage(prompt_tokens, cached, completion)
+            yield event("message_delta", {"delta": delta, "usage": usage})
             yield event("message_stop", {})
         except Exception as e:
             if gen.cancelled:
@@ -233,6 +237,17 @@ class _Blocks:
             out.append(self.event("content_block_stop", {"index": self.index}))
             self.open = None
         return out
+
+
+def _usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
+    """Anthropic's usage: input_tokens counts the prompt tokens not read from the cache; context-reuse
+    hits are cache reads; trtedge writes no cache entries of its own (cache_creation_input_tokens 0)."""
+    return {
+        "input_tokens": prompt_tokens - cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
+        "output_tokens": output_tokens,
+    }
 
 
 def _tool_use(block_id: str, name: str, arguments: dict) -> dict:

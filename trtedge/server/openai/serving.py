@@ -48,6 +48,7 @@ class _Output:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
 
 
 class OpenAIServing:
@@ -109,7 +110,7 @@ class OpenAIServing:
         for i, o in enumerate(outputs):
             reader = plan.reader()
             parsed = merge(reader.feed(StreamDelta("".join(o.text), [], o.finish_reason)))
-            message: dict = {"role": "assistant", "content": parsed.content}
+            message: dict = {"role": "assistant", "content": parsed.content, "refusal": None}
             if plan.reasoning is not None:
                 message["reasoning_content"] = parsed.reasoning or None
             if parsed.calls:
@@ -136,7 +137,9 @@ class OpenAIServing:
             "created": created,
             "model": self.model_name,
             "choices": choices,
-            "usage": _usage(outputs[0].prompt_tokens, sum(o.completion_tokens for o in outputs)),
+            "usage": _usage(
+                outputs[0].prompt_tokens, sum(o.completion_tokens for o in outputs), outputs[0].cached_tokens
+            ),
         }
         return JSONResponse(body)
 
@@ -154,8 +157,8 @@ class OpenAIServing:
             readers = [plan.reader() for _ in range(gen.num_choices)]
             ids: list[dict[int, str]] = [{} for _ in range(gen.num_choices)]
             for i in range(gen.num_choices):
-                yield chunk(i, {"role": "assistant", "content": ""})
-            prompt_tokens, completion = 0, [0] * gen.num_choices
+                yield chunk(i, {"role": "assistant", "content": "", "refusal": None})
+            prompt_tokens, cached, completion = 0, 0, [0] * gen.num_choices
             async for i, d in gen.deltas():
                 if gen.cancelled:
                     return  # the client hung up
@@ -168,8 +171,11 @@ class OpenAIServing:
                     lp = {"content": self._chat_logprobs(infos if k == 0 else [])} if req.logprobs else None
                     yield chunk(i, delta, lp, finish if k == len(deltas) - 1 else None)
                 prompt_tokens, completion[i] = d.prompt_tokens, d.completion_tokens
+                if i == 0:
+                    cached = d.cached_tokens
             if include_usage:
-                yield sse.event({**head, "choices": [], "usage": _usage(prompt_tokens, sum(completion))})
+                usage = _usage(prompt_tokens, sum(completion), cached)
+                yield sse.event({**head, "choices": [], "usage": usage})
         except Exception as e:
             if gen.cancelled:
                 return
@@ -248,7 +254,9 @@ class OpenAIServing:
                 for i, o in enumerate(outputs)
             ],
             "usage": _usage(
-                sum(o.prompt_tokens for o in outputs[:: req.n]), sum(o.completion_tokens for o in outputs)
+                sum(o.prompt_tokens for o in outputs[:: req.n]),
+                sum(o.completion_tokens for o in outputs),
+                sum(o.cached_tokens for o in outputs[:: req.n]),
             ),
         }
         return JSONResponse(body)
@@ -268,7 +276,7 @@ class OpenAIServing:
             for i, echo in enumerate(echoes):
                 if echo:
                     yield chunk(i, echo)
-            prompt_tokens, completion = [0] * len(echoes), [0] * len(echoes)
+            prompt_tokens, completion, cached = [0] * len(echoes), [0] * len(echoes), [0] * len(echoes)
             async for i, d in gen.deltas():
                 if gen.cancelled:
                     return  # the client hung up
@@ -281,8 +289,9 @@ class OpenAIServing:
                     offsets[i] += sum(len(t) for t in lp["tokens"])
                 yield chunk(i, d.text, lp, d.finish_reason)
                 prompt_tokens[i], completion[i] = d.prompt_tokens, d.completion_tokens
+                cached[i] = d.cached_tokens
             if include_usage:
-                usage = _usage(sum(prompt_tokens[:: req.n]), sum(completion))
+                usage = _usage(sum(prompt_tokens[:: req.n]), sum(completion), sum(cached[:: req.n]))
                 yield sse.event({**head, "choices": [], "usage": usage})
         except Exception as e:
             if gen.cancelled:
@@ -453,6 +462,7 @@ class OpenAIServing:
                 o.logprobs.extend(self._visible_logprobs(d))
                 o.finish_reason = d.finish_reason
                 o.prompt_tokens, o.completion_tokens = d.prompt_tokens, d.completion_tokens
+                o.cached_tokens = d.cached_tokens
         except APIError:
             raise
         except Exception:
@@ -511,11 +521,13 @@ def _value_error(error: ValueError, default_param: str) -> APIError:
     return bad_request(str(error), param=name if known else default_param)
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """OpenAI's usage; ``cached_tokens``: prompt tokens served by context reuse (a part of prompt_tokens)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 

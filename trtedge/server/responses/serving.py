@@ -46,7 +46,9 @@ class ResponsesServing:
             items.add(event)
         items.close()
         return JSONResponse(
-            head.response(items.done, out.finish_reason, out.prompt_tokens, out.completion_tokens)
+            head.response(
+                items.done, out.finish_reason, out.prompt_tokens, out.completion_tokens, out.cached_tokens
+            )
         )
 
     async def _events(self, gen: Generation, plan: ChatPlan, head: _Head) -> AsyncIterator[bytes]:
@@ -61,18 +63,18 @@ class ResponsesServing:
         yield event({"type": "response.in_progress", "response": head.response([], None, 0, 0)})
         reader = plan.reader()
         items = _Items(namespaces(head.req.tools))
-        prompt, completion, finish = plan.choices[0].num_prompt_tokens, 0, None
+        prompt, completion, cached, finish = plan.choices[0].num_prompt_tokens, 0, 0, None
         try:
             async for _, d in gen.deltas():
                 if gen.cancelled:
                     return  # the client hung up
-                completion, finish = d.completion_tokens, d.finish_reason
+                completion, cached, finish = d.completion_tokens, d.cached_tokens, d.finish_reason
                 for e in reader.feed(d):
                     for data in items.add(e):
                         yield event(data)
             for data in items.close():
                 yield event(data)
-            final = head.response(items.done, finish, prompt, completion)
+            final = head.response(items.done, finish, prompt, completion, cached)
             kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
             yield event({"type": kind, "response": final})
         except Exception as e:
@@ -91,7 +93,9 @@ class _Head:
     def __init__(self, rid: str, created: int, model: str, req: ResponsesRequest, chat):
         self.rid, self.created, self.model, self.req, self.chat = rid, created, model, req, chat
 
-    def response(self, output: list[dict], finish: str | None, prompt: int, completion: int) -> dict:
+    def response(
+        self, output: list[dict], finish: str | None, prompt: int, completion: int, cached: int = 0
+    ) -> dict:
         req = self.req
         status = "in_progress" if finish is None else "incomplete" if finish == "length" else "completed"
         return {
@@ -121,7 +125,8 @@ class _Head:
             if finish is None
             else {
                 "input_tokens": prompt,
-                "input_tokens_details": {"cached_tokens": 0},
+                # cached: prompt tokens served by context reuse; trtedge has no separate cache write
+                "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
                 "output_tokens": completion,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": prompt + completion,
