@@ -19,6 +19,18 @@ class AnthropicMessage(_Model):
     content: str | list[dict[str, Any]]
 
 
+class OutputFormat(_Model):
+    """Structured output: the answer is JSON matching ``schema`` (served like OpenAI's response_format)."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Model):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None  # -> reasoning effort
+    format: OutputFormat | None = None
+
+
 class _Conversation(_Model):
     model: str
     messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
@@ -27,6 +39,8 @@ class _Conversation(_Model):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     context_management: dict[str, Any] | None = None  # accepted; the server keeps no context to edit
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the beta API's name for output_config.format
 
 
 class CountTokensRequest(_Conversation):

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from trtedge.runtime.output import StreamDelta
+from trtedge.runtime.sampling_params import GuidedDecodingParams
 from trtedge.server import sse
 from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.anthropic.translate import error_body, to_chat_request
@@ -20,6 +21,7 @@ from trtedge.server.auth import cache_salt
 from trtedge.server.core import ChatPlan, ChoiceReader, call_id, prepare_chat, prepare_prompt
 from trtedge.server.errors import APIError, internal_error
 from trtedge.server.generation import Generation
+from trtedge.server.openai.protocol import ChatCompletionRequest
 from trtedge.server.openai.serving import OpenAIServing
 from trtedge.server.parsers.output import merge
 
@@ -41,8 +43,9 @@ class AnthropicServing:
         serving = self.openai
         serving.check_model(req.model)
         chat = to_chat_request(req)
+        guide = await self._guide(req, chat)
         try:
-            plan = await prepare_chat(serving, chat, salt=cache_salt(request, chat.cache_salt))
+            plan = await prepare_chat(serving, chat, guide, salt=cache_salt(request, chat.cache_salt))
         except APIError as e:
             if e.code != "context_length_exceeded":
                 raise
@@ -100,6 +103,16 @@ class AnthropicServing:
         else:
             return error
         return APIError(400, message, param=error.param, code=error.code)
+
+    async def _guide(self, req: MessagesRequest, chat: ChatCompletionRequest) -> GuidedDecodingParams | None:
+        """The guide of output_config.format (compiled now: a bad schema is a 400 naming that field)."""
+        try:
+            return await self.openai._guide(chat)
+        except APIError as e:
+            if e.param != "response_format":
+                raise
+            e.param = "output_format" if req.output_format is not None else "output_config.format"
+            raise
 
     def _stop_reason(
         self,

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest, OutputFormat
 from trtedge.server.errors import APIError, bad_request, not_supported
 from trtedge.server.multimodal import media_part, take_media_params
 from trtedge.server.openai.protocol import ChatCompletionRequest
@@ -35,6 +35,13 @@ def to_chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletion
                 'thinking.type must be "enabled", "disabled" or "adaptive"', param="thinking.type"
             )
         body["enable_thinking"] = thinking != "disabled"
+    config = req.output_config
+    if config is not None and config.effort is not None:
+        body["reasoning_effort"] = _EFFORTS[config.effort]
+    fmt = _output_format(req)
+    if fmt is not None:
+        schema = {"name": "output", "schema": fmt.schema_, "strict": True}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
     if isinstance(req, MessagesRequest):
         body["max_tokens"] = req.max_tokens
         for name in ("temperature", "top_p", "top_k"):
@@ -53,6 +60,20 @@ def to_chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletion
         raise bad_request(f"{'.'.join(map(str, error['loc']))}: {error['msg']}") from None
     chat._media_params = media_params
     return chat
+
+
+# Anthropic's effort levels -> the reasoning efforts chat templates know (xhigh and max: the highest)
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+
+
+def _output_format(req: MessagesRequest | CountTokensRequest) -> OutputFormat | None:
+    inside = req.output_config.format if req.output_config is not None else None
+    beta = req.output_format
+    if inside is not None and beta is not None:
+        raise bad_request(
+            "set output_config.format or output_format (its older name), not both", param="output_format"
+        )
+    return inside or beta
 
 
 def _messages(role: str, content: str | list[dict], param: str) -> list[dict]:
