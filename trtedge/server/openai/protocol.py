@@ -8,7 +8,16 @@ import json
 import logging
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from trtedge.runtime.sampling_params import MAX_LOGIT_BIAS_ENTRIES, MAX_TOP_LOGPROBS
 from trtedge.server.errors import APIError, bad_request
@@ -59,20 +68,27 @@ class ContentPart(_Model):
 
 
 class ChatMessage(_Model):
-    # As in OpenAI's reference: a tool message answers one call, named by tool_call_id (the server
-    # refuses one without it, naming messages.N.tool_call_id).
+    # As in OpenAI's reference: a tool message answers one call, named by tool_call_id (the document
+    # says so with if/then; the validator refuses one without it, naming messages.N.tool_call_id).
     model_config = ConfigDict(
         json_schema_extra={
             "if": {"properties": {"role": {"const": "tool"}}},
-            "then": {"required": ["tool_call_id"]},
+            "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string"}}},
         }
     )
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
+    tool_call_id: Annotated[str | None, Field(validate_default=True)] = None
     reasoning_content: str | None = None
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _answers_a_call(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None and info.data.get("role") == "tool":
+            raise ValueError("a tool message needs tool_call_id")
+        return value
 
 
 class _Sampling(_Model):
