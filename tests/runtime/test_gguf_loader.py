@@ -264,8 +264,9 @@ def llama3_rope_freqs(theta: float, dim: int) -> np.ndarray:
 
 
 def write_tiny_gguf(
-    path, model, arch: str, pre: str = "gpt2", add_bos: bool = False, llama3: bool = False
+    path, model, arch: str, pre: str = "gpt2", add_bos: bool = False, llama3: bool = False, tensor_types=None
 ) -> None:
+    """``tensor_types``: layer part ("self_attn.v_proj") -> GGUF type name ("Q8_0") its tensors are stored in."""
     cfg = model.config
     dim = head_dim(cfg)
     n_head, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -301,7 +302,14 @@ def write_tiny_gguf(
             tensor = llama_cpp_permute(tensor, n_head)
         elif arch == "llama" and ".k_proj." in name:
             tensor = llama_cpp_permute(tensor, n_kv)
-        writer.add_tensor(gguf_name(name), tensor.numpy())
+        qtype = next((t for part, t in (tensor_types or {}).items() if f".{part}.weight" in name), None)
+        if qtype is None:
+            writer.add_tensor(gguf_name(name), tensor.numpy())
+        else:
+            raw_type = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(
+                gguf_name(name), gguf.quants.quantize(tensor.numpy(), raw_type), raw_dtype=raw_type
+            )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -590,3 +598,33 @@ def test_a_directory_holding_one_gguf_finds_its_cached_bundle_without_reading_th
         again.release()
         assert again.key == first.key and not again.built
         assert again.checkpoint_path == directory / "tiny.gguf"
+
+
+def test_q_k_v_of_mixed_types_are_stored_in_one_format_so_a_launch_converts_nothing(tmp_path, monkeypatch):
+    # llama.cpp's Q4_K_M keeps attn_v in Q6_K beside Q4_K attn_q/attn_k: int4 + int8 parts of one fused
+    # layer, which the model requantized to int8 on every launch.
+    from trtedge import LLM
+    from trtedge.runtime.artifacts import quantize
+    from trtedge.runtime.ops import linear
+
+    if not linear.int8_available():
+        pytest.skip("no native int kernels here: quantized weights run dequantized")
+    path = tmp_path / "mixed.gguf"
+    parts = {"self_attn.q_proj": "Q4_0", "self_attn.k_proj": "Q4_0", "self_attn.v_proj": "Q8_0"}
+    parts |= {"mlp.gate_proj": "Q4_0", "mlp.up_proj": "Q4_0", "mlp.down_proj": "Q4_0"}
+    write_tiny_gguf(path, make_hf_model("llama"), "llama", tensor_types=parts)
+    kwargs = dict(cache_dir=str(tmp_path / "cache"), max_kv_cache_capacity=64)
+    LLM(str(path), **kwargs).close()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a cached launch converted weights")
+
+    for module, name in [(quantize, "quantize"), (quantize, "quantize_int8"), (linear, "quantize_int8")]:
+        monkeypatch.setattr(module, name, refuse)
+    monkeypatch.setattr(linear, "quantize", refuse)
+    monkeypatch.setattr(quantize.QuantizedTensor, "dequantize", refuse)
+    with LLM(str(path), **kwargs) as llm:
+        assert not llm.bundle.built
+        layer = llm.model.layers[0]
+        assert type(layer.qkv).__name__ == "Int8Linear"  # int4 q/k went to int8 with their v, at build time
+        assert type(layer.mlp.gate_up).__name__ == type(layer.mlp.down).__name__ == "Int4Linear"

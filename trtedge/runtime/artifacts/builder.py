@@ -201,7 +201,7 @@ def _write_shards(
     for i, (name, tensor) in enumerate(_source_tensors(checkpoint, mode)):
         if is_vision_tensor(name) != vision:
             continue
-        fmt = target_format(name, tensor.shape, mode, checkpoint.quantization.get(name))
+        fmt = _stored_format(name, tensor.shape, mode, checkpoint.quantization)
         stored = _convert(name, tensor, fmt, torch_dtype)
         counts[fmt or "float"] = counts.get(fmt or "float", 0) + 1
         shard.update(stored)
@@ -216,6 +216,27 @@ def _write_shards(
         os.rename(out_dir / names[0], out_dir / "weights.safetensors")
         names = ["weights.safetensors"]
     return names, counts
+
+
+# Tensors the model concatenates into one layer at load (``layers.fused``): one format for the group.
+_FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _stored_format(name: str, shape, mode: str, sources: dict) -> str | None:
+    """``target_format``, except that a tensor fused with its siblings at load (q/k/v, gate/up) takes
+    int8 when their formats differ (a Q4_K_M file's Q6_K attn_v beside Q4_K attn_q and attn_k): the
+    model would otherwise requantize the group on every launch."""
+    fmt = target_format(name, shape, mode, sources.get(name))
+    stem, dot, kind = name.rpartition(".")
+    prefix, _, part = stem.rpartition(".")
+    group = next((g for g in _FUSED_GROUPS if part in g), None)
+    if group is None or not dot:
+        return fmt
+    siblings = [f"{prefix}.{p}.{kind}" for p in group]
+    if not all(s in sources for s in siblings):
+        return fmt  # not a full group in this checkpoint (a fused qkv_proj, or no recorded types)
+    formats = {target_format(s, shape, mode, sources[s]) for s in siblings}  # siblings share the input size
+    return fmt if len(formats) == 1 else "int8"
 
 
 def _source_tensors(checkpoint, mode: str):
