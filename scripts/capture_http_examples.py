@@ -16,10 +16,11 @@ from generate_http_reference import EXAMPLES, RESPONSES
 
 
 def capture(url: str) -> dict:
-    found = {path: httpx.get(url + path, timeout=30).json() for path in ("/health", "/v1/models")}
+    gets = ("/health", "/v1/models", "/tokenizer_info")
+    found = {path: httpx.get(url + path, timeout=30).json() for path in gets}
     for path, body in EXAMPLES.items():
         body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-        if not path.endswith("count_tokens"):
+        if path.startswith("/v1/") and not path.endswith("count_tokens"):
             body["stream"] = False
         response = httpx.post(url + path, json=body, timeout=300)
         response.raise_for_status()

@@ -34,6 +34,9 @@ feature is not available is refused with a 400 naming it.
 | POST | `/v1/responses` | [responses request](#post-v1responses) |
 | POST | `/v1/messages` | [Anthropic messages request](#post-v1messages) |
 | POST | `/v1/messages/count_tokens` | [Anthropic token count request](#post-v1messagescount_tokens) |
+| POST | `/tokenize` | [tokenize request](#post-tokenize) (vLLM's) |
+| POST | `/detokenize` | [detokenize request](#post-detokenize) (vLLM's) |
+| GET | `/tokenizer_info` | none (vLLM's: special tokens, chat template) |
 """
 
 _CLAUDE_HELLO = {
@@ -67,17 +70,20 @@ EXAMPLES = {
         "prompt": "The capital of France is",
         "max_tokens": 8,
     },
+    "/tokenize": {"model": "SmolLM2-135M-Instruct", "prompt": "The capital of France is"},
+    "/detokenize": {"model": "SmolLM2-135M-Instruct", "tokens": [504, 3575, 282, 4649, 314]},
 }
 
 
 def render() -> str:
     from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
     from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from trtedge.server.openai.tokenization import DetokenizeRequest, TokenizeRequest
     from trtedge.server.responses.protocol import ResponsesRequest
 
     responses = json.loads(RESPONSES.read_text())
     parts = [HEADER]
-    for path in ("/health", "/v1/models"):
+    for path in ("/health", "/v1/models", "/tokenizer_info"):
         parts.append(f"## GET `{path}`\n\nExample response:\n\n```json\n{json.dumps(responses[path], indent=2)}\n```\n")
     for path, model in (
         ("/v1/chat/completions", ChatCompletionRequest),
@@ -85,6 +91,8 @@ def render() -> str:
         ("/v1/responses", ResponsesRequest),
         ("/v1/messages", MessagesRequest),
         ("/v1/messages/count_tokens", CountTokensRequest),
+        ("/tokenize", TokenizeRequest),
+        ("/detokenize", DetokenizeRequest),
     ):
         model.model_validate(EXAMPLES[path])  # an example that no longer validates fails the generation
         schema = model.model_json_schema()

@@ -23,6 +23,7 @@ from trtedge.server.errors import APIError, engine_unavailable, internal_error, 
 from trtedge.server.metrics import ServerMetrics
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from trtedge.server.openai.serving import OpenAIServing
+from trtedge.server.openai.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
 from trtedge.server.openapi import openapi_schema
 from trtedge.server.responses.protocol import ResponsesRequest
 from trtedge.server.responses.serving import ResponsesServing
@@ -41,6 +42,9 @@ ENDPOINTS = (
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/responses",
+    "/tokenize",
+    "/detokenize",
+    "/tokenizer_info",
 )
 
 
@@ -61,6 +65,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
     serving = OpenAIServing(llm, config, admission, metrics)
     anthropic = AnthropicServing(serving)
     responses = ResponsesServing(serving)
+    tokenization = TokenizationServing(serving)
 
     async def health(request: Request) -> Response:
         body = health_body(llm, config, admission, serving.model_name)
@@ -112,6 +117,17 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         body = parse_request(await read_body(request, config.max_body_bytes), ResponsesRequest)
         return await responses.create(body, request)
 
+    async def tokenize(request: Request) -> Response:
+        body = parse_request(await read_body(request, config.max_body_bytes), TokenizeRequest)
+        return await tokenization.tokenize(body)
+
+    async def detokenize(request: Request) -> Response:
+        body = parse_request(await read_body(request, config.max_body_bytes), DetokenizeRequest)
+        return await tokenization.detokenize(body)
+
+    async def tokenizer_info(request: Request) -> Response:
+        return tokenization.tokenizer_info()
+
     routes = [
         Route("/", _guard(root), methods=["GET", "HEAD"]),
         Route("/health", _guard(health)),
@@ -125,6 +141,9 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         Route("/v1/messages", _guard(messages, anthropic_error), methods=["POST"]),
         Route("/v1/messages/count_tokens", _guard(count_tokens, anthropic_error), methods=["POST"]),
         Route("/v1/responses", _guard(create_response), methods=["POST"]),
+        Route("/tokenize", _guard(tokenize), methods=["POST"]),
+        Route("/detokenize", _guard(detokenize), methods=["POST"]),
+        Route("/tokenizer_info", _guard(tokenizer_info)),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.admission = admission

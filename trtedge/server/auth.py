@@ -1,4 +1,4 @@
-"""API keys for /v1/*: `Authorization: Bearer KEY` or `x-api-key: KEY`.
+"""API keys for /v1/* and the tokenizer endpoints: `Authorization: Bearer KEY` or `x-api-key: KEY`.
 
 Keys are compared as SHA-256 digests with ``hmac.compare_digest`` and every configured key is
 compared on every request, so the time taken says nothing about a key's content or which key
@@ -15,6 +15,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtedge.server.errors import APIError
+
+GUARDED_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")  # besides every path under /v1/
 
 
 def given_key(headers: dict[str, str]) -> str | None:
@@ -59,14 +61,16 @@ def cache_salt(request: Request, salt: str | None) -> str | None:
 
 
 class APIKeyMiddleware:
-    """Guards every path under /v1/ when keys are configured; /health and /metrics stay open."""
+    """Guards every path under /v1/ and GUARDED_PATHS when keys are configured; /health and /metrics
+    stay open."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, tenants: dict[str, str] | None = None):
         self.app = app
         self.keys = KeyRing(api_key, tenants)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.keys and scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        path = scope.get("path", "")
+        if self.keys and scope["type"] == "http" and (path.startswith("/v1/") or path in GUARDED_PATHS):
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             matched, tenant = self.keys.match(given_key(headers))
             if not matched:

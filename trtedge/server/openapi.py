@@ -8,6 +8,7 @@ from pydantic import BaseModel
 from trtedge._version import __version__
 from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from trtedge.server.openai.tokenization import DetokenizeRequest, TokenizeRequest
 from trtedge.server.responses.protocol import ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
@@ -119,6 +120,8 @@ def _document() -> dict:
         ResponsesRequest,
         MessagesRequest,
         CountTokensRequest,
+        TokenizeRequest,
+        DetokenizeRequest,
     ):
         schema = model.model_json_schema(ref_template=_REF)
         schemas.update(schema.pop("$defs", {}))
@@ -157,6 +160,15 @@ def _document() -> dict:
                 "Anthropic token count",
                 _errors(400, 401, 404, 413, shape="AnthropicError"),
             ),
+            "/tokenize": _post(
+                TokenizeRequest,
+                "vLLM tokenize: a prompt or messages -> token ids",
+                _errors(400, 401, 404, 413),
+            ),
+            "/detokenize": _post(
+                DetokenizeRequest, "vLLM detokenize: token ids -> text", _errors(400, 401, 404, 413)
+            ),
+            "/tokenizer_info": _get("vLLM tokenizer info: special tokens, chat template", secured=True),
         },
         "components": {
             "schemas": schemas,

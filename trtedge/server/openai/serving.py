@@ -236,7 +236,7 @@ class OpenAIServing:
             return sse.SSEResponse(
                 self._completion_chunks(gen, req, rid, created, echoes), on_close=_closer(gen, watcher)
             )
-        outputs = await self._collect(gen, watcher)
+        outputs = await self._collect(gen, watcher, with_eos=True)
         body = {
             "id": rid,
             "object": "text_completion",
@@ -280,7 +280,7 @@ class OpenAIServing:
             async for i, d in gen.deltas():
                 if gen.cancelled:
                     return  # the client hung up
-                infos = self._visible_logprobs(d) if req.logprobs is not None else []
+                infos = list(d.logprobs or []) if req.logprobs is not None else []
                 if not d.text and not d.finish_reason and not infos:
                     continue
                 lp = None
@@ -452,14 +452,18 @@ class OpenAIServing:
         self._live.add(gen)
         return gen, watcher
 
-    async def _collect(self, gen: Generation, watcher: sse.DisconnectWatcher) -> list[_Output]:
+    async def _collect(
+        self, gen: Generation, watcher: sse.DisconnectWatcher, with_eos: bool = False
+    ) -> list[_Output]:
+        """Every choice's output; ``with_eos`` keeps the logprob of an EOS that ended a choice (completions
+        report it, as vLLM does: one entry per completion token)."""
         outputs = [_Output() for _ in range(gen.num_choices)]
         try:
             async for i, d in gen.deltas():
                 o = outputs[i]
                 o.text.append(d.text)
                 o.token_ids.extend(d.token_ids)
-                o.logprobs.extend(self._visible_logprobs(d))
+                o.logprobs.extend((d.logprobs or []) if with_eos else self._visible_logprobs(d))
                 o.finish_reason = d.finish_reason
                 o.prompt_tokens, o.completion_tokens = d.prompt_tokens, d.completion_tokens
                 o.cached_tokens = d.cached_tokens

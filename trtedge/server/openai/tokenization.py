@@ -1,0 +1,98 @@
+"""vLLM's tokenizer endpoints: POST /tokenize, POST /detokenize and GET /tokenizer_info, in vLLM's
+shapes. lm-evaluation-harness's ``local-completions`` finds them and then needs no tokenizer of its
+own (its "remote" tokenizer backend)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from pydantic import Field
+from starlette.responses import JSONResponse, Response
+
+from trtedge.server.core import prepare_prompt
+from trtedge.server.errors import bad_request
+from trtedge.server.openai.protocol import ChatCompletionRequest, ChatMessage, TokenId, _Model
+from trtedge.server.openai.serving import OpenAIServing
+
+
+class TokenizeRequest(_Model):
+    """A text ``prompt`` or a chat (``messages``, rendered through the chat template): exactly one."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    # unset: true for a prompt (BOS where the model wants it), false for messages (the template adds it)
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Model):
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+class TokenizationServing:
+    def __init__(self, openai: OpenAIServing):
+        self.openai = openai
+        self.tokenizer = openai.llm.tokenizer
+
+    async def tokenize(self, req: TokenizeRequest) -> Response:
+        self.openai.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise bad_request("send exactly one of prompt and messages", param="prompt")
+        tokenizer = self.tokenizer
+        if req.prompt is not None:
+            special = req.add_special_tokens is not False
+            ids = await asyncio.to_thread(tokenizer.encode, req.prompt, special)
+        else:
+            chat = ChatCompletionRequest(
+                messages=req.messages,
+                add_generation_prompt=req.add_generation_prompt,
+                tools=req.tools,
+                chat_template_kwargs=req.chat_template_kwargs,
+            )
+            ids = list((await prepare_prompt(self.openai, chat)).ids)
+            bos = tokenizer.bos_token_id
+            if req.add_special_tokens and bos is not None and ids[:1] != [bos]:
+                ids.insert(0, bos)
+        body: dict = {
+            "count": len(ids),
+            "max_model_len": self.openai.llm.config.max_kv_cache_capacity,
+            "tokens": ids,
+            "token_strs": [tokenizer.id_to_token(i) for i in ids] if req.return_token_strs else None,
+        }
+        return JSONResponse(body)
+
+    async def detokenize(self, req: DetokenizeRequest) -> Response:
+        self.openai.check_model(req.model)
+        vocab = self.openai.vocab_size
+        bad = next((i for i, t in enumerate(req.tokens) if t >= vocab), None)
+        if bad is not None:
+            raise bad_request(
+                f"tokens.{bad}: token id {req.tokens[bad]} is not below the vocabulary size {vocab}",
+                param=f"tokens.{bad}",
+            )
+        text = await asyncio.to_thread(self.tokenizer.decode, req.tokens, False)
+        return JSONResponse({"prompt": text})
+
+    def tokenizer_info(self) -> Response:
+        """What vLLM reports: the tokenizer's configuration (special tokens, BOS handling, chat template)."""
+        tokenizer = self.tokenizer
+        info: dict = {
+            "tokenizer_class": "PreTrainedTokenizerFast",  # a tokenizer.json, as transformers loads it
+            "bos_token": None,
+            "eos_token": None,
+            "pad_token": None,
+            "unk_token": None,
+            **tokenizer.special_tokens,
+            "add_bos_token": tokenizer.add_bos_token,
+            "model_max_length": self.openai.llm.config.max_kv_cache_capacity,
+            "vocab_size": tokenizer.vocab_size,
+        }
+        if tokenizer.chat_template:
+            info["chat_template"] = tokenizer.chat_template
+        return JSONResponse(info)
