@@ -355,8 +355,11 @@ class LLM:
         if isinstance(ids, MultimodalPrompt):
             ids = ids.ids
         choices: dict[int, CompletionOutput] = {}
+        prompt_logprobs = None
         with stream:
             for delta in stream:
+                if delta.prompt_logprobs is not None:
+                    prompt_logprobs = delta.prompt_logprobs
                 choice = choices.get(delta.index)
                 if choice is None:
                     choice = choices[delta.index] = CompletionOutput(delta.index, "", [], None)
@@ -377,6 +380,7 @@ class LLM:
             metrics=box.get("metrics"),
             prompt_token_ids=ids,
             outputs=outputs,
+            prompt_logprobs=prompt_logprobs,
         )
 
     # ---- introspection -------------------------------------------------------------------------

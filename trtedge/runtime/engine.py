@@ -16,7 +16,7 @@ from trtedge.runtime.core.block_manager import BlockManager
 from trtedge.runtime.core.hybrid_state import HybridStateCache
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from trtedge.runtime.executor.runner import ModelRunner
+from trtedge.runtime.executor.runner import ModelRunner, PromptScores
 from trtedge.runtime.executor.sampler import Sampler, TokenLogprobs, mix_seed
 from trtedge.runtime.executor.state_pool import row_bytes
 from trtedge.runtime.faults import FaultInjector
@@ -84,6 +84,7 @@ class _Request:
     first_token: float | None = None
     num_open: int = 0
     num_jump_forward_tokens: int = 0  # draft tokens the model agreed with (no pass of their own)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # filled by the prefill when asked for
     finish_reason: str | None = None  # choice 0's, or "cancelled" / "error" for the whole request
 
 
@@ -213,6 +214,9 @@ class Engine:
         for index in range(params.n):
             rid = request_id if index == 0 or request_id is None else f"{request_id}-{index}"
             seq = Sequence(prompt_ids, params, priority, rid)
+            if index == 0 and params.prompt_logprobs is not None:  # the choices fork from its prefill
+                seq.prompt_logprobs = params.prompt_logprobs
+                request.prompt_logprobs = [None]
             seq.mm = mm
             seq.seed = seed if index == 0 else mix_seed(seed, -1 - index)
             if grammar is not None:
@@ -398,7 +402,9 @@ class Engine:
                 if part.is_empty:
                     continue
             self._faults.before_model_step(part.seqs)
-            seqs, tokens, infos = self.runner.run(part)
+            seqs, tokens, infos, scores = self.runner.run(part)
+            for scored in scores:
+                self._record_prompt_logprobs(scored)
             if self.speculative is not None:
                 self.speculative.observe(part)
             i = 0
@@ -416,6 +422,20 @@ class Engine:
                     self.guides.propose(seq)
                 i += n
         return True
+
+    def _record_prompt_logprobs(self, scored: PromptScores) -> None:
+        """Keep the prompt logprobs a step computed; positions already kept (a preempted prefill that runs
+        again) are skipped, and once all are in the sequence stops asking."""
+        seq = scored.seq
+        choice = self._choices.get(seq.seq_id)
+        if choice is None or choice.request.prompt_logprobs is None:
+            return
+        kept = choice.request.prompt_logprobs
+        if scored.first > len(kept):  # cannot happen: a scored prompt is computed from its start
+            raise RuntimeError(f"internal error: request {seq.request_id} skipped prompt logprobs")
+        kept.extend(scored.logprobs[len(kept) - scored.first :])
+        if len(kept) >= seq.num_prompt_tokens:
+            seq.prompt_logprobs = None
 
     def _encode_media(self, part: ScheduledBatch) -> ScheduledBatch:
         """Encode the images / videos the step reaches; a request whose own media fail to encode fails
@@ -478,7 +498,8 @@ class Engine:
             log.warning("request %s: guide rejected token %d; finishing", seq.request_id, token)
             self._finish(choice, "stop")
             return
-        if choice.first_token is None:
+        first = choice.first_token is None
+        if first:
             choice.first_token = time.monotonic()
             if request.first_token is None:
                 request.first_token = choice.first_token
@@ -515,6 +536,7 @@ class Engine:
             seq.num_output_tokens,
             choice.index,
             seq.num_cached_tokens,
+            request.prompt_logprobs if first else None,
         )
         if reason is None:
             request.channel.put(delta)

@@ -22,6 +22,8 @@ class StreamDelta:
     completion_tokens: int = 0  # of this choice so far
     index: int = 0  # which of the request's n choices this delta belongs to
     cached_tokens: int = 0  # prompt tokens taken from the context cache (context reuse)
+    # on a choice's first delta when asked for: one entry per prompt token, the first None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 @dataclass
@@ -76,6 +78,8 @@ class RequestOutput:
     metrics: GenerationMetrics | None = None
     prompt_token_ids: list[int] = field(default_factory=list)
     outputs: list[CompletionOutput] = field(default_factory=list)
+    # with SamplingParams(prompt_logprobs=k): per prompt token (the first: None) its logprob, rank and top k
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 class CancellableIterator(Iterator[StreamDelta]):

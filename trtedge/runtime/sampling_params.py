@@ -117,6 +117,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the prompt tokens' logprobs (and this many top alternatives)
     n: int = 1
     reuse_context: bool = True
     cache_generated_tokens: bool | None = None  # None: True, but False where a hybrid model speculates
@@ -150,6 +151,8 @@ class SamplingParams:
             _int("stop_token_ids", t, lo=0)
         if self.logprobs is not None:
             _int("logprobs", self.logprobs, lo=0, hi=MAX_TOP_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _int("prompt_logprobs", self.prompt_logprobs, lo=0, hi=MAX_TOP_LOGPROBS)
         _int("n", self.n, lo=1, hi=128)
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {self.cache_salt!r}")

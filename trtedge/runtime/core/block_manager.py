@@ -84,6 +84,8 @@ class BlockManager:
         one prompt token to compute, so its logits exist)."""
         if not (self.enable_reuse and seq.params.reuse_context) or seq.block_table:
             return
+        if seq.params.prompt_logprobs is not None:  # every prompt position is computed to be scored
+            return
         self.stats.lookups += 1
         matched: list[int] = []
         hashes = self.prefix_hashes(seq, (seq.num_prompt_tokens - 1) // self.block_size)

@@ -39,6 +39,8 @@ class Sequence:
         self.spec_stats = None  # speculative.SpecStats once a draft of this sequence was verified
         self.num_draft_tokens = 0  # trailing token_ids proposed by jump-forward, not yet verified
         self.num_forward_passes = 0
+        # Prompt logprobs still to compute in the prefill: how many top alternatives (None: none wanted).
+        self.prompt_logprobs: int | None = None
         # Hybrid models (recurrent layers): the state slot, and positions of its saved checkpoint.
         self.state_slot: int | None = None
         self.checkpoint_limit = 0  # furthest position to checkpoint at; 0: never

@@ -4,6 +4,7 @@ into tensors, runs the forward and samples."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +19,17 @@ from trtedge.runtime.ops.attention import AttentionBatch
 from trtedge.runtime.structured import draft_rows
 
 log = logging.getLogger("trtedge")
+
+SCORE_ROWS = 256  # prompt positions scored at once: bounds the [rows, vocab] logits held for prompt logprobs
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """Prompt logprobs computed in a step: those of ``seq``'s prompt tokens ``first``.. (one per entry)."""
+
+    seq: Sequence
+    first: int
+    logprobs: list[TokenLogprobs]
 
 
 class ModelRunner:
@@ -161,20 +173,33 @@ class ModelRunner:
         return windows
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int], list[TokenLogprobs | None]]:
+    def run(
+        self, batch: ScheduledBatch
+    ) -> tuple[list[Sequence], list[int], list[TokenLogprobs | None], list[PromptScores]]:
         """Compute the scheduled tokens; return the sequences that caught up and their next tokens (a
-        sequence with a jump-forward draft repeats once per draft position plus one)."""
+        sequence with a jump-forward draft repeats once per draft position plus one), and the prompt
+        logprobs of the prompt positions computed for sequences that want them."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         query_lens, context_lens, tables = [], [], []
         last_rows: list[int] = []
         sampled: list[Sequence] = []
+        scoring: list[tuple[Sequence, int, int]] = []  # (sequence, first prompt token scored, count)
+        score_rows: list[int] = []
+        score_targets: list[int] = []
         if self.states is not None:
             self._step_states = self.recurrent_batch(batch, self._draft_windows(batch))
         for seq, n in zip(batch.seqs, batch.num_tokens):
             start = seq.num_computed_tokens
             end = start + n
+            if seq.prompt_logprobs is not None:
+                # position p's logits score prompt token p + 1
+                last = min(end, seq.num_prompt_tokens - 1)
+                if last > start:
+                    score_rows.extend(range(len(ids), len(ids) + last - start))
+                    score_targets.extend(seq.token_ids[start + 1 : last + 1])
+                    scoring.append((seq, start + 1, last - start))
             ids.extend(seq.token_ids[start:end])
             delta = seq.mm.rope_delta if seq.mm is not None else 0  # M-RoPE: generated tokens' offset
             positions.extend(range(start + delta, end + delta))
@@ -199,26 +224,34 @@ class ModelRunner:
         masks = self.guides.start_masks(sampled) if self.guides is not None and sampled else None
         # a prompt token of a media request has (3, T) M-RoPE positions: the decode graphs take 1D ones
         decode = all(q == 1 for q in query_lens) and not isinstance(positions, torch.Tensor)
-        if decode and self.graphs is not None and self.graphs.fits(len(ids)) and not self.model.aux_layers:
+        graphs = decode and not score_rows and self.graphs is not None and self.graphs.fits(len(ids))
+        if graphs and not self.model.aux_layers:
             logits = self.graphs.run(ids, positions, slots, tables, context_lens)
             tokens, infos = self.sampler(logits, draft_rows(sampled), masks)
-            return sampled, tokens, infos
-        plan = (ids, positions, slots, query_lens, context_lens, tables, last_rows)
+            return sampled, tokens, infos, []
+        top = max((s.prompt_logprobs for s, _, _ in scoring), default=0)
+        score = (score_rows, score_targets, top) if score_rows else None
+        plan = (ids, positions, slots, query_lens, context_lens, tables, last_rows, score)
         if embeds is not None:
-            logits = self.forward(*plan, embeds=embeds)
+            logits, scores = self.forward(*plan, embeds=embeds)
         else:
-            logits = self.forward(*plan) if self.tp is None else self.tp.step(self.forward, plan)
+            logits, scores = self.forward(*plan) if self.tp is None else self.tp.step(self.forward, plan)
+        prompt_scores, offset = [], 0
+        for seq, first, count in scoring:
+            prompt_scores.append(PromptScores(seq, first, _trim(scores[offset : offset + count], seq)))
+            offset += count
         if not sampled:
-            return [], [], []
+            return [], [], [], prompt_scores
         tokens, infos = self.sampler(logits, draft_rows(sampled), masks)
-        return sampled, tokens, infos
+        return sampled, tokens, infos, prompt_scores
 
     @torch.inference_mode()
     def forward(
-        self, ids, positions, slots, query_lens, context_lens, tables, last_rows, embeds=None
-    ) -> torch.Tensor | None:
-        """The model over a flattened batch: the logits of ``last_rows`` (None when there are none). The
-        other tensor-parallel ranks run this with the plan rank 0 sent."""
+        self, ids, positions, slots, query_lens, context_lens, tables, last_rows, score=None, embeds=None
+    ) -> tuple[torch.Tensor | None, list[TokenLogprobs]]:
+        """The model over a flattened batch: the logits of ``last_rows`` (None when there are none), and
+        for ``score`` = (rows, target token ids, top count) the log-softmax of each row's logits at its
+        target. The other tensor-parallel ranks run this with the plan rank 0 sent."""
         device = self.model.device
         decode = all(q == 1 for q in query_lens)
         attn = self._attention_batch(slots, query_lens, context_lens, tables, decode)
@@ -231,10 +264,34 @@ class ModelRunner:
         if embeds is not None:
             extra["embeds"] = embeds
         hidden = self.model.forward(input_ids, pos, self.kv_caches, attn, **extra)
+        scores = self._score(hidden, *score) if score is not None else []
         if not last_rows:
-            return None
+            return None, scores
         rows = torch.tensor(last_rows, dtype=torch.long, device=device)
-        return self.model.logits(hidden.index_select(0, rows))
+        return self.model.logits(hidden.index_select(0, rows)), scores
+
+    def _score(
+        self, hidden: torch.Tensor, rows: list[int], targets: list[int], top: int
+    ) -> list[TokenLogprobs]:
+        """Each row's logprob of its target token, its rank and the ``top`` most likely tokens, from the
+        raw logits (no penalties or temperature), a slice of rows at a time."""
+        device = hidden.device
+        out: list[TokenLogprobs] = []
+        for i in range(0, len(rows), SCORE_ROWS):
+            picked = torch.tensor(rows[i : i + SCORE_ROWS], dtype=torch.long, device=device)
+            logits = self.model.logits(hidden.index_select(0, picked))
+            if self.sampler is None:  # another tensor-parallel rank: its slice of the vocabulary only
+                continue
+            lp = torch.log_softmax(logits, dim=-1)
+            wanted = torch.tensor(targets[i : i + SCORE_ROWS], dtype=torch.long, device=device)
+            chosen = lp.gather(1, wanted[:, None])
+            ranks = ((lp > chosen).sum(dim=-1) + 1).tolist()
+            values, ids = lp.topk(top, dim=-1) if top else (lp[:, :0], lp[:, :0].long())
+            for target, logprob, rank, vs, ts in zip(
+                wanted.tolist(), chosen[:, 0].tolist(), ranks, values.tolist(), ids.tolist()
+            ):
+                out.append(TokenLogprobs(target, logprob, list(zip(ts, vs)), rank))
+        return out
 
     def _attention_batch(self, slots, query_lens, context_lens, tables, decode: bool) -> AttentionBatch:
         device = self.model.device
@@ -295,3 +352,11 @@ class ModelRunner:
             f"internal error: request {seq.request_id} rolls its recurrent state back to {num_computed} "
             f"tokens, but {kept}"
         )
+
+
+def _trim(infos: list[TokenLogprobs], seq: Sequence) -> list[TokenLogprobs]:
+    """A batch scores every row with the largest top count wanted: keep this sequence's own."""
+    k = seq.prompt_logprobs or 0
+    for info in infos:
+        del info.top[k:]
+    return infos

@@ -28,6 +28,7 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]
+    rank: int | None = None  # 1 + the number of tokens more likely (prompt logprobs)
 
 
 class Sampler:

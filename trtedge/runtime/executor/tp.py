@@ -73,6 +73,7 @@ class StepPlan:
     context_lens: list[int]
     tables: list[list[int]]
     last_rows: list[int]
+    score: tuple | None = None  # prompt logprobs: (rows, target ids, top count)
 
 
 def _prepare_env(launch: ShardLaunch, rank: int) -> torch.device:
@@ -379,5 +380,6 @@ def run_worker(launch: ShardLaunch, rank: int, store=None) -> None:
                 step.context_lens,
                 step.tables,
                 step.last_rows,
+                step.score,
             )
     dist.destroy_process_group()
