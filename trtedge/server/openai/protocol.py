@@ -120,6 +120,8 @@ class _Sampling(_Model):
     cache_generated_tokens: bool | None = None  # unset: true, but false where a hybrid model speculates
     skip_special_tokens: bool = True
     disable_spec_decode: bool = False  # generate without speculative decoding (when the server has it)
+    # vLLM's: the logprob of every prompt token (and this many top alternatives), computed in the prefill
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), INTEGRAL] | None = None
     # Requests with different salts never share cached prefixes (tenant isolation of context reuse).
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     # Structured output (at most one of these; see structured.py)
@@ -153,6 +155,8 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
+    # 0: the prompt is scored only (echo with logprobs, prompt_logprobs), nothing is generated
+    max_tokens: Annotated[int, Field(ge=0), INTEGRAL] | None = None
     # "" (or an empty token list inside a list) is served from the start of a document, as OpenAI does
     prompt: (
         str

@@ -45,10 +45,22 @@ class _Output:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class _CompletionView:
+    """How a completion request's choices are reported: the echoed prompt text and ids per choice,
+    whether the echo carries the prompt's logprobs, and whether generation is left out (max_tokens 0)."""
+
+    echoes: list[str]
+    prompt_ids: list[list[int]]
+    echo_logprobs: bool
+    score_only: bool
 
 
 class OpenAIServing:
@@ -94,6 +106,7 @@ class OpenAIServing:
         self._refuse_unserved(req)
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
+        _refuse_streamed_prompt_logprobs(req)
         guide = await self._guide(req)
         plan = await prepare_chat(self, req, guide, salt=cache_salt(request, req.cache_salt))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -131,6 +144,12 @@ class OpenAIServing:
                     "finish_reason": reader.finish_reason(o.finish_reason),
                 }
             )
+            if req.prompt_logprobs is not None:
+                prompt = plan.choices[0].prompt
+                ids = list(getattr(prompt, "ids", prompt))
+                choices[-1]["prompt_logprobs"] = self._vllm_prompt_logprobs(
+                    ids, o.prompt_logprobs, req.prompt_logprobs
+                )
         body = {
             "id": rid,
             "object": "chat.completion",
@@ -203,13 +222,16 @@ class OpenAIServing:
             raise not_supported("suffix (fill-in-the-middle)", "suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise not_supported("best_of other than n", "best_of")
-        if req.echo and req.logprobs is not None:
-            raise not_supported("echo with logprobs (prompt logprobs)", "echo")
+        _refuse_streamed_prompt_logprobs(req)
+        # echo + logprobs: the prompt's own token logprobs lead the logprobs (lm-eval's loglikelihood)
+        echo_logprobs = req.echo and req.logprobs is not None
+        scored = [k for k in (req.logprobs if echo_logprobs else None, req.prompt_logprobs) if k is not None]
+        score_only = req.max_tokens == 0  # the prefill samples one token anyway; it is not reported
         prompts = req.prompt if isinstance(req.prompt, list) and req.prompt else [req.prompt]
         if isinstance(prompts[0], int):
             prompts = [req.prompt]
         guide = await self._guide(req)
-        choices, echoes = [], []
+        choices, echoes, prompt_ids = [], [], []
         salt = cache_salt(request, req.cache_salt)
         for p, prompt in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt.{p}"
@@ -224,35 +246,59 @@ class OpenAIServing:
             echo = ""
             if req.echo:
                 echo = prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(ids, False)
-            params = self._params(req, len(ids), req.max_tokens, req.logprobs, param, guide=guide, salt=salt)
+            max_tokens = 1 if score_only else req.max_tokens
+            params = self._params(
+                req,
+                len(ids),
+                max_tokens,
+                req.logprobs,
+                param,
+                guide=guide,
+                salt=salt,
+                prompt_logprobs=max(scored) if scored else None,
+            )
             choices.append(Choice(ids, params))
             echoes += [echo] * req.n
+            prompt_ids += [ids] * req.n
         rid = f"cmpl-{uuid.uuid4().hex}"
         gen, watcher = await self._start(req, choices, rid, request, arrival)
         if gen is None:
             return Response(status_code=499)
         created = int(time.time())
+        view = _CompletionView(echoes, prompt_ids, echo_logprobs, score_only)
         if req.stream:
             return sse.SSEResponse(
-                self._completion_chunks(gen, req, rid, created, echoes), on_close=_closer(gen, watcher)
+                self._completion_chunks(gen, req, rid, created, view), on_close=_closer(gen, watcher)
             )
         outputs = await self._collect(gen, watcher, with_eos=True)
+        choices_out = []
+        for i, o in enumerate(outputs):
+            if score_only:
+                o.text, o.logprobs, o.finish_reason, o.completion_tokens = [], [], "length", 0
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = self._completion_logprobs(o.logprobs, len(echoes[i]))
+                if echo_logprobs:
+                    logprobs = _joined(
+                        self._echo_logprobs(prompt_ids[i], o.prompt_logprobs, req.logprobs), logprobs
+                    )
+            choice = {
+                "index": i,
+                "text": echoes[i] + "".join(o.text),
+                "logprobs": logprobs,
+                "finish_reason": o.finish_reason,
+            }
+            if req.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = self._vllm_prompt_logprobs(
+                    prompt_ids[i], o.prompt_logprobs, req.prompt_logprobs
+                )
+            choices_out.append(choice)
         body = {
             "id": rid,
             "object": "text_completion",
             "created": created,
             "model": self.model_name,
-            "choices": [
-                {
-                    "index": i,
-                    "text": echoes[i] + "".join(o.text),
-                    "logprobs": self._completion_logprobs(o.logprobs, 0)
-                    if req.logprobs is not None
-                    else None,
-                    "finish_reason": o.finish_reason,
-                }
-                for i, o in enumerate(outputs)
-            ],
+            "choices": choices_out,
             "usage": _usage(
                 sum(o.prompt_tokens for o in outputs[:: req.n]),
                 sum(o.completion_tokens for o in outputs),
@@ -261,25 +307,40 @@ class OpenAIServing:
         }
         return JSONResponse(body)
 
-    async def _completion_chunks(self, gen, req, rid, created, echoes) -> AsyncIterator[bytes]:
+    async def _completion_chunks(self, gen, req, rid, created, view: _CompletionView) -> AsyncIterator[bytes]:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         head = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name}
         if include_usage:
             head["usage"] = None
+        echoes = view.echoes
         offsets = [len(e) for e in echoes]
+        started = [False] * len(echoes)
 
         def chunk(index: int, text: str, logprobs=None, finish=None) -> bytes:
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
             return sse.event({**head, "choices": [choice]})
 
         try:
-            for i, echo in enumerate(echoes):
-                if echo:
-                    yield chunk(i, echo)
+            if not view.echo_logprobs:  # the echo goes first; with its logprobs, once the prefill gave them
+                for i, echo in enumerate(echoes):
+                    if echo:
+                        yield chunk(i, echo)
             prompt_tokens, completion, cached = [0] * len(echoes), [0] * len(echoes), [0] * len(echoes)
             async for i, d in gen.deltas():
                 if gen.cancelled:
                     return  # the client hung up
+                if view.echo_logprobs and not started[i]:
+                    started[i] = True
+                    k = req.logprobs
+                    yield chunk(i, echoes[i], self._echo_logprobs(view.prompt_ids[i], d.prompt_logprobs, k))
+                if view.score_only:
+                    if d.finish_reason is not None:
+                        empty = (
+                            self._completion_logprobs([], offsets[i]) if req.logprobs is not None else None
+                        )
+                        yield chunk(i, "", empty, "length")
+                        prompt_tokens[i] = d.prompt_tokens
+                    continue
                 infos = list(d.logprobs or []) if req.logprobs is not None else []
                 if not d.text and not d.finish_reason and not infos:
                     continue
@@ -312,6 +373,42 @@ class OpenAIServing:
             "top_logprobs": [{self._token(t)[0]: lp for t, lp in info.top} for info in infos],
             "text_offset": offsets,
         }
+
+    def _echo_logprobs(self, ids: list[int], infos: list[TokenLogprobs | None] | None, k: int) -> dict:
+        """The prompt's part of an echo's logprobs, in OpenAI's shape: the first token has none."""
+        infos = infos or [None] * len(ids)
+        tokens, offsets, offset = [], [], 0
+        for t in ids:
+            text = self._token(t)[0]
+            tokens.append(text)
+            offsets.append(offset)
+            offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [info.logprob if info is not None else None for info in infos],
+            "top_logprobs": [
+                {self._token(t)[0]: lp for t, lp in info.top[:k]} if info is not None else None
+                for info in infos
+            ],
+            "text_offset": offsets,
+        }
+
+    def _vllm_prompt_logprobs(self, ids: list[int], infos: list[TokenLogprobs | None] | None, k: int) -> list:
+        """vLLM's ``prompt_logprobs``: per prompt token (the first: null) its own entry and the top ``k``, each
+        ``{token id: {logprob, rank, decoded_token}}``."""
+        out: list = []
+        for info in infos or [None] * len(ids):
+            if info is None:
+                out.append(None)
+                continue
+            entry = {str(info.token_id): self._vllm_entry(info.token_id, info.logprob, info.rank)}
+            for rank, (t, lp) in enumerate(info.top[:k], start=1):
+                entry.setdefault(str(t), self._vllm_entry(t, lp, rank))
+            out.append(entry)
+        return out
+
+    def _vllm_entry(self, token_id: int, logprob: float, rank: int | None) -> dict:
+        return {"logprob": logprob, "rank": rank, "decoded_token": self._token(token_id)[0]}
 
     # ---- shared --------------------------------------------------------------------------------
     def empty_prompt(self) -> list[int]:
@@ -357,9 +454,12 @@ class OpenAIServing:
         param: str,
         guide: GuidedDecodingParams | None = None,
         salt: str | None = None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         capacity = self.llm.config.max_kv_cache_capacity
         defaults = self.config.generation_defaults  # --override-generation-config
+        if prompt_logprobs is None:
+            prompt_logprobs = req.prompt_logprobs
         explicit = max_tokens is not None
         if not explicit:
             max_tokens = max(capacity - num_prompt_tokens, 1)  # what is left of the context, like vLLM
@@ -398,6 +498,7 @@ class OpenAIServing:
                 logit_bias=req.logit_bias,
                 ignore_eos=req.ignore_eos,
                 logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
                 reuse_context=req.reuse_context,
                 cache_generated_tokens=req.cache_generated_tokens,
                 skip_special_tokens=req.skip_special_tokens,
@@ -467,6 +568,8 @@ class OpenAIServing:
                 o.finish_reason = d.finish_reason
                 o.prompt_tokens, o.completion_tokens = d.prompt_tokens, d.completion_tokens
                 o.cached_tokens = d.cached_tokens
+                if d.prompt_logprobs is not None:
+                    o.prompt_logprobs = d.prompt_logprobs
         except APIError:
             raise
         except Exception:
@@ -508,6 +611,16 @@ def _chat_delta(event: tuple, ids: dict[int, str]) -> dict:
             "tool_calls": [{"index": event[1], "id": ids[event[1]], "type": "function", "function": function}]
         }
     return {"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]}
+
+
+def _refuse_streamed_prompt_logprobs(req: _Sampling) -> None:
+    if req.stream and req.prompt_logprobs is not None:  # as vLLM: they come with the whole response
+        raise bad_request("prompt_logprobs is not available when stream is true", param="prompt_logprobs")
+
+
+def _joined(first: dict, second: dict) -> dict:
+    """Two completion logprobs objects as one (the echoed prompt's, then the generated tokens')."""
+    return {key: first[key] + second[key] for key in first}
 
 
 def _closer(gen: Generation, watcher: sse.DisconnectWatcher):
