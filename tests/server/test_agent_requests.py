@@ -30,6 +30,12 @@ NO_TOOLS_TEMPLATE = (
     "{% if add_generation_prompt %}{% if 'You can call the tools below' in messages[0].content %}"
     "<tool_call> {% else %}<reply> {% endif %}{% endif %}"
 )
+# Gemma's way: the system prompt folded into the first user turn, no system turn of its own.
+FOLDING_TEMPLATE = (
+    "{% set sys = messages[0].content + ' | ' if messages[0].role == 'system' else '' %}"
+    "{% for m in (messages[1:] if sys else messages) %}<{{ m.role }}> {{ sys if loop.first else '' }}"
+    "{{ m.content }} {% endfor %}{% if add_generation_prompt %}<reply> {% endif %}"
+)
 # A template that refuses a system message anywhere but first (as Gemma's and Llama 2's do).
 SYSTEM_FIRST_TEMPLATE = (
     "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
@@ -133,6 +139,21 @@ def test_a_template_that_wants_system_first_gets_later_system_messages_merged(sy
     assert plan.prompt_text == "<system> Be brief.\n\nEnv: linux <user> hi <reply> "
     response = request(app, "POST", "/v1/messages", json=message(messages=messages[1:], system="Be brief."))
     assert response.status_code == 200, response.text
+
+
+def test_a_template_without_system_turns_gets_later_system_messages_merged(tmp_path_factory):
+    llm = _llm(tmp_path_factory, _checkpoint(tmp_path_factory, "folding", FOLDING_TEMPLATE))
+    try:
+        app = app_for(llm)
+        messages = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": "Env: linux"},
+        ]
+        plan = plan_chat(app.state.serving, ChatCompletionRequest.model_validate({"messages": messages}))
+        assert plan.prompt_text == "<user> Be brief.\n\nEnv: linux | hi <reply> "
+    finally:
+        llm.close()
 
 
 def test_claude_codes_extra_fields_are_accepted(scripted, caplog):

@@ -7,6 +7,7 @@ that each surface writes in its own wire format."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
@@ -132,6 +133,8 @@ def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest, media: Med
     if tool_prompt:
         log.debug("the chat template renders no tools: %d tools go into the system prompt", len(tools))
         messages = with_tool_prompt(messages, tools)
+    if req.apply_chat_template and not renders_system_turns(tokenizer.apply_chat_template, template):
+        messages = fold_system_messages(messages)
     options = dict(
         add_generation_prompt=req.add_generation_prompt,
         tools=None if tool_prompt else tools,
@@ -167,6 +170,28 @@ def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest, media: Med
     except (TemplateError, ValueError) as e:
         raise bad_request(f"cannot apply the chat template: {e}", param="messages") from None
     return Prompt(text, ids, tools, choice, template, engine_prompt, tool_prompt)
+
+
+def renders_system_turns(render, template: str) -> bool:
+    """Whether ``template`` renders a system message after the first turn as it renders a system
+    prompt (ChatML does); Gemma's folds its system prompt into the first user turn and has no system
+    turn to show a later one in."""
+    return _renders_system_turns(render, template)
+
+
+@functools.lru_cache(maxsize=32)
+def _renders_system_turns(render, template: str) -> bool:
+    system, user = "trtedge-probe-system", "trtedge-probe-user"
+    try:
+        first = render([{"role": "system", "content": system}, {"role": "user", "content": user}])
+        later = render([{"role": "user", "content": user}, {"role": "system", "content": system}])
+    except Exception:  # refused: the TemplateError fallback merges them
+        return False
+    if system not in first or system not in later:
+        return False
+    head, tail = first[: first.index(system)], later[: later.index(system)]
+    n = min(len(head), len(tail), 16)
+    return n > 0 and head[-n:] == tail[-n:]
 
 
 def fold_system_messages(messages: list[dict]) -> list[dict]:
