@@ -166,6 +166,7 @@ def codex_home(tmp_path: Path, base_url: str, small: bool) -> Path:
 def check(result: subprocess.CompletedProcess, capture: Path, kind: str) -> None:
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr[-3000:]}"
     text = answered_text(capture, kind).strip()
+    print(f"{' '.join(map(str, result.args))}\n-> exit 0, printed: {result.stdout.strip()!r}")  # -rP shows it
     assert text, "the model's answer was empty"
     assert text in result.stdout, f"the CLI printed {result.stdout!r}, the model wrote {text!r}"
 
