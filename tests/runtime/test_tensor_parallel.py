@@ -87,6 +87,18 @@ def test_gathered_logits_match_one_rank(pair):
         assert [v for _, v in x.top] == pytest.approx([v for _, v in y.top], abs=1e-4)
 
 
+def test_prompt_logprobs_match_one_rank(pair):
+    one, two = pair("llama")
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=3)
+    a, b = one.generate(PROMPTS[0], params), two.generate(PROMPTS[0], params)
+    assert len(b.prompt_logprobs) == len(PROMPTS[0]) and b.prompt_logprobs[0] is None
+    for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]):
+        assert (x.token_id, x.rank) == (y.token_id, y.rank) and x.logprob == pytest.approx(
+            y.logprob, abs=1e-4
+        )
+        assert [t for t, _ in x.top] == [t for t, _ in y.top]
+
+
 def test_each_rank_holds_half_the_kv_cache_and_weights(pair):
     one, two = pair("llama")
     assert two.stats()["kv_cache_bytes"] * 2 == one.stats()["kv_cache_bytes"]
