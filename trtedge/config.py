@@ -27,11 +27,15 @@ class ContextCacheConfig:
     """Context (prefix) reuse: full KV blocks are content-hashed and shared by later requests.
 
     ``recurrent_snapshot_pool_bytes`` bounds the snapshots of recurrent state that hybrid models
-    (Qwen3.5) need to resume a cached prefix; None keeps 4 x max_batch_size snapshots."""
+    (Qwen3.5) need to resume a cached prefix; None keeps 4 x max_batch_size snapshots.
+    ``partial_kv_snapshot_pool_bytes`` keeps copies of the last, partly filled KV block at a
+    published prefix end, so that a prefix that does not end on a block boundary is reused whole;
+    0 (the default) reuses full blocks only."""
 
     enabled: bool = False
     max_records: int = 1024
     recurrent_snapshot_pool_bytes: int | None = None
+    partial_kv_snapshot_pool_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -50,6 +54,12 @@ class ContextCacheConfig:
             raise ConfigError(
                 "context_cache_config.recurrent_snapshot_pool_bytes (--context-cache-recurrent-snapshot-pool-bytes) "
                 f"must be a non-negative integer, got {pool!r}"
+            )
+        partial = self.partial_kv_snapshot_pool_bytes
+        if isinstance(partial, bool) or not isinstance(partial, int) or partial < 0:
+            raise ConfigError(
+                "context_cache_config.partial_kv_snapshot_pool_bytes (--context-cache-partial-kv-snapshot-pool-bytes) "
+                f"must be a non-negative integer, got {partial!r}"
             )
 
     @classmethod
@@ -152,6 +162,11 @@ class LaunchConfig:
             raise ConfigError(
                 "--speculative-config with tensor_parallel_size (--tensor-parallel-size) > 1 is not "
                 "supported yet: verification runs on rank 0 only"
+            )
+        if self.context_cache.partial_kv_snapshot_pool_bytes and self.tensor_parallel_size > 1:
+            raise ConfigError(
+                "partial_kv_snapshot_pool_bytes (--context-cache-partial-kv-snapshot-pool-bytes) with "
+                "tensor_parallel_size (--tensor-parallel-size) > 1 is not supported yet"
             )
         method = self.distributed_init_method
         if method is not None and (not isinstance(method, str) or "://" not in method):

@@ -130,6 +130,7 @@ class LLM:
             enable_context_reuse=cfg.context_cache.enabled,
             context_cache_max_records=cfg.context_cache.max_records,
             recurrent_snapshot_pool_bytes=cfg.context_cache.recurrent_snapshot_pool_bytes,
+            partial_kv_snapshot_pool_bytes=cfg.context_cache.partial_kv_snapshot_pool_bytes,
             cuda_graphs=not enforce_eager,
             speculative=spec,
             mm_embedding_cache_bytes=cfg.mm_embedding_cache_bytes,
@@ -440,17 +441,29 @@ class LLM:
         """Context reuse counters (a frozen ``ContextCacheMetrics``; ``.to_dict()`` for a dict):
         lookups, hits, reused_tokens, records (held now), evictions; for hybrid models also
         recurrent_snapshots (held now), recurrent_snapshot_capacity, recurrent_snapshot_evictions
-        and recurrent_snapshot_pool_bytes."""
+        and recurrent_snapshot_pool_bytes; with a partial-block pool also partial_kv_snapshots (held
+        now), partial_kv_snapshot_capacity, partial_kv_snapshot_evictions,
+        partial_kv_snapshot_pool_bytes and partial_kv_reused_tokens (of reused_tokens)."""
         blocks = self.engine.blocks
         stats = blocks.stats
-        hybrid = {}
+        extra = {}
         state = blocks.state
         if state is not None:
-            hybrid = dict(
+            extra = dict(
                 recurrent_snapshots=state.num_entries,
                 recurrent_snapshot_capacity=state.num_snapshots,
                 recurrent_snapshot_evictions=state.stats.evictions,
                 recurrent_snapshot_pool_bytes=state.num_snapshots * self.engine.runner.states.row_bytes,
+            )
+        partial = blocks.partial
+        if partial is not None:
+            extra.update(
+                partial_kv_snapshots=partial.num_held,
+                partial_kv_snapshot_capacity=partial.num_entries,
+                partial_kv_snapshot_evictions=partial.stats.evictions,
+                partial_kv_snapshot_pool_bytes=partial.num_entries
+                * self.engine.runner.partial_kv_bytes_per_snapshot,
+                partial_kv_reused_tokens=stats.partial_reused_tokens,
             )
         return ContextCacheMetrics(
             lookups=stats.lookups,
@@ -458,7 +471,7 @@ class LLM:
             reused_tokens=stats.reused_tokens,
             records=blocks.num_records,
             evictions=stats.evictions,
-            **hybrid,
+            **extra,
         )
 
     # ---- lifecycle ----------------------------------------------------------------------------

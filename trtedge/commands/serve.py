@@ -135,6 +135,12 @@ def serve(
         "--context-cache-recurrent-snapshot-pool-bytes",
         help="Hybrid models (Qwen3.5): bytes of recurrent-state snapshots kept for reuse (default: 4 x --max-batch-size snapshots).",
     ),
+    context_cache_partial_kv_snapshot_pool_bytes: int = typer.Option(
+        0,
+        "--context-cache-partial-kv-snapshot-pool-bytes",
+        help="Bytes of snapshots of a prefix's last, partly filled KV block, so that a prefix reuses its "
+        "partial block too (0: full blocks only).",
+    ),
     mm_embedding_cache_bytes: int = typer.Option(
         512 * 2**20,
         "--mm-embedding-cache-bytes",
@@ -226,6 +232,7 @@ def _serve(print_config: bool, settings: dict) -> None:
             v["enable_context_reuse"],
             v["context_cache_max_records"],
             v["context_cache_recurrent_snapshot_pool_bytes"],
+            v["context_cache_partial_kv_snapshot_pool_bytes"],
         )
         spec_keys = ("speculative_config", "draft_top_k", "max_spec_draft_tokens", "max_spec_verify_tokens")
         launch_kwargs["speculative"] = speculative_from_flags(*(v[k] for k in spec_keys))

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field, replace
 
 from trtedge.runtime.core.block_manager import BlockManager
 from trtedge.runtime.core.hybrid_state import HybridStateCache
+from trtedge.runtime.core.partial_blocks import PartialBlockCache
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from trtedge.runtime.executor.runner import ModelRunner, PromptScores
+from trtedge.runtime.executor.runner import ModelRunner, PromptScores, kv_block_bytes
 from trtedge.runtime.executor.sampler import Sampler, TokenLogprobs, mix_seed
 from trtedge.runtime.executor.state_pool import row_bytes
 from trtedge.runtime.faults import FaultInjector
@@ -58,6 +59,8 @@ class EngineConfig:
     # Hybrid models: bytes of recurrent-state snapshots kept for context reuse (None: 4 x max_batch_size)
     recurrent_snapshot_pool_bytes: int | None = None
     mm_embedding_cache_bytes: int = 512 * 2**20  # vision models: encoder outputs kept for repeated media
+    # Context reuse: bytes of snapshots of the last, partly filled block of published prefixes (0: off)
+    partial_kv_snapshot_pool_bytes: int = 0
 
 
 @dataclass
@@ -126,6 +129,7 @@ class Engine:
             )
         self.num_blocks = num_blocks
         self._model, self._tokenizer = model, tokenizer
+        self.num_partial_snapshots = _num_partial_snapshots(model, config)
         self.blocks = self._new_block_manager()
         sched = SchedulerConfig(
             max_batch_size=config.max_batch_size,
@@ -148,6 +152,7 @@ class Engine:
             guides=self.guides,
             state=self.blocks.state,
             mm_embedding_cache_bytes=config.mm_embedding_cache_bytes,
+            num_partial_snapshots=self.num_partial_snapshots,
         )
         self.speculative = None
         if config.speculative is not None:
@@ -355,6 +360,7 @@ class Engine:
             enable_reuse=config.enable_context_reuse,
             max_records=config.context_cache_max_records,
             state=_hybrid_state(self._model, self._tokenizer, config),
+            partial=PartialBlockCache(self.num_partial_snapshots) if self.num_partial_snapshots else None,
         )
 
     def _drain_inbox(self) -> None:
@@ -391,6 +397,7 @@ class Engine:
             request = self._choices[seq.seq_id].request
             if request.first_scheduled is None:
                 request.first_scheduled = now
+        self.runner.restore_partial_blocks(batch.seqs)
         if self.speculative is not None:
             batch = self._speculate(batch)
         self.runner.prepare_states(batch.seqs)
@@ -545,7 +552,9 @@ class Engine:
 
     def _publish(self, seq: Sequence) -> None:
         """Offer the sequence's computed blocks (and, for hybrid models, its state checkpoint) for reuse."""
-        self.blocks.publish(seq)
+        partial = self.blocks.publish(seq)
+        if partial is not None:
+            self.runner.save_partial_block(*partial)
         state = self.blocks.state
         if state is not None and state.needs_publish(seq):
             digest = self.blocks.prefix_hashes(seq, seq.checkpoint_pos // self.blocks.block_size)[-1]
@@ -664,6 +673,14 @@ class Engine:
             request.on_metrics(metrics)
         except Exception:
             log.exception("on_metrics callback raised")
+
+
+def _num_partial_snapshots(model, config: EngineConfig) -> int:
+    """Entries of the partial-block snapshot pool (none for hybrid models: their recurrent state has
+    snapshots at block ends only)."""
+    if not config.enable_context_reuse or hasattr(model, "state_spec"):
+        return 0
+    return config.partial_kv_snapshot_pool_bytes // kv_block_bytes(model, config.block_size)
 
 
 def _hybrid_state(model, tokenizer: Tokenizer, config: EngineConfig) -> HybridStateCache | None:

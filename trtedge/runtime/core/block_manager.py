@@ -8,6 +8,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from trtedge.runtime.core.hybrid_state import HybridStateCache
+from trtedge.runtime.core.partial_blocks import PartialBlockCache
 from trtedge.runtime.core.request import Sequence
 
 
@@ -24,6 +25,7 @@ class ContextCacheStats:
     hits: int = 0
     reused_tokens: int = 0
     evictions: int = 0
+    partial_reused_tokens: int = 0  # of reused_tokens, those taken from partial-block snapshots
 
 
 def chain_hash(parent: bytes | None, token_ids: list[int], extra: bytes = b"") -> bytes:
@@ -61,6 +63,7 @@ class BlockManager:
     blocks: list[Block] = field(init=False)
     stats: ContextCacheStats = field(default_factory=ContextCacheStats)
     state: HybridStateCache | None = None  # recurrent state slots and snapshots of hybrid models
+    partial: PartialBlockCache | None = None  # snapshots of partly filled blocks at prefix ends
 
     def __post_init__(self) -> None:
         self.blocks = [Block(i) for i in range(self.num_blocks)]
@@ -102,10 +105,19 @@ class BlockManager:
             self.records.move_to_end(digest)
             self._take(block_id)
             seq.block_table.append(block_id)
-        if seq.block_table:
-            seq.num_computed_tokens = seq.num_cached_tokens = len(seq.block_table) * self.block_size
+        num_cached = len(seq.block_table) * self.block_size
+        if self.partial is not None and not _has_media(seq, num_cached, self.block_size):
+            parent = hashes[len(matched) - 1] if matched else salt_root(seq.params.cache_salt)
+            end = min(num_cached + self.block_size - 1, seq.num_prompt_tokens - 1)
+            found = self.partial.find(parent, seq.token_ids[num_cached:end])
+            if found is not None:  # the runner copies the snapshot's rows into the next block
+                seq.partial_restore = found
+                num_cached += found[1]
+                self.stats.partial_reused_tokens += found[1]
+        if num_cached:
+            seq.num_computed_tokens = seq.num_cached_tokens = num_cached
             self.stats.hits += 1
-            self.stats.reused_tokens += seq.num_cached_tokens
+            self.stats.reused_tokens += num_cached
 
     def prefix_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         """Chained content hashes of the sequence's first ``num_blocks`` blocks."""
@@ -155,16 +167,21 @@ class BlockManager:
                     self.free.move_to_end(block_id, last=False)
         del seq.block_table[keep:]
         seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
+        if keep == 0:
+            seq.partial_restore = None
 
-    def publish(self, seq: Sequence) -> None:
-        """Record the sequence's computed full blocks so later requests can reuse them."""
+    def publish(self, seq: Sequence) -> tuple[int, int, int] | None:
+        """Record the sequence's computed full blocks so later requests can reuse them. With a partial
+        pool, also give the rows of its last, partly filled block an entry: returns (block id, entry,
+        rows) for the runner to copy, or None."""
         if not (self.enable_reuse and seq.params.reuse_context) or self.max_records == 0:
-            return
+            return None
         limit = seq.num_computed_tokens
         if seq.params.cache_generated_tokens is False:  # None (unset) caches them
             limit = min(limit, seq.num_prompt_tokens)
         parent = salt_root(seq.params.cache_salt)
-        for i in range(limit // self.block_size):
+        num_full, rows = divmod(limit, self.block_size)
+        for i in range(num_full):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 digest = block_hash(parent, seq, i, self.block_size)
@@ -175,6 +192,11 @@ class BlockManager:
                 self.records[block.hash] = block.block_id
                 self._trim_records()
             parent = block.hash
+        start = num_full * self.block_size
+        if self.partial is None or rows == 0 or _has_media(seq, start, self.block_size):
+            return None
+        entry = self.partial.publish(parent, seq.token_ids[start:limit])
+        return None if entry is None else (seq.block_table[num_full], entry, rows)
 
     def release(self, seq: Sequence) -> None:
         self.truncate(seq, 0)
@@ -200,3 +222,10 @@ class BlockManager:
             digest, block_id = self.records.popitem(last=False)
             self.blocks[block_id].hash = None
             self.stats.evictions += 1
+
+
+def _has_media(seq: Sequence, start: int, block_size: int) -> bool:
+    """Whether media placeholders fall in the block from ``start`` (partial snapshots skip those)."""
+    return seq.mm is not None and any(
+        it.offset < start + block_size and it.end > start for it in seq.mm.items
+    )

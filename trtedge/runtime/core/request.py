@@ -32,6 +32,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens taken from the context cache
         self.block_table: list[int] = []
+        self.partial_restore: tuple[int, int] | None = None  # (snapshot entry, rows) a cache hit copies in
         self.finish_reason: str | None = None
         self.num_preemptions = 0
         self.seed = params.seed if params.seed is not None else 0

@@ -32,6 +32,15 @@ class PromptScores:
     logprobs: list[TokenLogprobs]
 
 
+def kv_block_bytes(model, block_size: int) -> int:
+    """Bytes of one KV block of ``model``, all its (full-attention) layers."""
+    cfg = model.cfg
+    num_kv_layers = getattr(model, "num_kv_layers", cfg.num_layers)
+    dtype = getattr(model, "act_dtype", model.dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return num_kv_layers * 2 * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -45,6 +54,7 @@ class ModelRunner:
         guides=None,
         state: HybridStateCache | None = None,
         mm_embedding_cache_bytes: int = 0,
+        num_partial_snapshots: int = 0,
     ):
         cfg = model.cfg
         self.model = model
@@ -73,6 +83,11 @@ class ModelRunner:
         self.kv = torch.zeros(shape, dtype=kv_dtype, device=model.device)
         self.kv_bytes = self.kv.numel() * self.kv.element_size()
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(num_kv_layers)]
+        # Context reuse: copies of the last, partly filled block of published prefixes (see partial_blocks).
+        self.partial_kv_bytes_per_snapshot = kv_block_bytes(model, block_size)
+        self.partial_kv = torch.zeros(
+            (*shape[:2], num_partial_snapshots, *shape[3:]), dtype=kv_dtype, device=model.device
+        )
         self.state = state
         self.states = None
         self._step_states = None  # this step's RecurrentBatch, for forward()
@@ -130,6 +145,22 @@ class ModelRunner:
     def save_snapshot(self, seq: Sequence, entry: int) -> None:
         """Copy the sequence's checkpoint into snapshot ``entry`` of the pool."""
         self.states.copy([self.states.checkpoint_row(seq.state_slot)], [self.states.snapshot_row(entry)])
+
+    @torch.inference_mode()
+    def restore_partial_blocks(self, seqs: list[Sequence]) -> None:
+        """Before a step (before it publishes anything): copy the partial-block snapshots that this
+        step's context-cache hits reuse into the blocks their prefixes end in, on the device."""
+        for seq in seqs:
+            if seq.partial_restore is not None:
+                entry, rows = seq.partial_restore
+                block = seq.block_table[(seq.num_computed_tokens - rows) // self.block_size]
+                self.kv[:, :, block, :rows] = self.partial_kv[:, :, entry, :rows]
+                seq.partial_restore = None
+
+    @torch.inference_mode()
+    def save_partial_block(self, block: int, entry: int, rows: int) -> None:
+        """Copy the first ``rows`` rows of KV block ``block`` into partial snapshot ``entry``."""
+        self.partial_kv[:, :, entry, :rows] = self.kv[:, :, block, :rows]
 
     def recurrent_batch(self, batch: ScheduledBatch, windows: list[int] | None = None) -> RecurrentBatch:
         """The recurrent layers' view of a step (before ``num_computed_tokens`` advances). ``windows``:
