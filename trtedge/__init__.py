@@ -13,6 +13,7 @@ _EXPORTS = {
     "ConfigError": "trtedge.config",
     "ContextCacheConfig": "trtedge.config",
     "ContextCacheMetrics": "trtedge.llm_metrics",
+    "ProfilingMetrics": "trtedge.runtime.profiling",
     "CheckpointError": "trtedge.runtime.artifacts.checkpoint",
     "clear_engine_cache": "trtedge.runtime.artifacts.bundle",
     "prune_engine_cache": "trtedge.runtime.artifacts.bundle",

@@ -17,6 +17,7 @@ from trtedge.runtime.multimodal import MultimodalPrompt, has_media
 from trtedge.runtime.multimodal.processor import VisionProcessor
 from trtedge.runtime.multimodal.prompt import expand_placeholders, placeholder_tokens, process_media
 from trtedge.runtime.output import CancellableIterator, CompletionOutput, GenerationMetrics, RequestOutput
+from trtedge.runtime.profiling import ProfilingMetrics
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig, check_draft
 from trtedge.runtime.structured import GuidedUnavailableError
@@ -474,6 +475,30 @@ class LLM:
             **extra,
         )
 
+    # ---- profiling ----------------------------------------------------------------------------
+    def set_profiling_enabled(self, enabled: bool) -> None:
+        """Start (True) or stop (False) aggregating profiling figures over runs: prefill and
+        generation counters and per-stage times (CUDA events on a GPU, the wall clock on the CPU),
+        read back with ``get_profiling_metrics()``. Off by default; it costs a little time per step
+        while on. Independent of the per-request ``on_metrics`` figures."""
+        if not isinstance(enabled, bool):
+            raise TypeError(f"set_profiling_enabled takes true or false, got {enabled!r}")
+        self.engine.profiler.enabled = enabled
+
+    def get_profiling_enabled(self) -> bool:
+        return self.engine.profiler.enabled
+
+    def get_profiling_metrics(self) -> ProfilingMetrics:
+        """The totals since profiling was first enabled (or last reset), a frozen ``ProfilingMetrics``:
+        ``prefill`` (total_runs, computed_tokens, reused_tokens, total_time), ``generation``
+        (total_runs, generated_tokens: output tokens summed over sequences and runs, total_time) and
+        ``stages`` (name -> runs, total_time, mean_time); ``.to_dict()`` for a dict."""
+        return self.engine.profiler.metrics()
+
+    def reset_profiling_metrics(self) -> None:
+        """Set every profiling total back to zero (profiling stays on or off as it was)."""
+        self.engine.profiler.reset()
+
     # ---- lifecycle ----------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
@@ -541,6 +566,7 @@ __all__ = [
     "LLM",
     "ConfigError",
     "ContextCacheMetrics",
+    "ProfilingMetrics",
     "EngineError",
     "EngineUnavailableError",
     "GuidedUnavailableError",

@@ -100,6 +100,12 @@ def serve(
         "--max-image-tokens-per-image",
         help="Most image tokens one image or video may take; 400 past it.",
     ),
+    enable_profiling: bool = typer.Option(
+        False,
+        "--enable-profiling",
+        help="Aggregate engine profiling (prefill / decode counts and per-stage times, CUDA events on a GPU) "
+        "into /metrics.",
+    ),
     log_level: str = typer.Option("info", "--log-level", help="critical|error|warning|info|debug|trace."),
     cache_dir: str = typer.Option(
         None,
@@ -279,6 +285,7 @@ def _serve(print_config: bool, settings: dict) -> None:
         llm = LLM(model, **llm_kwargs)
     except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
+    llm.set_profiling_enabled(v["enable_profiling"])
     # uvicorn drains on SIGINT/SIGTERM, then re-raises the signal: by then the requests are done, so
     # take it as "stopped" and release the engine instead of dying mid-cleanup.
     for sig in (signal.SIGINT, signal.SIGTERM):

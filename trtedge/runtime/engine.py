@@ -24,6 +24,7 @@ from trtedge.runtime.faults import FaultInjector
 from trtedge.runtime.multimodal import MultimodalPrompt
 from trtedge.runtime.multimodal.inputs import encode_batch_media
 from trtedge.runtime.output import CancellableIterator, GenerationMetrics, StreamDelta
+from trtedge.runtime.profiling import MULTIMODAL, SCHEDULE, SPECULATIVE, Profiler
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig, build_decoder
 from trtedge.runtime.speculative.decoder import SpecStats, may_speculate
@@ -154,6 +155,7 @@ class Engine:
             mm_embedding_cache_bytes=config.mm_embedding_cache_bytes,
             num_partial_snapshots=self.num_partial_snapshots,
         )
+        self.profiler = Profiler(model.device)
         self.speculative = None
         if config.speculative is not None:
             self.speculative = build_decoder(
@@ -383,7 +385,8 @@ class Engine:
 
     def step(self) -> bool:
         """One engine step: schedule -> run the model -> sample -> emit. False if nothing ran."""
-        batch = self.scheduler.schedule()
+        with self.profiler.stage(SCHEDULE, on_device=False):
+            batch = self.scheduler.schedule()
         self.stats.steps += 1
         self.stats.preemptions += len(batch.preempted)
         if batch.joined:
@@ -399,17 +402,20 @@ class Engine:
                 request.first_scheduled = now
         self.runner.restore_partial_blocks(batch.seqs)
         if self.speculative is not None:
-            batch = self._speculate(batch)
+            with self.profiler.stage(SPECULATIVE):
+                batch = self._speculate(batch)
         self.runner.prepare_states(batch.seqs)
         for part in _split_decode(batch):
             if part.is_empty:
                 continue
             if self.runner.media is not None:
-                part = self._encode_media(part)
+                with self.profiler.stage(MULTIMODAL):
+                    part = self._encode_media(part)
                 if part.is_empty:
                     continue
             self._faults.before_model_step(part.seqs)
-            seqs, tokens, infos, scores = self.runner.run(part)
+            with self.profiler.stage(self.profiler.model_step(part.seqs, part.num_tokens)):
+                seqs, tokens, infos, scores = self.runner.run(part)
             for scored in scores:
                 self._record_prompt_logprobs(scored)
             if self.speculative is not None:
@@ -466,6 +472,8 @@ class Engine:
     def _speculate(self, batch: ScheduledBatch) -> ScheduledBatch:
         """Draft, verify and emit the batch's speculative decode rows; return the rows left to run."""
         results, rest = self.speculative.step(batch)
+        if results:
+            self.profiler.count(generation_runs=1)
         for seq, tokens in results:
             choice = self._choices[seq.seq_id]
             for token in tokens:
@@ -514,6 +522,7 @@ class Engine:
             if choice.index == 0:
                 self._fork(request)
         seq.token_ids.append(token)
+        self.profiler.count(generated_tokens=1)
         if info is not None:
             choice.logprobs.append(info)
         reason = None

@@ -60,7 +60,11 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         config.queue_timeout,
     )
     metrics = ServerMetrics(
-        llm.stats, lambda: admission.num_waiting, lambda: admission.num_active, llm.get_context_cache_metrics
+        llm.stats,
+        lambda: admission.num_waiting,
+        lambda: admission.num_active,
+        llm.get_context_cache_metrics,
+        llm.get_profiling_metrics,
     )
     serving = OpenAIServing(llm, config, admission, metrics)
     anthropic = AnthropicServing(serving)

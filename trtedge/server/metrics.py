@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from trtedge.llm_metrics import ContextCacheMetrics
+from trtedge.runtime.profiling import ProfilingMetrics
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -18,6 +20,7 @@ class ServerMetrics:
         num_queued: Callable[[], int],
         num_seated: Callable[[], int] = lambda: 0,
         cache_stats: Callable[[], ContextCacheMetrics] | None = None,
+        profiling: Callable[[], ProfilingMetrics] | None = None,
     ):
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -76,6 +79,9 @@ class ServerMetrics:
                 "trtedge_prefix_cache_reused_tokens", "Prompt tokens taken from the prefix cache", registry=r
             ).set_function(lambda: cache_stats().reused_tokens)
 
+        if profiling is not None:
+            r.register(_ProfilingCollector(profiling))
+
         if stats().get("mm_embedding_cache") is not None:  # vision models: the encoder's embedding cache
             for key, text in (("hits", "Media taken from"), ("misses", "Media not found in")):
                 Gauge(
@@ -86,6 +92,43 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ProfilingCollector:
+    """The engine's profiling totals (``LLM.set_profiling_enabled``, ``serve --enable-profiling``)."""
+
+    def __init__(self, read: Callable[[], ProfilingMetrics]):
+        self.read = read
+
+    def collect(self):
+        m = self.read()
+        yield GaugeMetricFamily(
+            "trtedge_profiling_enabled", "1 while engine profiling is on", value=int(m.enabled)
+        )
+        p, g = m.prefill, m.generation
+        for name, text, value in (
+            ("prefill_runs", "Model steps that computed prompt tokens", p.total_runs),
+            ("prefill_computed_tokens", "Prompt tokens computed", p.computed_tokens),
+            ("prefill_reused_tokens", "Prompt tokens taken from the context cache", p.reused_tokens),
+            ("prefill_seconds", "Time of the prefill steps", p.total_time),
+            ("generation_runs", "Decode steps, speculative ones included", g.total_runs),
+            ("generated_tokens", "Output tokens, summed over sequences and steps", g.generated_tokens),
+            ("generation_seconds", "Time of the decode steps", g.total_time),
+        ):
+            yield CounterMetricFamily(f"trtedge_profile_{name}", f"{text} while profiling", value=value)
+        runs = CounterMetricFamily(
+            "trtedge_profile_stage_runs", "Runs of each engine stage while profiling", labels=["stage"]
+        )
+        seconds = CounterMetricFamily(
+            "trtedge_profile_stage_seconds",
+            f"Time of each engine stage while profiling ({m.timer}; schedule: host time)",
+            labels=["stage"],
+        )
+        for stage, timing in sorted(m.stages.items()):
+            runs.add_metric([stage], timing.runs)
+            seconds.add_metric([stage], timing.total_time)
+        yield runs
+        yield seconds
 
 
 def _blocks_in_use(stats: dict) -> int:
