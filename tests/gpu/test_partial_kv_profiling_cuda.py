@@ -22,8 +22,10 @@ def tiny(tmp_path_factory):
 def _llm(path, **options):
     from trtedge import LLM
 
+    # float32 and the same batch shape with and without reuse: only the reuse differs
+    options = {"enable_in_flight_batching": True, "max_batch_size": 4, **options}
     return LLM(
-        str(path), dtype="bfloat16", device="cuda", max_kv_cache_capacity=256, max_input_len=128, **options
+        str(path), dtype="float32", device="cuda", max_kv_cache_capacity=256, max_input_len=128, **options
     )
 
 
@@ -34,9 +36,9 @@ def test_partial_kv_snapshots_keep_greedy_output_on_cuda(tiny):
     system = torch.randint(3, 500, (37,), generator=torch.Generator().manual_seed(3)).tolist()
     prompts = [system + [40 + i, 41 + i] for i in range(3)]
     with _llm(tiny) as llm:
-        cold = [llm.generate(p, params).token_ids for p in prompts]
+        cold = [o.token_ids for o in llm.generate(prompts, params)]
     reuse = ContextCacheConfig(enabled=True, partial_kv_snapshot_pool_bytes=1 << 20)
-    with _llm(tiny, context_cache_config=reuse, enable_in_flight_batching=True, max_batch_size=4) as llm:
+    with _llm(tiny, context_cache_config=reuse) as llm:
         llm.generate(system + [7], params)
         # overwrite the freed blocks: the reuse must come from the snapshot
         llm.generate(list(range(300, 360)), SamplingParams(max_tokens=2, temperature=0, reuse_context=False))
@@ -50,7 +52,7 @@ def test_partial_kv_snapshots_keep_greedy_output_on_cuda(tiny):
 def test_profiling_times_device_stages_with_cuda_events(tiny):
     from trtedge import SamplingParams
 
-    with _llm(tiny) as llm:
+    with _llm(tiny, enable_in_flight_batching=False) as llm:
         llm.set_profiling_enabled(True)
         out = llm.generate(list(range(5, 45)), SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
         metrics = llm.get_profiling_metrics()

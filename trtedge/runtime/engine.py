@@ -560,7 +560,8 @@ class Engine:
             self._finish(choice, reason, delta)
 
     def _publish(self, seq: Sequence) -> None:
-        """Offer the sequence's computed blocks (and, for hybrid models, its state checkpoint) for reuse."""
+        """Offer the sequence's computed blocks for reuse: its full blocks, the rows of its last partial
+        block (with a partial-block pool) and, for hybrid models, its state checkpoint."""
         partial = self.blocks.publish(seq)
         if partial is not None:
             self.runner.save_partial_block(*partial)
