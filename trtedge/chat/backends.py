@@ -97,8 +97,12 @@ class LocalBackend:
     def __init__(self, llm):
         self.llm = llm
         self.model_name = llm.model_name
-        self.chat_template_origin = llm.chat_template_origin  # "model", "default" or None
         self.max_context = llm.config.max_kv_cache_capacity
+
+    @property
+    def chat_template_origin(self) -> str | None:
+        """``LLM.chat_template_origin``: "model", "default" (a file without one: a base model?) or None."""
+        return self.llm.chat_template_origin
 
     def stream(self, messages: list[dict] | str, params: SamplingParams) -> ChatStream:
         """Messages go through the chat template; a string is sent as raw text."""
