@@ -106,7 +106,9 @@ class Schema:
             return st.text(min_size=schema.get("minLength", 0), max_size=min(schema.get("maxLength", 40), 40))
         if kind == "integer":
             lo, hi = schema.get("minimum"), schema.get("maximum")
-            return st.integers(lo if lo is not None else -1000, hi if hi is not None else 60_000)
+            ints = st.integers(lo if lo is not None else -1000, hi if hi is not None else 60_000)
+            # JSON Schema counts 349.0 as an integer too
+            return ints | ints.filter(lambda v: abs(v) < 2**53).map(float)
         if kind == "number":
             lo, hi = schema.get("minimum", schema.get("exclusiveMinimum")), schema.get("maximum")
             return st.floats(
@@ -151,11 +153,12 @@ def _tame(body: dict, model: str, served: bool, plain: bool) -> dict:
     if not isinstance(body, dict):
         return body
     body = dict(body)
-    for key in ("max_tokens", "max_completion_tokens"):
-        if key in body and isinstance(body[key], int) and body[key] > MAX_TOKENS:
+    limits = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+    for key in limits:
+        if key in body and isinstance(body[key], int | float) and body[key] > MAX_TOKENS:
             body[key] = MAX_TOKENS
-    if "max_tokens" not in body and "max_completion_tokens" not in body:
-        body["max_tokens"] = MAX_TOKENS
+    if all(body.get(key) is None for key in limits):  # null is unbounded too
+        body["max_output_tokens" if "input" in body else "max_tokens"] = MAX_TOKENS  # Responses: its name
     if isinstance(body.get("n"), int) and body["n"] > 2:
         body["n"] = 2
     if isinstance(body.get("best_of"), int) and body["best_of"] > 2:
@@ -247,12 +250,18 @@ class Tally:
         self.by_kind = collections.Counter()
         self.by_status = collections.Counter()
         self.by_endpoint = collections.Counter()
-        self.refused_fields = collections.Counter()  # the fields named by the 400s of generated requests
+        # why the server refused requests the document accepts: (endpoint, field, code), or for the
+        # Anthropic routes (no param or code in their errors) the message's start
+        self.refused = collections.Counter()
         self.total = 0
 
     def add(self, method: str, path: str, kind: str, status: int, response: httpx.Response) -> None:
-        if status == 400 and kind == "valid" and not path.startswith("/v1/messages"):
-            self.refused_fields[str(response.json()["error"]["param"]).split(".")[0]] += 1
+        if status == 400 and kind == "valid":
+            error = response.json()["error"]
+            if path.startswith("/v1/messages"):
+                self.refused[f"{path}: {error['message'][:60]}"] += 1
+            else:
+                self.refused[f"{path}: {error['param']} ({error['code']})"] += 1
         self.total += 1
         self.by_kind[kind] += 1
         self.by_status[status] += 1
@@ -264,7 +273,7 @@ class Tally:
             "by_kind": dict(self.by_kind),
             "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
             "by_endpoint": dict(self.by_endpoint),
-            "schema_valid_refused_for": dict(self.refused_fields.most_common(12)),
+            "schema_valid_refused_for": dict(self.refused.most_common(40)),
         }
 
 
@@ -288,6 +297,9 @@ def check(method: str, path: str, kind: str, response: httpx.Response, sent: byt
     elif status >= 400:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"], where
+        # the parser's refusals read "FIELD: why", code invalid_value: never for a body the document accepts
+        parsed = error["code"] == "invalid_value" and error["message"].startswith(f"{error['param']}: ")
+        assert not (kind == "valid" and parsed), f"the document accepts what the parser refuses: {where}"
         if status == 400 and error["code"] != "invalid_json":
             assert error["param"], f"400 without the field: {where}"
     elif method == "POST" and path in GENERATION:
@@ -305,10 +317,23 @@ def check(method: str, path: str, kind: str, response: httpx.Response, sent: byt
             assert body["choices"] and all(c["finish_reason"] for c in body["choices"]), where
 
 
+def _validators(document: dict) -> dict:
+    """POST path -> a JSON Schema validator of its request body, from the document."""
+    import jsonschema
+
+    found = {}
+    for path, item in document["paths"].items():
+        if "post" in item:
+            ref = item["post"]["requestBody"]["content"]["application/json"]["schema"]
+            found[path] = jsonschema.Draft202012Validator({**ref, "components": document["components"]})
+    return found
+
+
 def run(url: str, num_requests: int, derandomize: bool) -> dict:
     """Send ``num_requests`` generated requests to the server at ``url``; return the tally."""
     document = httpx.get(f"{url}/openapi.json", timeout=30).json()
     tally = Tally()
+    validators = _validators(document)
     client = httpx.Client(base_url=url, timeout=120)
     model = client.get("/v1/models").json()["data"][0]["id"]
 
@@ -328,6 +353,8 @@ def run(url: str, num_requests: int, derandomize: bool) -> dict:
         elif kind == "invalid:huge":
             _, name, base = body
             body = json.dumps({**json.loads(base), name: HUGE_FIELDS[name]}).encode()
+        elif kind == "valid" and not validators[path].is_valid(json.loads(body)):
+            kind = "valid:off-schema"  # e.g. a tool message without tool_call_id (an if/then we do not draw)
         headers = {"content-type": "application/json"}
         response = client.request(method, path, content=body, headers=headers)
         tally.add(method, path, kind, response.status_code, response)
