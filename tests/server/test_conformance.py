@@ -264,6 +264,14 @@ def test_integral_floats_are_integers_as_json_schema_says(app):
     assert r.status_code == 200
 
 
+def test_top_k_0_and_empty_stop_strings_are_served_as_the_document_allows(app):
+    for extra in ({"top_k": 0}, {"stop": ""}, {"stop": ["", "Paris"]}):
+        r = post(app, "/v1/completions", {"model": "m", "prompt": "The capital", "max_tokens": 2, **extra})
+        assert r.status_code == 200, (extra, r.text)
+    msg = {"model": "m", "max_tokens": 2, "top_k": 0, "messages": [{"role": "user", "content": "hi"}]}
+    assert post(app, "/v1/messages", msg).status_code == 200
+
+
 # ---- request data reaches the log escaped -------------------------------------------------------
 def test_a_request_field_name_with_a_newline_cannot_forge_a_log_line(app, caplog):
     forged = "x\nERROR trtedge.server: forged\r"

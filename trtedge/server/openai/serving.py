@@ -487,7 +487,10 @@ class OpenAIServing:
             if getattr(req, name) is not None
         }
         options = {k: v for k, v in defaults.items() if k != "max_new_tokens"} | options
+        if options.get("top_k") == 0:
+            options["top_k"] = -1  # 0 is "off" too, as in vLLM (the document allows it)
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+        stop = [s for s in stop if s]  # an empty stop string matches nothing: served as none
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
