@@ -79,13 +79,20 @@ class DecodeGraphs:
         slots: list[int],
         tables: list[list[int]],
         context_lens: list[int],
+        fill: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Logits [len(ids), vocab] for one decode token per sequence."""
+        """Logits [len(ids), vocab] for one decode token per sequence. ``fill`` (rows, ids): input ids
+        still on the device (the last step's samples), written over the placeholders of ``ids``."""
         n = len(ids)
         size = next(s for s in self.sizes if s >= n)
         width = max(len(t) for t in tables)
-        padded = [t + [self.scratch_block] * (width - len(t)) for t in tables]
+        scratch = self.scratch_block
+        flat: list[int] = []  # one flat list: torch reads it far faster than a list of lists
+        for t in tables:
+            flat += t
+            flat += [scratch] * (width - len(t))
         pad = size - n
+        flat += [scratch] * (width * pad)
         host = torch.tensor(
             [
                 ids + [0] * pad,
@@ -97,10 +104,12 @@ class DecodeGraphs:
         )
         staged = host.to(self.ids.device, non_blocking=True)
         self.ids[:size].copy_(staged[0])
+        if fill is not None:
+            self.ids.index_copy_(0, *fill)
         self.positions[:size].copy_(staged[1])
         self.slots[:size].copy_(staged[2])
         self.context_lens[:size].copy_(staged[3])
-        table_rows = torch.tensor(padded + [[self.scratch_block] * width] * pad, dtype=torch.int32)
+        table_rows = torch.tensor(flat, dtype=torch.int32).view(size, width)
         self.tables[:size, :width].copy_(table_rows.to(self.tables.device, non_blocking=True))
         self.graphs[size].replay()
         return self.logits[size][:n]

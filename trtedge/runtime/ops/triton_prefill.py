@@ -16,7 +16,8 @@ BLOCK_M = 64
 if triton is not None:
     import triton.language as tl
 
-    @triton.jit
+    # tables_stride varies with the step's longest block table: one compiled variant serves them all
+    @triton.jit(do_not_specialize=["tables_stride"])
     def _paged_prefill_kernel(
         q_ptr,
         k_cache_ptr,
