@@ -58,6 +58,7 @@ class LLM:
         clear_engine_cache: bool = False,
         load_format: str = "auto",
         enforce_eager: bool = False,
+        async_scheduling: bool | None = None,
         tensor_parallel_size: int = 1,
         distributed_init_method: str | None = None,
         speculative_config: SpeculativeConfig | dict | str | None = None,
@@ -133,6 +134,7 @@ class LLM:
             recurrent_snapshot_pool_bytes=cfg.context_cache.recurrent_snapshot_pool_bytes,
             partial_kv_snapshot_pool_bytes=cfg.context_cache.partial_kv_snapshot_pool_bytes,
             cuda_graphs=not enforce_eager,
+            async_scheduling=async_scheduling,
             speculative=spec,
             mm_embedding_cache_bytes=cfg.mm_embedding_cache_bytes,
         )

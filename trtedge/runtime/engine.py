@@ -1,6 +1,10 @@
 """The engine: one thread owns the model and the KV cache and runs
-schedule -> run model -> sample -> emit deltas. Other threads submit and cancel through
-thread-safe queues and read per-request output channels."""
+schedule -> execute -> update (emit deltas). Other threads submit and cancel through
+thread-safe queues and read per-request output channels.
+
+With asynchronous scheduling (CUDA) the update of a step runs while the device computes the next one:
+the next step's inputs take the sampled ids on the device, and the host reads each step's tokens one
+step late."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from trtedge.runtime.core.partial_blocks import PartialBlockCache
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from trtedge.runtime.executor.runner import ModelRunner, PromptScores, kv_block_bytes
-from trtedge.runtime.executor.sampler import Sampler, TokenLogprobs, mix_seed
+from trtedge.runtime.executor.sampler import Sampler, SampleResult, TokenLogprobs, is_plain, mix_seed
 from trtedge.runtime.executor.state_pool import row_bytes
 from trtedge.runtime.faults import FaultInjector
 from trtedge.runtime.multimodal import MultimodalPrompt
@@ -62,6 +66,9 @@ class EngineConfig:
     mm_embedding_cache_bytes: int = 512 * 2**20  # vision models: encoder outputs kept for repeated media
     # Context reuse: bytes of snapshots of the last, partly filled block of published prefixes (0: off)
     partial_kv_snapshot_pool_bytes: int = 0
+    # Overlap the host's update of a step with the device's next step. None: on for CUDA, where the model
+    # has no recurrent layers, no media encoder, no tensor parallelism and no speculative decoding.
+    async_scheduling: bool | None = None
 
 
 @dataclass
@@ -137,6 +144,7 @@ class Engine:
             max_num_batched_tokens=max(config.max_num_batched_tokens, bs),
             enable_in_flight_batching=config.enable_in_flight_batching,
             whole_drafts=self.blocks.state is not None,
+            max_seq_len=config.max_kv_cache_capacity,
         )
         self.scheduler = Scheduler(sched, self.blocks)
         self.guides = GuidedDecoding(tokenizer, model.cfg.vocab_size)
@@ -166,6 +174,15 @@ class Engine:
                 sched.max_num_batched_tokens,
                 config.max_kv_cache_capacity,
             )
+        plain = (
+            self.speculative is None
+            and self.blocks.state is None
+            and self.runner.media is None
+            and self.runner.tp is None
+        )
+        wanted = config.async_scheduling
+        self.async_scheduling = plain and (self.runner.on_cuda if wanted is None else wanted)
+        self._inflight: list[tuple[list[Sequence], SampleResult]] = []  # launched, not yet read back
         log.info(
             "engine: %s, max_batch_size %d, %d tokens per step, context reuse %s",
             "in-flight batching" if config.enable_in_flight_batching else "one request at a time",
@@ -333,8 +350,11 @@ class Engine:
         for request in running:
             self._fail(request, error)
         waiting = self.scheduler.waiting
+        self._inflight = []
+        self.runner.end_step()
         for seq in waiting:
             seq.block_table, seq.num_computed_tokens, seq.num_cached_tokens = [], 0, 0
+            seq.num_inflight = 0  # a sample lost with the step: drawn again (same seed, same token)
             if self.speculative is not None:
                 self.speculative.release(seq)  # its draft state starts over too
         self._faults.before_restart()
@@ -384,7 +404,11 @@ class Engine:
                         self._finish(choice, "cancelled")
 
     def step(self) -> bool:
-        """One engine step: schedule -> run the model -> sample -> emit. False if nothing ran."""
+        """One engine step: schedule -> execute -> update. False if nothing ran. Asynchronously, the
+        update is the previous step's, done while the device runs this one."""
+        overlap = self.async_scheduling and self._can_overlap()
+        if not overlap:
+            self._update()
         with self.profiler.stage(SCHEDULE, on_device=False):
             batch = self.scheduler.schedule()
         self.stats.steps += 1
@@ -393,7 +417,7 @@ class Engine:
             self.stats.joined_mid_flight += batch.joined
             log.debug("step %d: %d request(s) joined the running batch", self.stats.steps, batch.joined)
         if batch.is_empty:
-            return False
+            return self._update()
         now = time.monotonic()
         for seq in batch.seqs:
             seq.num_forward_passes += 1
@@ -401,6 +425,11 @@ class Engine:
             if request.first_scheduled is None:
                 request.first_scheduled = now
         self.runner.restore_partial_blocks(batch.seqs)
+        if overlap:
+            launched = self._launch(batch)
+            self._update()
+            self._inflight = launched
+            return True
         if self.speculative is not None:
             with self.profiler.stage(SPECULATIVE):
                 batch = self._speculate(batch)
@@ -435,6 +464,44 @@ class Engine:
                     self.guides.propose(seq)
                 i += n
         return True
+
+    def _can_overlap(self) -> bool:
+        """Every request the next step may take samples without its previous token on the host: no
+        guide (its mask follows the last token), no penalties (they read the tokens so far), no draft,
+        no prompt logprobs."""
+        sched = self.scheduler
+        return all(_samples_on_device(s) for s in sched.running) and all(
+            _samples_on_device(s) for s in sched.waiting
+        )
+
+    def _launch(self, batch: ScheduledBatch) -> list[tuple[list[Sequence], SampleResult]]:
+        """Enqueue the step's parts on the device; their samples stay there until ``_update``."""
+        launched = []
+        for part in _split_decode(batch):
+            if part.is_empty:
+                continue
+            self._faults.before_model_step(part.seqs)
+            with self.profiler.stage(self.profiler.model_step(part.seqs, part.num_tokens)):
+                seqs, result, _ = self.runner.execute(part, keep=True)
+            if result is not None:
+                for seq in seqs:
+                    seq.num_inflight += 1
+                launched.append((seqs, result))
+        self.runner.end_step()
+        return launched
+
+    def _update(self) -> bool:
+        """Read back the launched step's samples and append them (stops, finishes, deltas). False if
+        nothing was in flight."""
+        launched, self._inflight = self._inflight, []
+        for seqs, result in launched:
+            tokens, infos = result.host()
+            for seq, token, info in zip(seqs, tokens, infos):
+                seq.num_inflight -= 1
+                choice = self._choices.get(seq.seq_id)
+                if choice is not None and not seq.is_finished:
+                    self._append(choice, token, info)
+        return bool(launched)
 
     def _record_prompt_logprobs(self, scored: PromptScores) -> None:
         """Keep the prompt logprobs a step computed; positions already kept (a preempted prefill that runs
@@ -691,6 +758,15 @@ def _num_partial_snapshots(model, config: EngineConfig) -> int:
     if not config.enable_context_reuse or hasattr(model, "state_spec"):
         return 0
     return config.partial_kv_snapshot_pool_bytes // kv_block_bytes(model, config.block_size)
+
+
+def _samples_on_device(seq: Sequence) -> bool:
+    return (
+        seq.matcher is None
+        and not seq.num_draft_tokens
+        and seq.prompt_logprobs is None
+        and is_plain(seq.params)
+    )
 
 
 def _hybrid_state(model, tokenizer: Tokenizer, config: EngineConfig) -> HybridStateCache | None:

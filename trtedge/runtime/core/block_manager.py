@@ -176,7 +176,7 @@ class BlockManager:
         rows) for the runner to copy, or None."""
         if not (self.enable_reuse and seq.params.reuse_context) or self.max_records == 0:
             return None
-        limit = seq.num_computed_tokens
+        limit = min(seq.num_computed_tokens, seq.num_tokens)  # an in-flight sample's id is not known yet
         if seq.params.cache_generated_tokens is False:  # None (unset) caches them
             limit = min(limit, seq.num_prompt_tokens)
         parent = salt_root(seq.params.cache_salt)

@@ -30,6 +30,9 @@ class Sequence:
         self.arrival = time.monotonic()
         self.status = Status.WAITING
         self.num_computed_tokens = 0
+        # Sampled on the device, not yet read by the host (asynchronous scheduling): the next step
+        # computes them (their ids come from the device) before ``token_ids`` holds them.
+        self.num_inflight = 0
         self.num_cached_tokens = 0  # prompt tokens taken from the context cache
         self.block_table: list[int] = []
         self.partial_restore: tuple[int, int] | None = None  # (snapshot entry, rows) a cache hit copies in

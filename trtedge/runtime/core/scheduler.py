@@ -18,6 +18,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     enable_in_flight_batching: bool = False
     whole_drafts: bool = False  # hybrid models: a jump-forward draft is never split across steps
+    max_seq_len: int | None = None  # tokens a sequence may reach (max_kv_cache_capacity)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Scheduler:
         # Highest priority first; FCFS within a priority.
         self.running.sort(key=lambda s: (-s.priority, s.arrival, s.seq_id))
         for seq in list(self.running):
-            if seq not in self.running or budget == 0:
+            if seq not in self.running or budget == 0 or self._reached_end(seq):
                 continue
             n = self._chunk(seq, budget)
             while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):
@@ -94,12 +95,23 @@ class Scheduler:
             joined += int(mid_flight)
         return ScheduledBatch(seqs, counts, preempted, joined)
 
+    def _reached_end(self, seq: Sequence) -> bool:
+        """A sample still on the device takes the sequence to its length limit: nothing more to compute
+        (the host finishes it when it reads the sample)."""
+        if not seq.num_inflight:
+            return False
+        total = seq.num_tokens + seq.num_inflight
+        limit = self.config.max_seq_len
+        return total - seq.num_prompt_tokens >= seq.params.max_tokens or (
+            limit is not None and total >= limit
+        )
+
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens of ``seq`` to compute within ``budget``. With ``whole_drafts``, a jump-forward draft and
         the token before it (whose states the recurrent layers keep one by one) fall in one step: a
         chunk that would end inside them ends before them, or, when nothing comes before them, the
         draft is dropped and the sequence decodes on."""
-        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        n = min(seq.num_tokens + seq.num_inflight - seq.num_computed_tokens, budget)
         k = seq.num_draft_tokens
         if not self.config.whole_drafts or k == 0 or seq.num_computed_tokens + n == seq.num_tokens:
             return n

@@ -11,7 +11,7 @@ import torch
 from trtedge.runtime.core.hybrid_state import HybridStateCache
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.core.scheduler import ScheduledBatch
-from trtedge.runtime.executor.sampler import Sampler, TokenLogprobs
+from trtedge.runtime.executor.sampler import Sampler, SampleResult, TokenLogprobs
 from trtedge.runtime.executor.state_pool import RecurrentBatch, RecurrentStatePool, plan_windows
 from trtedge.runtime.multimodal.inputs import MediaInputs, media_inputs
 from trtedge.runtime.ops import triton_attention, triton_prefill
@@ -115,6 +115,13 @@ class ModelRunner:
         self.media = (
             MediaInputs(model.vision, mm_embedding_cache_bytes) if getattr(model, "vision", None) else None
         )
+        # Asynchronous scheduling: the tokens the last step sampled, still on the device, and each
+        # sampled sequence's row in them; the next step reads its input ids from there.
+        self._last_tokens: torch.Tensor | None = None
+        self._last_rows: dict[int, int] = {}
+        self._step_parts: list[tuple[list[Sequence], SampleResult]] = []
+        if self.on_cuda and self.states is None and self.tp is None:
+            self._warm_up()
         self.graphs = None
         if self.on_cuda and cuda_graphs:
             from trtedge.runtime.executor.cuda_graphs import DecodeGraphs
@@ -122,6 +129,24 @@ class ModelRunner:
             self.graphs = DecodeGraphs(
                 model, self.kv_caches, max_batch_size, max_blocks_per_seq, block_size, num_blocks
             )
+
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        """Compile the prefill and eager-decode kernels now rather than inside the first requests: one
+        step of each row-count class Triton specialises on (1, a multiple of 16, any other), written
+        to the scratch block that the block manager never hands out."""
+        scratch, bs = self.num_blocks, self.block_size
+        for rows in sorted({1, min(16, bs), max(min(13, bs - 1), 2)}):
+            self.forward(
+                [0] * rows,
+                list(range(rows)),
+                [scratch * bs + i for i in range(rows)],
+                [rows],
+                [rows],
+                [[scratch]],
+                [rows - 1],
+            )
+        torch.cuda.synchronize()
 
     @torch.inference_mode()
     def prepare_states(self, seqs: list[Sequence]) -> None:
@@ -209,8 +234,24 @@ class ModelRunner:
     ) -> tuple[list[Sequence], list[int], list[TokenLogprobs | None], list[PromptScores]]:
         """Compute the scheduled tokens; return the sequences that caught up and their next tokens (a
         sequence with a jump-forward draft repeats once per draft position plus one), and the prompt
-        logprobs of the prompt positions computed for sequences that want them."""
+        logprobs of the prompt positions computed for sequences that want them. Waits for the device."""
+        sampled, result, prompt_scores = self.execute(batch)
+        if result is None:
+            return [], [], [], prompt_scores
+        tokens, infos = result.host()
+        return sampled, tokens, infos, prompt_scores
+
+    @torch.inference_mode()
+    def execute(
+        self, batch: ScheduledBatch, keep: bool = False
+    ) -> tuple[list[Sequence], SampleResult | None, list[PromptScores]]:
+        """Enqueue the step on the device without waiting for it: the sequences that caught up and their
+        samples, still on the device. A sequence's last input token may be one the previous step sampled
+        and the host has not read yet (``seq.num_inflight``): it is read from the device. ``keep``: the
+        samples feed the next step's inputs (``end_step``)."""
         ids: list[int] = []
+        fill_rows: list[int] = []
+        fill_src: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         query_lens, context_lens, tables = [], [], []
@@ -232,19 +273,31 @@ class ModelRunner:
                     score_targets.extend(seq.token_ids[start + 1 : last + 1])
                     scoring.append((seq, start + 1, last - start))
             ids.extend(seq.token_ids[start:end])
+            if end > len(seq.token_ids):  # the last step's sample, on the device
+                fill_rows.append(len(ids))
+                fill_src.append(self._last_rows[seq.seq_id])
+                ids.append(0)
             delta = seq.mm.rope_delta if seq.mm is not None else 0  # M-RoPE: generated tokens' offset
             positions.extend(range(start + delta, end + delta))
             table = seq.block_table
             bs = self.block_size
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            if n == 1:
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             query_lens.append(n)
             context_lens.append(end)
             tables.append(table[: -(-end // bs)])
-            if end == seq.num_tokens:
+            if end >= seq.num_tokens:
                 # a jump-forward draft computed in this chunk is verified from the logits of all its positions
                 k = seq.num_draft_tokens if seq.num_draft_tokens < n else 0
                 last_rows.extend(range(len(ids) - 1 - k, len(ids)))
                 sampled.extend([seq] * (k + 1))
+        fill = None
+        if fill_rows:
+            device = self.model.device
+            rows, src = _to_device(fill_rows, device), _to_device(fill_src, device)
+            fill = (rows, self._last_tokens.index_select(0, src))
         embeds = None
         if any(seq.mm is not None for seq in batch.seqs):
             positions, embeds = media_inputs(self.media, batch, positions, self.model.device)
@@ -256,29 +309,60 @@ class ModelRunner:
         # a prompt token of a media request has (3, T) M-RoPE positions: the decode graphs take 1D ones
         decode = all(q == 1 for q in query_lens) and not isinstance(positions, torch.Tensor)
         graphs = decode and not score_rows and self.graphs is not None and self.graphs.fits(len(ids))
+        prompt_scores = []
         if graphs and not self.model.aux_layers:
-            logits = self.graphs.run(ids, positions, slots, tables, context_lens)
-            tokens, infos = self.sampler(logits, draft_rows(sampled), masks)
-            return sampled, tokens, infos, []
-        top = max((s.prompt_logprobs for s, _, _ in scoring), default=0)
-        score = (score_rows, score_targets, top) if score_rows else None
-        plan = (ids, positions, slots, query_lens, context_lens, tables, last_rows, score)
-        if embeds is not None:
-            logits, scores = self.forward(*plan, embeds=embeds)
+            logits = self.graphs.run(ids, positions, slots, tables, context_lens, fill)
         else:
-            logits, scores = self.forward(*plan) if self.tp is None else self.tp.step(self.forward, plan)
-        prompt_scores, offset = [], 0
-        for seq, first, count in scoring:
-            prompt_scores.append(PromptScores(seq, first, _trim(scores[offset : offset + count], seq)))
-            offset += count
+            top = max((s.prompt_logprobs for s, _, _ in scoring), default=0)
+            score = (score_rows, score_targets, top) if score_rows else None
+            plan = (ids, positions, slots, query_lens, context_lens, tables, last_rows, score)
+            if embeds is not None:
+                logits, scores = self.forward(*plan, embeds=embeds, fill=fill)
+            elif self.tp is None:
+                logits, scores = self.forward(*plan, fill=fill)
+            else:
+                logits, scores = self.tp.step(self.forward, plan)
+            offset = 0
+            for seq, first, count in scoring:
+                prompt_scores.append(PromptScores(seq, first, _trim(scores[offset : offset + count], seq)))
+                offset += count
         if not sampled:
-            return [], [], [], prompt_scores
-        tokens, infos = self.sampler(logits, draft_rows(sampled), masks)
-        return sampled, tokens, infos, prompt_scores
+            return [], None, prompt_scores
+        rows = draft_rows(sampled)
+        # the seeded stream's key: the token count at this sample (the host may lag behind by one)
+        counts = [r.num_tokens + r.num_inflight for r in rows] if rows is sampled else None
+        result = self.sampler.sample(logits, rows, masks, counts)
+        if keep:
+            self._step_parts.append((sampled, result))
+        return sampled, result, prompt_scores
+
+    def end_step(self) -> None:
+        """All parts of a step are enqueued: their samples become the next step's device-side inputs."""
+        parts, self._step_parts = self._step_parts, []
+        if not parts:
+            return
+        self._last_rows = {}
+        offset = 0
+        for seqs, _ in parts:
+            for i, seq in enumerate(seqs):
+                self._last_rows[seq.seq_id] = offset + i
+            offset += len(seqs)
+        tensors = [result.tokens for _, result in parts]
+        self._last_tokens = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
     @torch.inference_mode()
     def forward(
-        self, ids, positions, slots, query_lens, context_lens, tables, last_rows, score=None, embeds=None
+        self,
+        ids,
+        positions,
+        slots,
+        query_lens,
+        context_lens,
+        tables,
+        last_rows,
+        score=None,
+        embeds=None,
+        fill=None,
     ) -> tuple[torch.Tensor | None, list[TokenLogprobs]]:
         """The model over a flattened batch: the logits of ``last_rows`` (None when there are none), and
         for ``score`` = (rows, target token ids, top count) the log-softmax of each row's logits at its
@@ -286,11 +370,13 @@ class ModelRunner:
         device = self.model.device
         decode = all(q == 1 for q in query_lens)
         attn = self._attention_batch(slots, query_lens, context_lens, tables, decode)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=device)
+        input_ids = _to_device(ids, device)
+        if fill is not None:
+            input_ids.index_copy_(0, *fill)
         if isinstance(positions, torch.Tensor):  # (3, T) multimodal positions
             pos = positions.to(device)
         else:
-            pos = torch.tensor(positions, dtype=torch.long, device=device)
+            pos = _to_device(positions, device)
         extra = {} if self._step_states is None else {"states": self._step_states}
         if embeds is not None:
             extra["embeds"] = embeds
@@ -298,7 +384,7 @@ class ModelRunner:
         scores = self._score(hidden, *score) if score is not None else []
         if not last_rows:
             return None, scores
-        rows = torch.tensor(last_rows, dtype=torch.long, device=device)
+        rows = _to_device(last_rows, device)
         return self.model.logits(hidden.index_select(0, rows)), scores
 
     def _score(
@@ -349,8 +435,11 @@ class ModelRunner:
             attn.context_lens_tensor = torch.tensor(context_lens, dtype=torch.long).to(device)
         elif triton_prefill.supported(self.model.cfg.head_dim):
             tiles, seqs = triton_prefill.plan_tiles(query_lens, context_lens)
-            plan = torch.tensor(tiles + seqs, dtype=torch.int32).to(device)
-            attn.prefill_plan = (padded, plan[: len(tiles)].view(-1, 2), plan[len(tiles) :].view(-1, 3))
+            # the sequences' part starts 16-byte aligned, as Triton assumes of a pointer it specialised on
+            split = len(tiles) + (-len(tiles)) % 4
+            plan = torch.tensor(tiles + [0] * (split - len(tiles)) + seqs, dtype=torch.int32)
+            plan = plan.to(device, non_blocking=True)
+            attn.prefill_plan = (padded, plan[: len(tiles)].view(-1, 2), plan[split:].view(-1, 3))
         return attn
 
     def copy_slots(self, src: list[int], dst: list[int]) -> None:
@@ -391,3 +480,9 @@ def _trim(infos: list[TokenLogprobs], seq: Sequence) -> list[TokenLogprobs]:
     for info in infos:
         del info.top[k:]
     return infos
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host ints as a long tensor on ``device``, without waiting for the kernels queued there."""
+    t = torch.tensor(values, dtype=torch.long)
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)

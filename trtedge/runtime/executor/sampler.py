@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.ops import triton_sampling
 
 _MASK64 = (1 << 64) - 1
 
@@ -39,8 +40,15 @@ class Sampler:
         self, logits: torch.Tensor, seqs: list[Sequence], masks=None
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
         """logits: [len(seqs), vocab] float32; ``masks`` (guided.GuideMasks) restricts the guided rows.
-        Returns the chosen token per row and optional logprobs."""
-        plain = all(_is_plain(s) for s in seqs)
+        Returns the chosen token per row and optional logprobs (waits for the device)."""
+        return self.sample(logits, seqs, masks).host()
+
+    def sample(
+        self, logits: torch.Tensor, seqs: list, masks=None, positions: list[int] | None = None
+    ) -> SampleResult:
+        """Enqueue the sampling of every row on the device, without waiting for it. ``positions``: the
+        token count each row samples at (its key into the seeded stream); default ``row.num_tokens``."""
+        plain = all(is_plain(s.params) for s in seqs)
         if not plain or masks is not None:
             logits = logits.clone()
         if masks is not None:
@@ -48,33 +56,85 @@ class Sampler:
         if not plain:
             for row, seq in enumerate(seqs):
                 _adjust(logits[row], seq)
-        want_logprobs = any(s.params.logprobs is not None for s in seqs)
-        logprobs_all = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         choice = logits.argmax(dim=-1)
         sampled = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
         if sampled:
-            rows = torch.tensor(sampled, device=logits.device)
-            choice.index_copy_(
-                0, rows, _sample_rows(logits.index_select(0, rows), [seqs[r] for r in sampled])
-            )
-        tokens = choice.tolist()  # the one host sync of the step
+            if positions is None:
+                positions = [s.num_tokens for s in seqs]
+            rows = [seqs[r] for r in sampled]
+            if len(sampled) == len(seqs):
+                choice = _sample_rows(logits, rows, positions)
+            else:
+                index = _to_device(sampled, torch.long, logits.device)
+                drawn = _sample_rows(logits.index_select(0, index), rows, [positions[r] for r in sampled])
+                choice.index_copy_(0, index, drawn)
+        ks = [s.params.logprobs for s in seqs]
+        top_k = max((k for k in ks if k is not None), default=None)
+        chosen_lp = top_values = top_ids = None
+        if top_k is not None:
+            logprobs_all = torch.log_softmax(logits, dim=-1)
+            chosen_lp = logprobs_all.gather(1, choice[:, None])[:, 0]
+            if top_k > 0:
+                top_values, top_ids = logprobs_all.topk(top_k, dim=-1)
+        return SampleResult(choice, ks, chosen_lp, top_ids, top_values)
+
+
+class SampleResult:
+    """One step's sampled tokens (and logprobs) on the device; ``host()`` copies them back. The copy
+    starts at once, into pinned memory where the device has some, so ``host()`` waits only for the
+    step itself."""
+
+    def __init__(self, tokens: torch.Tensor, ks, chosen_lp, top_ids, top_values):
+        self.tokens = tokens  # [rows] long, on the device: the next step's inputs may read it there
+        self._ks = ks
+        self._event = None
+        if tokens.is_cuda:
+            self._host = [_pinned_copy(tokens)]
+            if chosen_lp is not None:
+                self._host.append(_pinned_copy(chosen_lp))
+                if top_ids is not None:
+                    self._host += [_pinned_copy(top_ids), _pinned_copy(top_values)]
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = [tokens] + ([chosen_lp] if chosen_lp is not None else [])
+            if chosen_lp is not None and top_ids is not None:
+                self._host += [top_ids, top_values]
+
+    def host(self) -> tuple[list[int], list[TokenLogprobs | None]]:
+        if self._event is not None:
+            self._event.synchronize()
+        tokens = self._host[0].tolist()
+        if len(self._host) == 1:
+            return tokens, [None] * len(tokens)
+        chosen = self._host[1].tolist()
+        top_ids = self._host[2].tolist() if len(self._host) > 2 else None
+        top_values = self._host[3].tolist() if len(self._host) > 2 else None
         infos: list[TokenLogprobs | None] = []
-        for row, seq in enumerate(seqs):
-            k = seq.params.logprobs
-            if k is None or logprobs_all is None:
+        for row, k in enumerate(self._ks):
+            if k is None:
                 infos.append(None)
                 continue
-            lp = logprobs_all[row]
-            top = []
-            if k > 0:
-                values, ids = lp.topk(k)
-                top = list(zip(ids.tolist(), values.tolist()))
-            infos.append(TokenLogprobs(tokens[row], float(lp[tokens[row]]), top))
+            top = list(zip(top_ids[row][:k], top_values[row][:k])) if k > 0 else []
+            infos.append(TokenLogprobs(tokens[row], chosen[row], top))
         return tokens, infos
 
 
-def _is_plain(seq: Sequence) -> bool:
-    p = seq.params
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t, non_blocking=True)
+    return out
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on the device without waiting for the device's queue (a plain
+    ``torch.tensor(..., device=cuda)`` copy waits for every kernel queued before it)."""
+    t = torch.tensor(values, dtype=dtype)
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
+
+
+def is_plain(p) -> bool:
+    """No logit bias or penalties: the row samples from its logits alone."""
     return (
         not p.logit_bias
         and p.repetition_penalty == 1.0
@@ -101,10 +161,12 @@ def _adjust(row: torch.Tensor, seq: Sequence) -> None:
         row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
 
 
-def _sample_rows(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], positions: list[int]) -> torch.Tensor:
     """Batched temperature / top-k / top-p / min-p sampling; returns one token id per row."""
     probs = sampling_probs(logits, seqs)
-    keys = [mix_seed(s.seed, s.num_tokens) for s in seqs]
+    keys = [mix_seed(s.seed, pos) for s, pos in zip(seqs, positions)]
+    if triton_sampling.supported(probs):  # the same race in one pass (the torch lines are its reference)
+        return triton_sampling.race(probs, _to_device(split_keys(keys), torch.long, probs.device))
     return (probs / exponential_noise(keys, logits.shape[-1], logits.device)).argmax(dim=-1)
 
 
@@ -113,23 +175,25 @@ def sampling_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     unnormalised after min-p."""
     device, vocab = logits.device, logits.shape[-1]
     params = [s.params for s in seqs]
-    temperature = torch.tensor([p.temperature for p in params], device=device)
+    temperature = _to_device([p.temperature for p in params], torch.float32, device)
     scores = logits / temperature[:, None]
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
         sorted_scores, order = scores.sort(dim=-1, descending=True)
-        top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=device)
+        top_k = _to_device(
+            [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], torch.long, device
+        )
         ranks = torch.arange(vocab, device=device)
         sorted_probs = torch.softmax(
             sorted_scores.masked_fill(ranks >= top_k[:, None], float("-inf")), dim=-1
         )
-        top_p = torch.tensor([p.top_p for p in params], device=device)
+        top_p = _to_device([p.top_p for p in params], torch.float32, device)
         # keep the smallest prefix whose mass reaches top_p
         sorted_probs = sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs > top_p[:, None], 0.0)
         probs = torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)
     else:
         probs = torch.softmax(scores, dim=-1)
     if any(p.min_p > 0.0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=device)
+        min_p = _to_device([p.min_p for p in params], torch.float32, device)
         probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), 0.0)
     return probs
 
@@ -146,10 +210,15 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
+def split_keys(keys: list[int]) -> list[list[int]]:
+    """64-bit keys as (low, high) 32-bit halves, the two words the noise hash mixes in."""
+    return [[key & _M32, key >> 32] for key in keys]
+
+
 def exponential_noise(keys: list[int], vocab: int, device: torch.device) -> torch.Tensor:
     """Exp(1) noise [len(keys), vocab], a pure function of (key, token id): argmax(p / noise) draws
     from p, and a row's draw never depends on the other rows of the batch."""
-    k = torch.tensor([[key & _M32, key >> 32] for key in keys], dtype=torch.long, device=device)
+    k = _to_device(split_keys(keys), torch.long, device)
     ids = torch.arange(vocab, dtype=torch.long, device=device)
     h = _fmix32(_fmix32(ids[None, :] ^ k[:, :1]) ^ k[:, 1:])
     u = ((h >> 8).float() + 0.5) / 16777216.0
