@@ -34,7 +34,9 @@ def workload(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
     ]
 
 
-def run_trtedge(directory: Path, requests, max_batch_size: int) -> dict:
+def run_trtedge(
+    directory: Path, requests, max_batch_size: int, overlap: bool | None = None, busy: bool = False
+) -> dict:
     with LLM(
         str(directory),
         load_format="dummy",
@@ -45,10 +47,15 @@ def run_trtedge(directory: Path, requests, max_batch_size: int) -> dict:
         max_kv_cache_capacity=2048,
         max_input_len=1024,
         max_num_batched_tokens=8192,
+        async_scheduling=overlap,
     ) as llm:
         llm.generate(
             requests[0][0], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True)
         )  # warm-up
+        profiler = None
+        if busy:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
         start = time.perf_counter()
         streams = [
             llm.generate_stream(
@@ -59,12 +66,43 @@ def run_trtedge(directory: Path, requests, max_batch_size: int) -> dict:
         produced = sum(len(d.token_ids) for s in streams for d in s)
         elapsed = time.perf_counter() - start
         stats = llm.stats()
+    extra = {}
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        extra = gpu_busy(profiler, elapsed)
     return dict(
+        **extra,
         output_tokens=produced,
         seconds=round(elapsed, 2),
         output_tokens_per_s=round(produced / elapsed, 1),
         steps=stats["steps"],
         preemptions=stats["preemptions"],
+    )
+
+
+def gpu_busy(profiler, wall: float) -> dict:
+    """The share of the run's wall time in which some kernel ran: the union of the kernels' intervals
+    (CUPTI timestamps) over the wall time, and over the span from the first kernel to the last."""
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in profiler.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    busy, end, first = 0, None, spans[0][0] if spans else 0
+    for a, b in spans:
+        if end is None or a > end:
+            busy += b - a
+            end = b
+        elif b > end:
+            busy += b - end
+            end = b
+    span = (end - first) if spans else 0
+    kernels = sorted(profiler.key_averages(), key=lambda a: -a.device_time_total)[:12]
+    return dict(
+        top_kernels_ms=[[a.key[:60], round(a.device_time_total / 1e3, 1), a.count] for a in kernels],
+        gpu_busy_us=round(busy),
+        gpu_busy_of_wall=round(busy / 1e6 / wall, 3),
+        gpu_busy_of_kernel_span=round(busy / span, 3) if span else 0.0,
     )
 
 
@@ -101,23 +139,37 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--max-batch-size", type=int, default=256)
     parser.add_argument("--hf-requests", type=int, default=32, help="0 skips HF")
+    parser.add_argument(
+        "--async-scheduling",
+        choices=["auto", "on", "off", "both"],
+        default="both",
+        help="both: the synchronous engine and the overlapped one in the same run",
+    )
+    parser.add_argument(
+        "--gpu-busy", action="store_true", help="also a profiled run: the share of the time a kernel ran"
+    )
     args = parser.parse_args()
     requests = workload(args.requests)
     with tempfile.TemporaryDirectory() as tmp:
         directory = write_shape(Path(tmp) / "qwen3-0.6b", "qwen3-0.6b")
-        row = run_trtedge(directory, requests, args.max_batch_size)
-        print(
-            json.dumps(
-                dict(
-                    figure="offline_throughput",
-                    engine="trtedge",
-                    shape="qwen3-0.6b",
-                    requests=args.requests,
-                    **row,
-                )
-            ),
-            flush=True,
-        )
+        modes = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.async_scheduling]
+        runs = [(m, False) for m in modes] + ([(modes[-1], True)] if args.gpu_busy else [])
+        for overlap, busy in runs:
+            row = run_trtedge(directory, requests, args.max_batch_size, overlap, busy)
+            print(
+                json.dumps(
+                    dict(
+                        figure="offline_throughput",
+                        engine="trtedge",
+                        async_scheduling={None: "auto", True: "on", False: "off"}[overlap],
+                        profiled=busy,
+                        shape="qwen3-0.6b",
+                        requests=args.requests,
+                        **row,
+                    )
+                ),
+                flush=True,
+            )
     if args.hf_requests:
         try:
             hf = run_hf(requests[: args.hf_requests])
