@@ -16,7 +16,14 @@ from trtedge.runtime.models import load_model
 from trtedge.runtime.multimodal import MultimodalPrompt, has_media
 from trtedge.runtime.multimodal.processor import VisionProcessor
 from trtedge.runtime.multimodal.prompt import expand_placeholders, placeholder_tokens, process_media
-from trtedge.runtime.output import CancellableIterator, CompletionOutput, GenerationMetrics, RequestOutput
+from trtedge.runtime.output import (
+    CancellableIterator,
+    CompletionOutput,
+    GenerationMetrics,
+    LoopChannel,
+    RequestHandle,
+    RequestOutput,
+)
 from trtedge.runtime.profiling import ProfilingMetrics
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig, check_draft
@@ -305,10 +312,13 @@ class LLM:
         on_metrics: Callable[[GenerationMetrics], None] | None = None,
         priority: int = 0,
         request_id: str | None = None,
+        channel: LoopChannel | None = None,
         **prompt_options,
-    ) -> CancellableIterator:
+    ) -> CancellableIterator | RequestHandle:
         """Stream ``StreamDelta``s. Messages (a list of dicts) go through the chat template; a string is
-        used as is; a list of ints is taken as token ids."""
+        used as is; a list of ints is taken as token ids. ``channel``: deliver the deltas on an asyncio
+        event loop instead (``trtedge.runtime.output.LoopChannel``, batched per engine step); the
+        returned handle then only cancels."""
         self._check_open()
         params = params or SamplingParams()
         min_priority = self.config.min_request_priority
@@ -320,7 +330,7 @@ class LLM:
         if isinstance(prompt, MultimodalPrompt):
             self._check_positions(prompt, params.max_tokens)
         self.check_token_ids(ids)
-        return self.engine.submit(prompt, params, priority, on_metrics, request_id)
+        return self.engine.submit(prompt, params, priority, on_metrics, request_id, channel)
 
     def generate(
         self,

@@ -245,26 +245,19 @@ def test_engine_error_mid_stream_is_an_error_event_then_done(llm, monkeypatch):
     app = build_app(llm)
 
     class Failing:
+        """A request whose engine hands its channel one delta, then an error (as Engine._fail does)."""
+
         cancelled = False
 
-        def __init__(self):
-            self.items = [StreamDelta("Hel", [1]), RuntimeError("device lost")]
-
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            if not self.items:
-                raise StopIteration
-            item = self.items.pop(0)
-            if isinstance(item, Exception):
-                raise item
-            return item
+        def __init__(self, channel):
+            channel.put(StreamDelta("Hel", [1]))
+            channel.put(RuntimeError("device lost"))
+            channel.batcher.flush()
 
         def cancel(self):
             self.cancelled = True
 
-    monkeypatch.setattr(llm, "generate_stream", lambda *a, **k: Failing())
+    monkeypatch.setattr(llm, "generate_stream", lambda *a, channel, **k: Failing(channel))
     reply = asyncio.run(call(app, CHAT, {"messages": PARIS, "stream": True}))
     events = reply.events()
     assert reply.status == 200

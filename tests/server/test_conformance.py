@@ -289,16 +289,16 @@ def test_a_request_field_name_with_a_newline_cannot_forge_a_log_line(app, caplog
 
 def test_the_engine_error_text_reaches_the_log_escaped(app, llm, monkeypatch, caplog):
     class Broken:
-        def __iter__(self):
-            return self
+        """A request whose engine hands its channel an error with a forged log line in its text."""
 
-        def __next__(self):
-            raise ValueError("engine said\nINFO trtedge.server: all good")
+        def __init__(self, channel):
+            channel.put(ValueError("engine said\nINFO trtedge.server: all good"))
+            channel.batcher.flush()
 
         def cancel(self):
             pass
 
-    monkeypatch.setattr(llm, "generate_stream", lambda *args, **kwargs: Broken())
+    monkeypatch.setattr(llm, "generate_stream", lambda *args, channel, **kwargs: Broken(channel))
     with caplog.at_level(logging.INFO):
         reply = asyncio.run(call(app, CHAT, {"model": "m", "messages": ASK, "max_tokens": 1}))
     assert reply.status == 500 and json.loads(reply.body)["error"]["code"] == "engine_error"

@@ -27,7 +27,14 @@ from trtedge.runtime.executor.state_pool import row_bytes
 from trtedge.runtime.faults import FaultInjector
 from trtedge.runtime.multimodal import MultimodalPrompt
 from trtedge.runtime.multimodal.inputs import encode_batch_media
-from trtedge.runtime.output import CancellableIterator, GenerationMetrics, StreamDelta
+from trtedge.runtime.output import (
+    CancellableIterator,
+    GenerationMetrics,
+    LoopBatcher,
+    LoopChannel,
+    RequestHandle,
+    StreamDelta,
+)
 from trtedge.runtime.profiling import MULTIMODAL, SCHEDULE, SPECULATIVE, Profiler
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig, build_decoder
@@ -87,8 +94,9 @@ class EngineStats:
 class _Request:
     """One submitted request: an output channel shared by its ``n`` choices, and its metrics."""
 
-    channel: queue.Queue
+    channel: queue.Queue | LoopChannel
     on_metrics: Callable[[GenerationMetrics], None] | None
+    batcher: LoopBatcher | None  # a LoopChannel's: flushed after each step
     choices: list[_Choice] = field(default_factory=list)
     submitted: float = field(default_factory=time.monotonic)
     first_scheduled: float | None = None
@@ -197,6 +205,7 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: set[_Request] = set()  # guarded by the engine thread
         self._choices: dict[int, _Choice] = {}  # seq_id -> choice, for sequences in the scheduler
+        self._batchers: set[LoopBatcher] = set()  # event loops with deltas of this step to hand over
         self._wake = threading.Event()
         self._stopped = False
         self._rng = random.Random(0)  # unseeded requests repeat across runs when served alone
@@ -212,8 +221,10 @@ class Engine:
         priority: int = 0,
         on_metrics: Callable[[GenerationMetrics], None] | None = None,
         request_id: str | None = None,
-    ) -> CancellableIterator:
-        """Queue a request; its ``params.n`` choices stream into one iterator (``StreamDelta.index``)."""
+        channel: LoopChannel | None = None,
+    ) -> CancellableIterator | RequestHandle:
+        """Queue a request; its ``params.n`` choices stream into one iterator (``StreamDelta.index``), or,
+        given a ``channel``, to its event loop, batched per step (then the returned handle only cancels)."""
         mm = prompt_ids if isinstance(prompt_ids, MultimodalPrompt) else None
         if mm is not None:
             if self.runner.media is None:
@@ -234,7 +245,7 @@ class Engine:
         if seed is None:
             with self._rng_lock:
                 seed = self._rng.getrandbits(64)
-        request = _Request(queue.Queue(), on_metrics)
+        request = _Request(channel or queue.Queue(), on_metrics, channel.batcher if channel else None)
         for index in range(params.n):
             rid = request_id if index == 0 or request_id is None else f"{request_id}-{index}"
             seq = Sequence(prompt_ids, params, priority, rid)
@@ -259,6 +270,8 @@ class Engine:
                 raise EngineUnavailableError("the engine is shut down")
             self._inbox.put(("add", request))
         self._wake.set()
+        if channel is not None:
+            return RequestHandle(lambda: self._cancel(request))
         return CancellableIterator(request.channel, lambda: self._cancel(request), params.n)
 
     def _resolve_cache_generated(self, params: SamplingParams) -> SamplingParams:
@@ -300,6 +313,7 @@ class Engine:
         failures = 0
         while not self._stopped:
             self._drain_inbox()
+            self._flush()
             if not self.scheduler.has_work:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
@@ -322,12 +336,15 @@ class Engine:
                     log.exception("engine restart failed; refusing new requests")
                     self.error = restart_error
                     break
+            finally:
+                self._flush()
         with self._submit_lock:
             self._stopped = True
             self._drain_inbox()
         reason = f"engine failed: {self.error}" if self.error is not None else "engine shut down"
         for request in list(self._requests):
             self._fail(request, EngineUnavailableError(reason))
+        self._flush()
         stats = self.stats
         log.info(
             "engine stopped: %d requests in %d steps, %d joined a running batch, %d preemptions, %d restarts",
@@ -622,9 +639,20 @@ class Engine:
             request.prompt_logprobs if first else None,
         )
         if reason is None:
-            request.channel.put(delta)
+            self._emit(request, delta)
         else:
             self._finish(choice, reason, delta)
+
+    def _emit(self, request: _Request, item) -> None:
+        request.channel.put(item)
+        if request.batcher is not None:
+            self._batchers.add(request.batcher)
+
+    def _flush(self) -> None:
+        """Hand the event loops their requests' deltas of this step, one wake-up each."""
+        batchers, self._batchers = self._batchers, set()
+        for batcher in batchers:
+            batcher.flush()
 
     def _publish(self, seq: Sequence) -> None:
         """Offer the sequence's computed blocks for reuse: its full blocks, the rows of its last partial
@@ -690,7 +718,7 @@ class Engine:
             )
         if choice.index == 0 and request.finish_reason is None:
             request.finish_reason = reason
-        request.channel.put(delta)
+        self._emit(request, delta)
         request.num_open -= 1
         if request.num_open == 0:
             self._requests.discard(request)
@@ -710,7 +738,7 @@ class Engine:
         self._requests.discard(request)
         request.finish_reason = "error"
         self.stats.failed += 1
-        request.channel.put(error)
+        self._emit(request, error)
         self._report_metrics(request)
 
     def _report_metrics(self, request: _Request) -> None:

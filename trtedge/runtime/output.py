@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -153,3 +154,59 @@ class CancellableIterator(Iterator[StreamDelta]):
 
 
 _END = object()
+
+
+class LoopBatcher:
+    """Hands an event loop the deltas of every request of one engine step in one wake-up: the engine
+    thread ``put``s them during the step and ``flush``es once after it (a wake-up per token and a
+    thread per request cost an HTTP server more than the model did)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Callable, object]] = []
+
+    def put(self, deliver: Callable, item) -> None:
+        with self._lock:
+            self._pending.append((deliver, item))
+
+    def flush(self) -> None:
+        with self._lock:
+            items, self._pending = self._pending, []
+        if items:
+            try:
+                self._loop.call_soon_threadsafe(_deliver_all, items)
+            except RuntimeError:  # the loop is closed: nobody reads these any more
+                pass
+
+
+def _deliver_all(items) -> None:
+    for deliver, item in items:
+        deliver(item)
+
+
+class LoopChannel:
+    """A request's output channel that calls ``deliver(item)`` on the batcher's event loop, for each
+    ``StreamDelta`` and for an engine error (an exception)."""
+
+    def __init__(self, batcher: LoopBatcher, deliver: Callable):
+        self.batcher = batcher
+        self._deliver = deliver
+
+    def put(self, item) -> None:
+        self.batcher.put(self._deliver, item)
+
+
+class RequestHandle:
+    """What ``submit`` returns for a request whose deltas go to a ``LoopChannel``: it only cancels."""
+
+    def __init__(self, cancel: Callable[[], None]):
+        self._cancel = cancel
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self._cancel()
+
+    close = cancel

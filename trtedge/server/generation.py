@@ -1,24 +1,33 @@
-"""One HTTP request's generation: engine streams pumped into the event loop, its admission seat, and
-its metrics. ``close()`` cancels whatever still runs in the engine and releases the seat, once."""
+"""One HTTP request's generation: the engine's deltas delivered on the event loop (batched per engine
+step, for every request of the loop at once), its admission seat, and its metrics. ``close()`` cancels
+whatever still runs in the engine and releases the seat, once."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from trtedge.llm import LLM
-from trtedge.runtime.output import CancellableIterator, StreamDelta
+from trtedge.runtime.output import LoopBatcher, LoopChannel, RequestHandle, StreamDelta
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.server.admission import Seat
 from trtedge.server.errors import APIError, engine_failure
 from trtedge.server.metrics import ServerMetrics
 
 log = logging.getLogger("trtedge.server")
+
+_BATCHERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its LoopBatcher
+
+
+def loop_batcher(loop: asyncio.AbstractEventLoop) -> LoopBatcher:
+    if loop not in _BATCHERS:
+        _BATCHERS[loop] = LoopBatcher(loop)
+    return _BATCHERS[loop]
 
 
 @dataclass(frozen=True)
@@ -54,37 +63,30 @@ class Generation:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._closed = False
         self.cancelled = False  # set once cancel() ran: the client is gone, nothing more is sent
-        self.streams: list[CancellableIterator] = []
+        self.streams: list[RequestHandle] = []
         self.num_choices = sum(c.params.n for c in choices)
         self._offsets = [sum(c.params.n for c in choices[:i]) for i in range(len(choices))]
+        batcher = loop_batcher(self._loop)
         try:
             for i, choice in enumerate(choices):
+                channel = LoopChannel(batcher, lambda item, i=i: self._receive(i, item))
                 stream = llm.generate_stream(
-                    choice.prompt, choice.params, priority=priority, request_id=f"{request_id}-p{i}"
+                    choice.prompt,
+                    choice.params,
+                    priority=priority,
+                    request_id=f"{request_id}-p{i}",
+                    channel=channel,
                 )
                 self.streams.append(stream)
         except BaseException:
             self.close()
             raise
-        for i, stream in enumerate(self.streams):
-            threading.Thread(
-                target=self._pump, args=(i, stream), name=f"{request_id}-{i}", daemon=True
-            ).start()
 
-    def _pump(self, index: int, stream: CancellableIterator) -> None:
-        try:
-            for delta in stream:
-                self._post(index, stream, delta)
-        except Exception as e:  # an engine failure reaches the client as an error
-            self._post(index, stream, e)
-
-    def _post(self, index: int, stream: CancellableIterator, item) -> None:
-        try:
-            if isinstance(item, StreamDelta):
-                index = self._offsets[index] + item.index
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, item))
-        except RuntimeError:  # the event loop is gone (server stopped): nobody will read this
-            stream.cancel()
+    def _receive(self, index: int, item) -> None:
+        """On the event loop: a delta of prompt ``index`` (or the engine's error for it)."""
+        if isinstance(item, StreamDelta):
+            index = self._offsets[index] + item.index
+        self._queue.put_nowait((index, item))
 
     async def deltas(self) -> AsyncIterator[tuple[int, StreamDelta]]:
         """(response choice index, delta) in arrival order until every choice has finished; an engine

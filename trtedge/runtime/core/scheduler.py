@@ -59,7 +59,7 @@ class Scheduler:
         # Highest priority first; FCFS within a priority.
         self.running.sort(key=lambda s: (-s.priority, s.arrival, s.seq_id))
         for seq in list(self.running):
-            if seq not in self.running or budget == 0 or self._reached_end(seq):
+            if seq.status is not Status.RUNNING or budget == 0 or self._reached_end(seq):  # preempted above
                 continue
             n = self._chunk(seq, budget)
             while not self.blocks.can_grow(seq, seq.num_computed_tokens + n):

@@ -1,0 +1,119 @@
+"""The nano-vllm workload over HTTP against the same engine offline, in one run.
+
+    python benchmarks/http_throughput.py [--requests 256] [--concurrency 256]
+
+Qwen3-0.6B shape, random bf16 weights (load_format="dummy"), the workload of gpu_throughput.py
+(input and output lengths uniform in [100, 1024], temperature 0.6, EOS ignored). Offline: LLM in
+this process. HTTP: `trtedge serve`'s app (build_app) on the same engine settings in a child
+process, driven by streaming /v1/completions with token-id prompts, at most --concurrency in
+flight, usage read from the final chunk. Prints one JSON line per side and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gpu_throughput import run_trtedge, workload  # noqa: E402
+from benchmarks.shapes import write_shape  # noqa: E402
+
+SERVER = """
+import sys, uvicorn
+from trtedge import LLM
+from trtedge.server.app import build_app
+llm = LLM(sys.argv[1], load_format="dummy", dtype="bfloat16", device="cuda", enable_in_flight_batching=True,
+          max_batch_size=int(sys.argv[3]), max_kv_cache_capacity=2048, max_input_len=1024,
+          max_num_batched_tokens=8192)
+uvicorn.run(build_app(llm), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+async def drive(port: int, requests, concurrency: int) -> dict:
+    gate = asyncio.Semaphore(concurrency)
+    produced = 0
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+
+        async def one(i, prompt, n):
+            nonlocal produced
+            body = {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": n,
+                "temperature": 0.6,
+                "seed": i,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            async with gate, client.stream("POST", "/v1/completions", json=body) as r:
+                r.raise_for_status()
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {") and '"usage"' in line:
+                        usage = json.loads(line[6:]).get("usage")
+                        if usage:
+                            produced += usage["completion_tokens"]
+
+        await one(0, requests[0][0], 8)  # warm-up
+        produced = 0
+        start = time.perf_counter()
+        await asyncio.gather(*(one(i, p, n) for i, (p, n) in enumerate(requests)))
+        elapsed = time.perf_counter() - start
+    return dict(
+        output_tokens=produced, seconds=round(elapsed, 2), output_tokens_per_s=round(produced / elapsed, 1)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=256)
+    args = parser.parse_args()
+    requests = workload(args.requests)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = write_shape(Path(tmp) / "qwen3-0.6b", "qwen3-0.6b")
+        offline = run_trtedge(directory, requests, args.concurrency)
+        print(json.dumps(dict(figure="offline_throughput", engine="trtedge", **offline)), flush=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(directory), str(port), str(args.concurrency)]
+        )
+        try:
+            for _ in range(600):
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            http = asyncio.run(drive(port, requests, args.concurrency))
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        print(
+            json.dumps(
+                dict(figure="http_throughput", engine="trtedge serve", concurrency=args.concurrency, **http)
+            ),
+            flush=True,
+        )
+        ratio = http["output_tokens_per_s"] / offline["output_tokens_per_s"]
+        print(json.dumps(dict(figure="http_vs_offline", ratio=round(ratio, 2))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
