@@ -177,7 +177,6 @@ def test_chat_errors_name_the_field(llm, body, status, param, text):
     "body,param,text",
     [
         ({"prompt": "x", "suffix": "y"}, "suffix", "not supported"),
-        ({"prompt": "x", "echo": True, "logprobs": 1}, "echo", "not supported"),
         ({"prompt": [1, 2, "a"]}, "prompt.2", "integer"),
         ({"prompt": [10**7]}, "prompt", "vocabulary"),
         ({"prompt": list(range(5, 600)), "max_tokens": 4}, "prompt", "595 tokens"),
