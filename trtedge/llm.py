@@ -13,7 +13,8 @@ from trtedge.runtime.artifacts.bundle import BuildProfile, prepare_bundle
 from trtedge.runtime.artifacts.checkpoint import config_only_checkpoint, resolve_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig, EngineError, EngineUnavailableError
 from trtedge.runtime.models import load_model
-from trtedge.runtime.multimodal import MultimodalPrompt, has_media
+from trtedge.runtime.multimodal import MultimodalPrompt, media_kinds
+from trtedge.runtime.multimodal.audio import AudioProcessor
 from trtedge.runtime.multimodal.processor import VisionProcessor
 from trtedge.runtime.multimodal.prompt import expand_placeholders, placeholder_tokens, process_media
 from trtedge.runtime.output import (
@@ -153,6 +154,12 @@ class LLM:
                 self.model.cfg.vision["vision_config"],
                 video_clip_budget=self.model.cfg.model_type == "qwen3_vl",
             )
+        # the audio front end when the model has an audio encoder loaded (Qwen3-ASR)
+        self.audio: AudioProcessor | None = None
+        if getattr(self.model, "audio", None) is not None:
+            self.audio = AudioProcessor.from_dir(
+                Path(self.checkpoint.path), self.model.cfg.audio["audio_config"]
+            )
         try:
             self.engine = Engine(self.model, self.tokenizer, engine_config, draft=self.draft)
         except BaseException:
@@ -247,13 +254,19 @@ class LLM:
                 "messages need the chat template; pass a string prompt with apply_chat_template=False"
             )
         items = None
-        if has_media(prompt):
-            if self.vision is None:
+        kinds = media_kinds(prompt)
+        if kinds:
+            if kinds & {"image", "video"} and self.vision is None:
                 raise ValueError(
                     f"this model has no vision component ({self.model_name}): image and video input is not "
                     "supported (a vision-language model built with --components llm is text-only)"
                 )
-            prompt, items = process_media(prompt, self.vision)
+            if "audio" in kinds and self.audio is None:
+                raise ValueError(
+                    f"this model has no audio component ({self.model_name}): audio input is not supported "
+                    "(an audio model built with --components llm is text-only)"
+                )
+            prompt, items = process_media(prompt, self.vision, self.audio)
         ids = self.tokenizer.encode_chat(
             prompt,
             add_generation_prompt=add_generation_prompt,
@@ -423,7 +436,11 @@ class LLM:
             "engine_error": self._engine_error(),
             "speculative": self.speculative_metrics(),
             **_state_stats(engine),
-            **({"mm_embedding_cache": self.get_mm_embedding_cache_metrics()} if self.vision else {}),
+            **(
+                {"mm_embedding_cache": self.get_mm_embedding_cache_metrics()}
+                if self.vision or self.audio
+                else {}
+            ),
         }
 
     def get_mm_embedding_cache_metrics(self) -> dict | None:

@@ -33,7 +33,9 @@ from trtedge.runtime.speculative.config import METHODS, SpeculativeConfig, Specu
 log = logging.getLogger("trtedge")
 
 COMPONENTS = ("llm", "draft", "vision")
-VISION_MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl")  # families whose vision encoder trtedge builds and runs
+# families whose media encoder (the "vision" component: a vision tower, or Qwen3-ASR's audio tower) trtedge
+# builds and runs, and the config.json field that describes it
+VISION_MODEL_TYPES = {"qwen2_5_vl": "vision_config", "qwen3_vl": "vision_config", "qwen3_asr": "audio_config"}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4")
 
@@ -137,7 +139,8 @@ class BuildProfile:
     def fit(self, config: dict | None) -> BuildProfile:
         """This profile for a checkpoint with ``config`` (config.json): without "vision" unless the model
         has a vision encoder trtedge runs (text models keep the keys they always had)."""
-        vision = bool(config) and config.get("model_type") in VISION_MODEL_TYPES and "vision_config" in config
+        field = VISION_MODEL_TYPES.get((config or {}).get("model_type"))
+        vision = field is not None and field in config
         if vision or "vision" not in self.components:
             return self
         return replace(self, components=tuple(c for c in self.components if c != "vision"))
@@ -310,13 +313,13 @@ class Bundle(BundleComponent):
         return self.vision is not None
 
     def iter_tensors(self) -> Iterator[tuple[str, object]]:
-        from trtedge.runtime.models.qwen2_5_vl import is_vision_tensor
+        from trtedge.runtime.multimodal import is_encoder_tensor
 
         if self.vision is None:
             yield from super().iter_tensors()
             return
-        yield from ((n, t) for n, t in super().iter_tensors() if not is_vision_tensor(n))
-        yield from ((n, t) for n, t in self.vision.iter_tensors() if is_vision_tensor(n))
+        yield from ((n, t) for n, t in super().iter_tensors() if not is_encoder_tensor(n))
+        yield from ((n, t) for n, t in self.vision.iter_tensors() if is_encoder_tensor(n))
 
     def touch(self) -> None:
         try:

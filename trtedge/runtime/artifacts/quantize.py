@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from trtedge.runtime.multimodal import is_encoder_tensor
+
 GROUP = 32
 FORMATS = ("int8", "int4")
 # What a bundle's manifest records about its quantized tensors.
@@ -216,8 +218,8 @@ def target_format(name: str, shape, mode: str, source_type: str | None = None) -
     not a multiple of 32) take int8, as llama.cpp's Q4 files keep their token embedding in Q8_0.
     auto follows a GGUF tensor's own class: Q4_* -> int4, other quantized types -> int8.
     """
-    if len(shape) != 2 or not name.endswith(".weight") or name.startswith(("visual.", "model.visual.")):
-        return None  # vision encoders stay float
+    if len(shape) != 2 or not name.endswith(".weight") or is_encoder_tensor(name):
+        return None  # media encoders stay float
     if mode == "auto":
         if not source_type or source_type in _FLOAT_SOURCES:
             return None

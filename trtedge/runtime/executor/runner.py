@@ -112,9 +112,8 @@ class ModelRunner:
             num_blocks * block_size,
             self.kv_bytes / 2**20,
         )
-        self.media = (
-            MediaInputs(model.vision, mm_embedding_cache_bytes) if getattr(model, "vision", None) else None
-        )
+        vision, audio = getattr(model, "vision", None), getattr(model, "audio", None)
+        self.media = MediaInputs(vision, mm_embedding_cache_bytes, audio) if vision or audio else None
         # Asynchronous scheduling: the tokens the last step sampled, still on the device, and each
         # sampled sequence's row in them; the next step reads its input ids from there.
         self._last_tokens: torch.Tensor | None = None

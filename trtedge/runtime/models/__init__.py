@@ -10,9 +10,11 @@ from trtedge.runtime.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, Un
 from trtedge.runtime.models.gemma3 import Gemma3Model
 from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.models.moe import MoeModel, expert_names
-from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel, is_vision_tensor
+from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel
 from trtedge.runtime.models.qwen3_5 import Qwen35Model, hybrid_dummy_tensors
+from trtedge.runtime.models.qwen3_asr import Qwen3ASRModel
 from trtedge.runtime.models.qwen3_vl import Qwen3VLModel
+from trtedge.runtime.multimodal import is_encoder_tensor
 
 log = logging.getLogger("trtedge")
 
@@ -31,9 +33,10 @@ ARCHITECTURES = {
     "qwen3_next": Qwen35Model,
     "qwen2_5_vl": Qwen25VLModel,
     "qwen3_vl": Qwen3VLModel,
+    "qwen3_asr": Qwen3ASRModel,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
-_QUANTIZED_ARCHITECTURES = {LlamaModel, Gemma3Model, Qwen25VLModel, Qwen3VLModel}
+_QUANTIZED_ARCHITECTURES = {LlamaModel, Gemma3Model, Qwen25VLModel, Qwen3VLModel, Qwen3ASRModel}
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -155,8 +158,9 @@ def load_model(
             torch_dtype,
         )
     tensors = dummy_tensors(cfg, torch_dtype, dev) if load_format == "dummy" else checkpoint.iter_tensors()
-    if cfg.vision is not None and not getattr(checkpoint, "has_vision", True):  # a text-only bundle
-        tensors = ((name, t) for name, t in tensors if not is_vision_tensor(name))
+    multimodal = cfg.vision is not None or cfg.audio is not None
+    if multimodal and not getattr(checkpoint, "has_vision", True):  # a text-only bundle
+        tensors = ((name, t) for name, t in tensors if not is_encoder_tensor(name))
     tensors = prepare_tensors(tensors, checkpoint, weights, native, torch_dtype)
     model = cls(cfg, tensors, torch_dtype, dev, own_format, max_positions)
     weight_format = "+".join(

@@ -18,7 +18,7 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3",
 )
 SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
-SUPPORTED_MODEL_TYPES += ("qwen2_5_vl", "qwen3_vl")
+SUPPORTED_MODEL_TYPES += ("qwen2_5_vl", "qwen3_vl", "qwen3_asr")
 # Hybrid (Gated DeltaNet + gated attention) checkpoints, vision-language or text-only -> the text
 # model's family.
 _QWEN3_5 = {
@@ -106,6 +106,9 @@ class ModelConfig:
     mrope_section: tuple[int, ...] = ()
     mrope_interleaved: bool = False  # Qwen3-VL: the sections interleave (t, h, w, t, h, w, ...)
     vision: dict | None = None
+    # Audio-language models (Qwen3-ASR): the config.json fields of the audio encoder (audio_config,
+    # the placeholder token id).
+    audio: dict | None = None
 
     def __post_init__(self):
         if not self.sliding_windows:
@@ -149,6 +152,13 @@ class ModelConfig:
                 "vision_end_token_id",
             )
             vision = {k: top[k] for k in keys if k in top}
+        audio = None
+        if model_type == "qwen3_asr":  # qwen3's text model behind an audio encoder
+            top = cfg
+            cfg = {**(cfg.get("text_config") or {}), "model_type": model_type}
+            cfg["tie_word_embeddings"] = top.get("tie_word_embeddings", True)
+            cfg.setdefault("torch_dtype", top.get("torch_dtype") or top.get("dtype"))
+            audio = {k: top[k] for k in ("audio_config", "audio_token_id") if k in top}
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -178,7 +188,7 @@ class ModelConfig:
                 qkv_bias=model_type in ("qwen2", "qwen2_5_vl") or attention_bias or _qwen2_moe_bias(cfg),
                 o_bias=model_type in ("llama", "mistral") and attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
-                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl")
+                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl", "qwen3_asr")
                 or model_type in _QWEN3_5,
                 torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
                 hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
@@ -194,6 +204,7 @@ class ModelConfig:
                 mrope_section=_mrope_section(cfg) if vision is not None else (),
                 mrope_interleaved=model_type == "qwen3_vl",
                 vision=vision,
+                audio=audio,
             )
         except KeyError as e:
             raise UnsupportedModelError(f"{source}: missing required field {e.args[0]!r}") from None
@@ -220,7 +231,7 @@ def _linear_config(cfg: dict, num_layers: int) -> LinearAttentionConfig:
 
 def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
     window = int(cfg.get("sliding_window") or 0)
-    qwen = cfg.get("model_type") in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_5_vl")
+    qwen = cfg.get("model_type") in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_5_vl", "qwen3_asr")
     if not window or (qwen and not cfg.get("use_sliding_window")):
         return (0,) * num_layers
     types = cfg.get("layer_types")

@@ -1,5 +1,5 @@
-"""What a step's forward needs for sequences with media: M-RoPE positions of their prompt tokens,
-and the encoder embeddings that replace the placeholder tokens' embeddings.
+"""What a step's forward needs for sequences with media: M-RoPE positions of their prompt tokens (models
+with M-RoPE), and the encoder embeddings that replace the placeholder tokens' embeddings.
 
 Each media item is encoded once per request, when the first chunk holding any of its tokens is
 prefilled (all items missing in a step go through the encoder together, across requests), and kept
@@ -15,10 +15,12 @@ from trtedge.runtime.multimodal.cache import EmbeddingCache
 
 
 class MediaInputs:
-    """The vision encoder and its embedding cache (engine thread only)."""
+    """The media encoders (vision for images and videos, audio for clips) and their embedding cache
+    (engine thread only)."""
 
-    def __init__(self, encoder, cache_bytes: int):
+    def __init__(self, encoder, cache_bytes: int, audio_encoder=None):
         self.encoder = encoder
+        self.audio_encoder = audio_encoder
         self.cache = EmbeddingCache(cache_bytes)
         self.num_encoded = 0  # items run through the encoder
 
@@ -41,12 +43,19 @@ class MediaInputs:
         for i, (it, emb) in enumerate(zip(items, out)):
             if emb is None:
                 todo.setdefault(it.hash, []).append(i)
-        if todo:
-            firsts = [items[idx[0]] for idx in todo.values()]
+        for audio in (False, True):
+            group = {h: idx for h, idx in todo.items() if (items[idx[0]].kind == "audio") == audio}
+            if not group:
+                continue
+            encoder = self.audio_encoder if audio else self.encoder
+            if encoder is None:
+                kind = "audio" if audio else "vision"
+                raise ValueError(f"this model has no {kind} component: the request's media cannot be encoded")
+            firsts = [items[idx[0]] for idx in group.values()]
             pixels = torch.cat([it.pixels for it in firsts])
-            result = self.encoder(pixels, [it.grid for it in firsts])
+            result = encoder(pixels, [it.grid for it in firsts])
             self.num_encoded += len(firsts)
-            for it, emb, idx in zip(firsts, result.split([it.num_tokens for it in firsts]), todo.values()):
+            for it, emb, idx in zip(firsts, result.split([it.num_tokens for it in firsts]), group.values()):
                 self.cache.put(it.hash, emb)
                 for i in idx:
                     out[i] = emb
@@ -88,7 +97,8 @@ def _encode_into(media: MediaInputs, needed: list[tuple]) -> None:
 
 def media_inputs(media: MediaInputs | None, batch, positions: list[int], device) -> tuple:
     """(positions, embeds) for the runner: (3, T) positions when some row computes prompt tokens of a
-    multimodal sequence (else the 1D list unchanged), and (rows, values) of media embeddings or None."""
+    multimodal sequence with M-RoPE positions (else the 1D list unchanged), and (rows, values) of media
+    embeddings or None."""
     rows = []  # (seq, start, end, first row of the sequence in the flattened batch)
     row = 0
     for seq, n in zip(batch.seqs, batch.num_tokens):
@@ -99,14 +109,16 @@ def media_inputs(media: MediaInputs | None, batch, positions: list[int], device)
     if not rows:
         return positions, None
     if media is None:
-        raise ValueError("this model has no vision component: the request's images cannot be encoded")
+        raise ValueError("this model has no media encoder: the request's media cannot be encoded")
     failed = encode_batch_media(media, batch)
     if failed:
         raise failed[0][1]
-    pos = torch.tensor(positions, dtype=torch.long).expand(3, -1).clone()
-    for seq, start, end, first in rows:
-        stop = min(end, seq.num_prompt_tokens)
-        pos[:, first : first + stop - start] = seq.mm.positions[:, start:stop]
+    pos = positions
+    if any(seq.mm.positions is not None for seq, *_ in rows):
+        pos = torch.tensor(positions, dtype=torch.long).expand(3, -1).clone()
+        for seq, start, end, first in rows:
+            stop = min(end, seq.num_prompt_tokens)
+            pos[:, first : first + stop - start] = seq.mm.positions[:, start:stop]
     index, values = [], []
     for seq, start, end, first in rows:
         for i, item in enumerate(seq.mm.items):

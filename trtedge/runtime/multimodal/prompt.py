@@ -1,6 +1,7 @@
-"""Chat messages with image / video parts -> a MultimodalPrompt: each media part is processed, the
-chat template renders its placeholder (one <|image_pad|> / <|video_pad|> token), and each
-placeholder is expanded to the item's number of tokens; then the M-RoPE positions are computed."""
+"""Chat messages with image / video / audio parts -> a MultimodalPrompt: each media part is processed,
+the chat template renders its placeholder (one <|image_pad|> / <|video_pad|> / <|audio_pad|> token),
+and each placeholder is expanded to the item's number of tokens; then the M-RoPE positions are
+computed (models with M-RoPE only)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trtedge.runtime.models.mrope import mrope_positions
-from trtedge.runtime.multimodal import MediaItem, MultimodalPrompt
+from trtedge.runtime.multimodal import MEDIA_KINDS, MediaItem, MultimodalPrompt
+from trtedge.runtime.multimodal.audio import AudioProcessor
 from trtedge.runtime.multimodal.processor import VisionProcessor
 
 
@@ -18,8 +20,9 @@ from trtedge.runtime.multimodal.processor import VisionProcessor
 class PlaceholderTokens:
     """Token ids of the placeholders the chat template writes, and the encoder's geometry."""
 
-    image: int
-    video: int
+    image: int | None
+    video: int | None
+    audio: int | None = None
     merge_size: int = 2
     tokens_per_second: float = 1.0
     # Qwen3-VL: each temporal patch of a video is its own segment, after its time as text:
@@ -27,11 +30,15 @@ class PlaceholderTokens:
     timestamp_ids: Callable[[float], list[int]] | None = None
     vision_start: int = 151652
     vision_end: int = 151653
+    mrope: bool = True  # the text model's rotary is M-RoPE (else the prompt keeps 1D positions)
 
 
 def placeholder_tokens(cfg, tokenizer) -> PlaceholderTokens:
-    """The placeholders of a vision-language model's config (``ModelConfig.vision`` holds its
-    config.json); Qwen3-VL writes each video frame pair after its time as text."""
+    """The placeholders of a multimodal model's config (``ModelConfig.vision`` / ``.audio`` hold its
+    config.json fields); Qwen3-VL writes each video frame pair after its time as text."""
+    audio = int(cfg.audio.get("audio_token_id", 151676)) if cfg.audio is not None else None
+    if cfg.vision is None:
+        return PlaceholderTokens(image=None, video=None, audio=audio, mrope=bool(cfg.mrope_section))
     vision = cfg.vision
     v = vision.get("vision_config") or {}
     timestamps = None
@@ -48,11 +55,14 @@ def placeholder_tokens(cfg, tokenizer) -> PlaceholderTokens:
         timestamp_ids=timestamps,
         vision_start=int(vision.get("vision_start_token_id", 151652)),
         vision_end=int(vision.get("vision_end_token_id", 151653)),
+        audio=audio,
     )
 
 
-def process_media(messages: list[dict], processor: VisionProcessor) -> tuple[list[dict], list[MediaItem]]:
-    """Messages with each image / video part replaced by a bare ``{"type": ...}`` part for the
+def process_media(
+    messages: list[dict], processor: VisionProcessor | None, audio: AudioProcessor | None = None
+) -> tuple[list[dict], list[MediaItem]]:
+    """Messages with each image / video / audio part replaced by a bare ``{"type": ...}`` part for the
     template, and the processed items in prompt order (offsets not yet known)."""
     items: list[MediaItem] = []
     out = []
@@ -64,12 +74,18 @@ def process_media(messages: list[dict], processor: VisionProcessor) -> tuple[lis
         parts = []
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind not in ("image", "video"):
+            if kind not in MEDIA_KINDS:
                 parts.append(part)
                 continue
             where = f"messages[{i}].content[{j}]"
             try:
-                if kind == "image":
+                if kind == "audio":
+                    if audio is None:
+                        raise ValueError("this model has no audio component")
+                    items.append(audio.audio(_samples(part.get("audio"))))
+                elif processor is None:
+                    raise ValueError("this model has no vision component")
+                elif kind == "image":
                     items.append(processor.image(_pil(part.get("image"), where)))
                 else:
                     frames = part.get("video")
@@ -88,11 +104,10 @@ def expand_placeholders(
     ids: list[int], items: list[MediaItem], tokens: PlaceholderTokens
 ) -> MultimodalPrompt:
     """Replace the i-th placeholder token of each kind by the i-th item of that kind's tokens."""
-    pending = {
-        "image": [it for it in items if it.kind == "image"],
-        "video": [it for it in items if it.kind == "video"],
+    pending = {kind: [it for it in items if it.kind == kind] for kind in MEDIA_KINDS}
+    kinds = {
+        t: kind for t, kind in zip((tokens.image, tokens.video, tokens.audio), MEDIA_KINDS) if t is not None
     }
-    kinds = {tokens.image: "image", tokens.video: "video"}
     out: list[int] = []
     placed: list[MediaItem] = []
     for token in ids:
@@ -117,8 +132,11 @@ def expand_placeholders(
     if missing:
         raise ValueError(
             f"the chat template placed no placeholder for some {missing[0]} parts "
-            "(it must write <|vision_start|><|image_pad|><|vision_end|> for each image)"
+            "(it must write <|vision_start|><|image_pad|><|vision_end|> for each image, "
+            "<|audio_start|><|audio_pad|><|audio_end|> for each audio clip)"
         )
+    if not tokens.mrope:
+        return MultimodalPrompt(out, tuple(placed), None, 0)
     merge = tokens.merge_size
     spans = [
         (
@@ -130,6 +148,16 @@ def expand_placeholders(
     ]
     positions, delta = mrope_positions(len(out), spans)
     return MultimodalPrompt(out, tuple(placed), positions, delta)
+
+
+def _samples(value):
+    import numpy as np
+
+    if not isinstance(value, np.ndarray) or value.ndim != 1 or value.size == 0:
+        raise ValueError("'audio' must be a non-empty 1D numpy array of mono samples")
+    if not np.isfinite(value).all():
+        raise ValueError("the audio has samples that are not finite")
+    return value.astype(np.float32, copy=False)
 
 
 def _pil(value, where: str):
