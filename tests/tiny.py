@@ -174,10 +174,10 @@ def make_tiny_hybrid_checkpoint(
     return directory
 
 
-def write_word_tokenizer(directory: Path) -> None:
+def write_word_tokenizer(directory: Path, size: int = VOCAB) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {f"w{i}": i for i in range(VOCAB)}
+    vocab = {f"w{i}": i for i in range(size)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
@@ -208,4 +208,72 @@ def export_gguf_as_hf(gguf_path: Path, directory: Path) -> Path:
     if config.get("tie_word_embeddings"):
         tensors.pop("lm_head.weight", None)
     save_file(tensors, directory / "model.safetensors")
+    return directory
+
+
+# Gemma 3n / Gemma 4 text (per-layer embeddings): 4 layers, the last 2 sharing the KV of the first
+# two (one sliding over 8 keys, one global); Gemma 4's global layers with their own head size.
+PLE_FAMILIES = {
+    "gemma3n": dict(
+        model_type="gemma3n_text",
+        laurel_rank=8,
+        altup_num_inputs=3,
+        activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0],
+        final_logit_softcapping=30.0,
+    ),
+    "gemma4": dict(model_type="gemma4_text", global_head_dim=32),
+    # keys as values and 1 KV head on the global layers, a double-wide MLP on the sharing layers
+    "gemma4_k_eq_v": dict(
+        model_type="gemma4_text",
+        global_head_dim=32,
+        attention_k_eq_v=True,
+        num_global_key_value_heads=1,
+        use_double_wide_mlp=True,
+        final_logit_softcapping=20.0,
+    ),
+}
+PLE_VOCAB = 1000
+
+
+def make_tiny_ple_checkpoint(directory: Path, family: str, seed: int = 0) -> Path:
+    """Save a random 4-layer Gemma 3n / Gemma 4 text model; every vector (norms, layer scalars, AltUp
+    scales) is randomised too, so that a misplaced one shows."""
+    import transformers
+
+    spec = dict(PLE_FAMILIES[family])
+    model_type = spec.pop("model_type")
+    config_cls = transformers.AutoConfig.for_model(model_type).__class__
+    config = config_cls(
+        vocab_size=PLE_VOCAB,
+        vocab_size_per_layer_input=PLE_VOCAB,
+        hidden_size=64,
+        hidden_size_per_layer_input=8,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        sliding_window=8,
+        num_kv_shared_layers=2,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+        rms_norm_eps=1e-6,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        **spec,
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand_like(b))
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    write_word_tokenizer(directory, PLE_VOCAB)
     return directory

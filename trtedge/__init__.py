@@ -12,6 +12,7 @@ _EXPORTS = {
     "PromptTooLongError": "trtedge.llm",
     "ConfigError": "trtedge.config",
     "ContextCacheConfig": "trtedge.config",
+    "PleRuntimeConfig": "trtedge.config",
     "ContextCacheMetrics": "trtedge.llm_metrics",
     "ProfilingMetrics": "trtedge.runtime.profiling",
     "CheckpointError": "trtedge.runtime.artifacts.checkpoint",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from trtedge.runtime.models.ple import PleConfigError, PleRuntimeConfig
 from trtedge.runtime.speculative import SpeculativeConfig, SpeculativeConfigError, check_supported
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -101,8 +102,13 @@ class LaunchConfig:
     speculative: SpeculativeConfig | None = None  # --speculative-config; also a dict or its JSON
     mm_embedding_cache_bytes: int = 512 * 2**20  # vision models: LRU cache of encoder outputs
     components: str = "all"  # "all" or "llm" (a vision-language model loaded text-only)
+    ple: PleRuntimeConfig = PleRuntimeConfig()  # per-layer embeddings: where the table lives (no key change)
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "ple", PleRuntimeConfig.coerce(self.ple))
+        except PleConfigError as e:
+            raise ConfigError(str(e)) from None
         try:
             object.__setattr__(self, "speculative", SpeculativeConfig.coerce(self.speculative))
             if self.speculative is not None:

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig
+from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig, PleRuntimeConfig
 from trtedge.llm_metrics import ContextCacheMetrics
 from trtedge.runtime.artifacts.bundle import BuildProfile, prepare_bundle
 from trtedge.runtime.artifacts.checkpoint import config_only_checkpoint, resolve_checkpoint
@@ -72,6 +72,7 @@ class LLM:
         speculative_config: SpeculativeConfig | dict | str | None = None,
         mm_embedding_cache_bytes: int = 512 * 2**20,
         components: str = "all",
+        ple_config: PleRuntimeConfig | dict | None = None,
         build_progress: Callable[[str, int, int | None], None] | None = None,
     ):
         self.config = LaunchConfig(
@@ -95,6 +96,7 @@ class LLM:
             speculative=speculative_config,
             mm_embedding_cache_bytes=mm_embedding_cache_bytes,
             components=components,
+            ple=ple_config,
         )
         spec = self.config.speculative
         # the runtime bundle (key, path, manifest) stands in for the checkpoint: a hit converts nothing
@@ -130,7 +132,7 @@ class LLM:
                     self.bundle.release()
                 raise ConfigError(str(e)) from None
         else:
-            self.model = load_model(self.checkpoint, **load, load_format=load_format)
+            self.model = load_model(self.checkpoint, **load, load_format=load_format, ple=cfg.ple)
         self.draft = self._load_draft(spec, dtype, device, weights, load_format) if spec else None
         engine_config = EngineConfig(
             max_batch_size=cfg.max_batch_size,
@@ -441,6 +443,7 @@ class LLM:
                 if self.vision or self.audio
                 else {}
             ),
+            **_ple_stats(self.model),
         }
 
     def get_mm_embedding_cache_metrics(self) -> dict | None:
@@ -576,6 +579,12 @@ def _engine_options(options: dict) -> dict:
     if extra:
         raise TypeError(f"unexpected argument(s): {', '.join(sorted(extra))}")
     return {k: v for k, v in options.items() if k in ("priority", "request_id")}
+
+
+def _ple_stats(model) -> dict:
+    """The per-layer embedding table's residency and pool counters (Gemma 3n / Gemma 4)."""
+    ple = getattr(model, "ple", None)
+    return {"ple_cache": ple.stats()} if ple is not None else {}
 
 
 def _state_stats(engine) -> dict:

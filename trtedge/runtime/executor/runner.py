@@ -122,6 +122,8 @@ class ModelRunner:
         if self.on_cuda and self.states is None and self.tp is None:
             self._warm_up()
         self.graphs = None
+        if not getattr(model, "graph_safe", True):  # a step reads its ids on the host (cached PLE pool)
+            cuda_graphs = False
         if self.on_cuda and cuda_graphs:
             from trtedge.runtime.executor.cuda_graphs import DecodeGraphs
 

@@ -8,6 +8,8 @@ import torch
 
 from trtedge.runtime.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, UnsupportedModelError
 from trtedge.runtime.models.gemma3 import Gemma3Model
+from trtedge.runtime.models.gemma3n import Gemma3nModel
+from trtedge.runtime.models.gemma4 import Gemma4Model, PleModel
 from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.models.moe import MoeModel, expert_names
 from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel
@@ -28,6 +30,8 @@ ARCHITECTURES = {
     "qwen3_moe": MoeModel,
     "mixtral": MoeModel,
     "gemma3_text": Gemma3Model,
+    "gemma3n_text": Gemma3nModel,
+    "gemma4_text": Gemma4Model,
     "qwen3_5": Qwen35Model,
     "qwen3_5_moe": Qwen35Model,
     "qwen3_next": Qwen35Model,
@@ -139,8 +143,16 @@ def _mlp_shapes(cfg: ModelConfig, index: int) -> dict[str, tuple[int, int]]:
 
 
 def load_model(
-    checkpoint, *, dtype: str, device: str, weights: str, max_positions: int, load_format: str = "auto"
+    checkpoint,
+    *,
+    dtype: str,
+    device: str,
+    weights: str,
+    max_positions: int,
+    load_format: str = "auto",
+    ple=None,
 ):
+    """``ple``: a PleRuntimeConfig, where a model with per-layer embeddings keeps their table."""
     cfg = checkpoint.model_config
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, cfg, dev)
@@ -162,7 +174,8 @@ def load_model(
     if multimodal and not getattr(checkpoint, "has_vision", True):  # a text-only bundle
         tensors = ((name, t) for name, t in tensors if not is_encoder_tensor(name))
     tensors = prepare_tensors(tensors, checkpoint, weights, native, torch_dtype)
-    model = cls(cfg, tensors, torch_dtype, dev, own_format, max_positions)
+    extra = {"ple": ple} if issubclass(cls, PleModel) else {}
+    model = cls(cfg, tensors, torch_dtype, dev, own_format, max_positions, **extra)
     weight_format = "+".join(
         sorted({type(m).__name__.removesuffix("Linear").lower() for m in _linears(model)})
     )

@@ -19,6 +19,10 @@ SUPPORTED_MODEL_TYPES = (
 )
 SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 SUPPORTED_MODEL_TYPES += ("qwen2_5_vl", "qwen3_vl", "qwen3_asr")
+SUPPORTED_MODEL_TYPES += ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text")
+# Gemma 3n / Gemma 4 (per-layer embeddings): the multimodal checkpoint -> its text model's type.
+_PLE_FAMILIES = {"gemma3n": "gemma3n_text", "gemma4": "gemma4_text"}
+PLE_MODEL_TYPES = ("gemma3n_text", "gemma4_text")
 # Hybrid (Gated DeltaNet + gated attention) checkpoints, vision-language or text-only -> the text
 # model's family.
 _QWEN3_5 = {
@@ -45,6 +49,7 @@ class RopeConfig:
     short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors up to / past the original length
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0  # multiplies cos and sin
+    partial_rotary_factor: float = 1.0  # proportional (Gemma 4): the rotated share of each head
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,9 @@ class ModelConfig:
     # Audio-language models (Qwen3-ASR): the config.json fields of the audio encoder (audio_config,
     # the placeholder token id).
     audio: dict | None = None
+    # Gemma 3n / Gemma 4: the text config.json fields the family reads itself (per-layer embeddings,
+    # head sizes per layer, KV sharing, AltUp); num_kv_heads x head_dim is then the widest layer's.
+    text_config: dict | None = None
 
     def __post_init__(self):
         if not self.sliding_windows:
@@ -166,21 +174,30 @@ class ModelConfig:
         if model_type == "gemma3":  # the multimodal checkpoint: its text model
             cfg = {**cfg.get("text_config", {}), "model_type": "gemma3_text"}
             model_type = "gemma3_text"
+        if model_type in _PLE_FAMILIES:  # likewise for Gemma 3n / Gemma 4
+            top = cfg
+            cfg = {**cfg.get("text_config", {}), "model_type": _PLE_FAMILIES[model_type]}
+            cfg.setdefault("tie_word_embeddings", top.get("tie_word_embeddings", True))
+            cfg.setdefault("torch_dtype", top.get("torch_dtype") or top.get("dtype"))
+            model_type = cfg["model_type"]
+        if model_type in PLE_MODEL_TYPES:
+            cfg = _ple_text_config(cfg, source)
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
             num_layers = int(cfg["num_hidden_layers"])
             attention_bias = bool(cfg.get("attention_bias", False))
-            gemma = model_type == "gemma3_text"
+            gemma = model_type in ("gemma3_text", *PLE_MODEL_TYPES)
+            ple = model_type in PLE_MODEL_TYPES
             return cls(
                 model_type=model_type,
                 vocab_size=int(cfg["vocab_size"]),
                 hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
+                intermediate_size=int(max(_as_list(cfg["intermediate_size"]))),
                 num_layers=num_layers,
                 num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                num_kv_heads=int(cfg["_cache_kv_heads"] if ple else cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg["_cache_head_dim"] if ple else cfg.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 rope=_rope_config(cfg, source, "full_attention"),
@@ -189,13 +206,15 @@ class ModelConfig:
                 o_bias=model_type in ("llama", "mistral") and attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
                 qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl", "qwen3_asr")
-                or model_type in _QWEN3_5,
+                or model_type in _QWEN3_5
+                or ple,
                 torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
                 hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"),
                 partial_rotary_factor=_partial_rotary_factor(cfg),
                 sliding_windows=_sliding_windows(cfg, num_layers),
                 local_rope=_rope_config(cfg, source, "sliding_attention") if gemma else None,
-                query_pre_attn_scalar=cfg.get("query_pre_attn_scalar") if gemma else None,
+                # Gemma 3n / 4 scale queries by their RMSNorm alone (attention scale 1)
+                query_pre_attn_scalar=1.0 if ple else cfg.get("query_pre_attn_scalar") if gemma else None,
                 # Gemma 3 keeps the field but, like HF transformers, does not cap attention scores.
                 attn_logit_softcapping=None if gemma else cfg.get("attn_logit_softcapping"),
                 final_logit_softcapping=cfg.get("final_logit_softcapping"),
@@ -205,6 +224,7 @@ class ModelConfig:
                 mrope_interleaved=model_type == "qwen3_vl",
                 vision=vision,
                 audio=audio,
+                text_config=cfg if ple else None,
             )
         except KeyError as e:
             raise UnsupportedModelError(f"{source}: missing required field {e.args[0]!r}") from None
@@ -238,6 +258,9 @@ def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
     if types is None and qwen:
         first = int(cfg.get("max_window_layers") or 0)
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if types is None and cfg.get("model_type") in ("gemma3n_text", "gemma4_text"):
+        pattern = 5 if cfg["model_type"] == "gemma3n_text" else 6
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
     if types is None and cfg.get("model_type") == "gemma3_text":
         pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
@@ -302,7 +325,7 @@ def _rope_config(cfg: dict, source: str, layer_type: str) -> RopeConfig:
     default_theta = 10000.0
     if layer_type == "sliding_attention":
         default_theta = cfg.get("rope_local_base_freq", 10000.0)
-    elif cfg.get("model_type") == "gemma3_text":
+    elif cfg.get("model_type") in ("gemma3_text", "gemma3n_text", "gemma4_text"):
         default_theta = 1000000.0
     theta = float(merged.get("rope_theta", cfg.get("rope_theta", default_theta)))
     if layer_type == "sliding_attention" and "rope_theta" not in merged:
@@ -310,6 +333,13 @@ def _rope_config(cfg: dict, source: str, layer_type: str) -> RopeConfig:
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
     if kind in ("default", "mrope"):  # mrope: M-RoPE sections over the default frequencies
         return RopeConfig(theta=theta)
+    if kind == "proportional":  # Gemma 4's global layers: the first share of the pairs rotates
+        return RopeConfig(
+            theta=theta,
+            kind="proportional",
+            factor=float(merged.get("factor", 1.0)),
+            partial_rotary_factor=float(merged.get("partial_rotary_factor", 1.0)),
+        )
     if kind == "linear":
         return RopeConfig(theta=theta, kind="linear", factor=float(merged["factor"]))
     if kind == "llama3":
@@ -341,5 +371,46 @@ def _rope_config(cfg: dict, source: str, layer_type: str) -> RopeConfig:
             attention_factor=float(attention),
         )
     raise UnsupportedModelError(
-        f"{source}: unsupported rope type {kind!r}; supported: default, linear, llama3, longrope"
+        f"{source}: unsupported rope type {kind!r}; supported: default, linear, llama3, longrope, proportional"
     )
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _ple_text_config(cfg: dict, source: str) -> dict:
+    """Gemma 3n / Gemma 4 text config with its per-layer attention shapes resolved (``_layer_shapes``:
+    (kv heads, head dim) per layer, as transformers' per_layer_config has them) and the KV cache's
+    row: the widest layer's."""
+    cfg = dict(cfg)
+    num_layers = int(cfg["num_hidden_layers"])
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = 5 if cfg["model_type"] == "gemma3n_text" else 6
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+    cfg["layer_types"] = list(types)
+    if cfg.get("use_bidirectional_attention") == "all":
+        raise UnsupportedModelError(f"{source}: use_bidirectional_attention 'all' (a non-causal model)")
+    if cfg.get("enable_moe_block"):
+        raise UnsupportedModelError(f"{source}: Gemma 4 mixture-of-experts layers (enable_moe_block) not yet")
+    shapes = []
+    per_layer = cfg.get("per_layer_config")
+    for i, kind in enumerate(types):
+        dim, kv = head_dim, kv_heads
+        if cfg["model_type"] == "gemma4_text" and kind == "full_attention":
+            if per_layer is not None:
+                override = per_layer.get(str(i)) or per_layer.get(i) or {}
+                dim = int(override.get("head_dim", dim))
+                kv = int(override.get("num_key_value_heads", kv))
+            else:
+                dim = int(cfg.get("global_head_dim") or 512)
+                if cfg.get("attention_k_eq_v", True) and cfg.get("num_global_key_value_heads"):
+                    kv = int(cfg["num_global_key_value_heads"])
+        shapes.append((kv, dim))
+    cfg["_layer_shapes"] = shapes
+    cfg["_cache_kv_heads"], cfg["_cache_head_dim"] = max(shapes, key=lambda s: s[0] * s[1])
+    return cfg

@@ -16,6 +16,12 @@ from trtedge.runtime.models.config import RopeConfig
 
 
 def rope_inv_freq(rope: RopeConfig, dim: int, max_positions: int) -> torch.Tensor:
+    if rope.kind == "proportional":  # exponents over the whole head; the pairs past the share stay still
+        pairs = int(rope.partial_rotary_factor * dim // 2)
+        inv_freq = torch.zeros(dim // 2)
+        exponents = torch.arange(0, 2 * pairs, 2, dtype=torch.int64).float() / dim
+        inv_freq[:pairs] = 1.0 / rope.theta**exponents
+        return inv_freq / rope.factor
     inv_freq = 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if rope.kind == "linear":
         return inv_freq / rope.factor

@@ -1,0 +1,216 @@
+"""Gemma 3n and Gemma 4 text (per-layer embeddings, KV sharing, AltUp / LAuReL, per-layer head sizes)
+against HF transformers on tiny random checkpoints, and the PLE table resident or in a bounded pool."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.runtime.test_models import prefill_logits
+from tests.test_engine import in_threads
+from tests.tiny import PLE_FAMILIES, PLE_VOCAB, make_tiny_ple_checkpoint
+from trtedge import LLM, ConfigError, PleRuntimeConfig, SamplingParams
+from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+from trtedge.runtime.models import load_model
+from trtedge.runtime.models.ple import PleCapacityError, plan_pieces, split_batch
+from trtedge.runtime.ops.attention import AttentionBatch
+
+transformers = pytest.importorskip("transformers")
+
+GREEDY_64 = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=sorted(PLE_FAMILIES))
+def tiny(request, tmp_path_factory):
+    path = make_tiny_ple_checkpoint(tmp_path_factory.mktemp(request.param) / "m", request.param)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return request.param, path, hf
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, PLE_VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def hf_greedy_choices(hf, ids: list[int], output: list[int]) -> list[int]:
+    """HF's greedy pick after the prompt and after each of our tokens (one forward, no cache): equal to
+    ``output`` exactly when HF's own greedy generation gives ``output``."""
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids + output])).logits[0]
+    return logits[len(ids) - 1 : -1].argmax(-1).tolist()
+
+
+def tiny_llm(path, **options) -> LLM:
+    return LLM(
+        str(path),
+        **{
+            "dtype": "float32",
+            "device": "cpu",
+            "max_kv_cache_capacity": 256,
+            "max_input_len": 128,
+            **options,
+        },
+    )
+
+
+def test_prefill_logits_past_the_window_match_transformers(tiny):
+    family, path, hf = tiny
+    ids = prompt(40, 1)  # 5 x the sliding window
+    model = load_model(
+        resolve_checkpoint(str(path)), dtype="float32", device="cpu", weights="float", max_positions=256
+    )
+    assert model.num_kv_layers == 2 and model.cache_index == {0: 0, 1: 1, 2: 0, 3: 1}  # 2 layers share
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    diff = (prefill_logits(model, ids) - ref).abs().max().item()
+    print(f"{family}: max |logit difference| = {diff:.2e}")
+    assert diff < 1e-4
+
+
+def test_greedy_64_tokens_match_transformers_and_batched_equals_alone(tiny):
+    family, path, hf = tiny
+    prompts = [prompt(n, 10 + n) for n in (30, 5, 19, 44)]
+    with tiny_llm(path) as llm:
+        alone = [llm.generate(p, GREEDY_64).token_ids for p in prompts]
+    assert all(len(out) == 64 for out in alone)
+    assert [hf_greedy_choices(hf, p, out) for p, out in zip(prompts, alone)] == alone
+    with tiny_llm(path, enable_in_flight_batching=True, max_batch_size=4, max_num_batched_tokens=32) as llm:
+        together = in_threads(lambda p: llm.generate(p, GREEDY_64).token_ids, prompts)
+        stats = llm.stats()
+    assert together == alone
+    assert stats["steps"] < 4 * 64  # decoded together
+    assert stats["ple_cache"]["residency"] == "resident"
+
+
+@pytest.mark.parametrize("family", ["gemma3n", "gemma4"])
+def test_the_multimodal_checkpoint_serves_its_text_model(family, tmp_path):
+    """config.json of Gemma3nForConditionalGeneration / Gemma4ForConditionalGeneration: the text config
+    under text_config, its tensors under model.language_model., towers skipped."""
+    from safetensors.torch import load_file, save_file
+
+    text = make_tiny_ple_checkpoint(tmp_path / "text", family)
+    config = json.loads((text / "config.json").read_text())
+    mm = tmp_path / "mm"
+    mm.mkdir()
+    (mm / "config.json").write_text(json.dumps({"model_type": family, "text_config": config}))
+    tensors = {
+        n.replace("model.", "model.language_model.", 1): t
+        for n, t in load_file(text / "model.safetensors").items()
+        if n != "lm_head.weight"
+    }
+    tensors["model.vision_tower.encoder.weight"] = torch.zeros(2, 2)  # a tower's tensor: skipped
+    save_file(tensors, mm / "model.safetensors")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (mm / name).write_bytes((text / name).read_bytes())
+    ids = prompt(20, 3)
+    models = [
+        load_model(
+            resolve_checkpoint(str(p)), dtype="float32", device="cpu", weights="float", max_positions=64
+        )
+        for p in (text, mm)
+    ]
+    assert models[1].cfg.model_type == f"{family}_text"
+    assert torch.equal(prefill_logits(models[0], ids), prefill_logits(models[1], ids))
+
+
+def test_a_cached_pool_smaller_than_the_prompt_gives_the_resident_output(tmp_path):
+    path = make_tiny_ple_checkpoint(tmp_path / "m", "gemma3n")
+    prompts = [prompt(60, 1), prompt(45, 2)]  # ~55 and ~43 distinct tokens, a pool of 16 rows
+    batching = dict(enable_in_flight_batching=True, max_batch_size=2)
+    with tiny_llm(path, **batching) as llm:
+        resident = [llm.generate(p, GREEDY_64).token_ids for p in prompts]
+        key = llm.bundle.key
+    cached = {"residency": "cached", "cache_slots": 17}
+    with tiny_llm(path, ple_config=cached, **batching) as llm:
+        got = in_threads(lambda p: llm.generate(p, GREEDY_64).token_ids, prompts)
+        stats = llm.stats()["ple_cache"]
+        assert llm.bundle.key == key  # where the rows live does not change the bundle
+        assert llm.model.ple.pool.shape[0] == 17
+    assert got == resident
+    assert stats["residency"] == "cached" and stats["slots"] == 17
+    assert stats["split_steps"] > 0 and stats["evictions"] > 0
+    assert stats["misses"] >= len(set(prompts[0]) | set(prompts[1]))
+    assert stats["hits"] > 0 and stats["bytes_loaded"] == stats["misses"] * 4 * 8 * 4  # rows of 4 x 8 floats
+    assert 0 < stats["staging_bytes"] <= 64 * 2**20 and stats["rows_resident"] <= 16
+
+
+def test_the_pool_splits_a_step_into_pieces_that_fit_and_keeps_each_sequence_causal():
+    ids = [5, 6, 5, 7, 8, 9, 5, 10]
+    assert plan_pieces(ids, None) == [(0, 8)]
+    assert plan_pieces(ids, 3) == [(0, 4), (4, 7), (7, 8)]
+    assert all(len(set(ids[a:b])) <= 3 for a, b in plan_pieces(ids, 3))
+    batch = AttentionBatch(
+        slot_mapping=torch.arange(8),
+        query_lens=[5, 3],
+        context_lens=[9, 3],  # the first sequence has 4 tokens in the cache already
+        block_tables=[torch.tensor([0]), torch.tensor([1])],
+        block_size=16,
+    )
+    piece = split_batch(batch, 4, 7)  # the first sequence's last token, the second's first two
+    assert piece.query_lens == [1, 2] and piece.context_lens == [9, 2]
+    assert piece.slot_mapping.tolist() == [4, 5, 6]
+    masked = AttentionBatch(**{**batch.__dict__, "masks": [torch.ones(5, 9, dtype=torch.bool), None]})
+    with pytest.raises(PleCapacityError, match="--ple-cache-slots"):
+        split_batch(masked, 2, 7)  # a verified token tree cannot be cut
+
+
+def test_a_step_that_cannot_fit_the_pool_is_refused_naming_the_flags(tmp_path):
+    path = make_tiny_ple_checkpoint(tmp_path / "m", "gemma4")
+    checkpoint = resolve_checkpoint(str(path))
+    ple = PleRuntimeConfig(residency="cached", cache_slots=3)
+    model = load_model(checkpoint, dtype="float32", device="cpu", weights="float", max_positions=64, ple=ple)
+    ids = [11, 12, 13, 14]
+    kv = torch.zeros(2, 2, 1, 16, 2, 32)
+    batch = AttentionBatch(
+        slot_mapping=torch.arange(4),
+        query_lens=[4],
+        context_lens=[4],
+        block_tables=[torch.tensor([0])],
+        block_size=16,
+        masks=[torch.ones(4, 4, dtype=torch.bool).tril()],
+    )
+    with pytest.raises(PleCapacityError) as e:
+        model.forward(torch.tensor(ids), torch.arange(4), [(kv[i, 0], kv[i, 1]) for i in range(2)], batch)
+    message = str(e.value)
+    assert "--ple-cache-slots" in message and "--ple-residency resident" in message
+    assert model.ple.capacity == 2 and not model.graph_safe
+
+
+def test_ple_settings_are_validated_naming_the_flag(tmp_path):
+    for bad, flag in [
+        ({"residency": "offload"}, "--ple-residency"),
+        ({"residency": "cached"}, "--ple-cache-slots"),
+        ({"residency": "cached", "cache_slots": 1}, "--ple-cache-slots"),
+        ({"cache_slots": 8}, "--ple-residency cached"),
+        ({"file_path": str(tmp_path / "none.safetensors")}, "--ple-file"),
+        ({"slots": 4}, "unknown key"),
+    ]:
+        with pytest.raises(ConfigError, match=flag):
+            LLM(str(tmp_path), ple_config=bad)
+
+
+def test_a_ple_file_replaces_the_checkpoint_table(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = make_tiny_ple_checkpoint(tmp_path / "m", "gemma4")
+    tensors = load_file(path / "model.safetensors")
+    table = tensors["model.embed_tokens_per_layer.weight"]
+    save_file(
+        {"model.embed_tokens_per_layer.weight": table.flip(0).contiguous()}, tmp_path / "ple.safetensors"
+    )
+    ids = prompt(20, 4)
+    checkpoint = resolve_checkpoint(str(path))
+    load = dict(dtype="float32", device="cpu", weights="float", max_positions=64)
+    base = load_model(checkpoint, **load)
+    from_file = load_model(
+        checkpoint, **load, ple=PleRuntimeConfig(file_path=str(tmp_path / "ple.safetensors"))
+    )
+    assert not torch.equal(prefill_logits(base, ids), prefill_logits(from_file, ids))  # the file's rows
+    flipped = [PLE_VOCAB - 1 - i for i in ids]
+    assert torch.equal(from_file.ple.rows(torch.tensor(flipped)), base.ple.rows(torch.tensor(ids)))
+    cached = PleRuntimeConfig(residency="cached", cache_slots=8, file_path=str(tmp_path / "ple.safetensors"))
+    mapped = load_model(checkpoint, **load, ple=cached)
+    # 20 tokens through 7 rows: run in pieces, equal up to the rounding of a split attention
+    assert torch.allclose(prefill_logits(mapped, ids), prefill_logits(from_file, ids), atol=1e-5)
+    assert mapped.ple.split_steps == 1 and mapped.ple.host.data_ptr() != table.data_ptr()
