@@ -170,24 +170,38 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
     }
 }
 #else
+/* Without AVX-512 VNNI: the same integer sums per group, in loops the compiler vectorizes (AVX2 and
+   below). Lane i of a chunk of 32 packed bytes pairs its low nibble with input 64 c + i and its high
+   nibble with input 64 c + 32 + i of the quantized activations (qx_index); lanes 2 l and 2 l + 1
+   belong to group l of the block. */
 static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, int64_t G, const int16_t *qx,
                       const float *dx, const float *sx, int64_t K, int R, float *out) {
-    int32_t *dots = (int32_t *)calloc(G, sizeof(int32_t));
+    int64_t blocks = G / 16;
     for (int r = 0; r < R; r++) {
         const int16_t *xr = qx + r * K;
-        memset(dots, 0, sizeof(int32_t) * G);
-        for (int64_t b = 0; b < K / 2; b++) {
+        const float *dr = dx + r * G, *sr = sx + r * G;
+        float total = 0.0f;
+        for (int64_t bl = 0; bl < blocks; bl++) {
+            const uint8_t *wb = w + bl * 256;
+            const int16_t *xb = xr + bl * 512;
+            int32_t acc[32] = {0};
+            for (int ch = 0; ch < 8; ch++)
+                for (int i = 0; i < 32; i++) {
+                    int32_t q = wb[ch * 32 + i];
+                    acc[i] += (q & 0x0f) * xb[ch * 64 + i] + (q >> 4) * xb[ch * 64 + 32 + i];
+                }
+            for (int l = 0; l < 16; l++)
+                total += (float)(acc[2 * l] + acc[2 * l + 1]) * half_to_float(scale[bl * 16 + l]) * dr[bl * 16 + l];
+        }
+        for (int64_t b = blocks * 256; b < K / 2; b++) {  /* the tail (spans): inputs in their own order */
             int64_t lo, hi;
             int4_inputs(b, K, &lo, &hi);
-            dots[lo / 32] += (w[b] & 0x0f) * xr[qx_index(lo, K)];
-            dots[hi / 32] += (w[b] >> 4) * xr[qx_index(hi, K)];
+            total += (float)((w[b] & 0x0f) * xr[lo]) * half_to_float(scale[lo / 32]) * dr[lo / 32];
+            total += (float)((w[b] >> 4) * xr[hi]) * half_to_float(scale[hi / 32]) * dr[hi / 32];
         }
-        float total = 0.0f;
-        for (int64_t g = 0; g < G; g++)
-            total += (float)dots[g] * half_to_float(scale[g]) * dx[r * G + g] + half_to_float(mins[g]) * sx[r * G + g];
+        for (int64_t g = 0; g < G; g++) total += half_to_float(mins[g]) * sr[g];
         out[r] = total;
     }
-    free(dots);
 }
 #endif
 
