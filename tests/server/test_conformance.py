@@ -170,13 +170,14 @@ def test_anthropic_output_format_errors_name_the_anthropic_field(app):
     assert r.status_code == 400 and "output_config.effort" in r.json()["error"]["message"]
 
 
-@pytest.mark.xfail(strict=False, reason="fails on main at the end of stop 22 (found by the final full run); to fix")
 def test_anthropic_effort_and_adaptive_thinking_reach_the_template_as_reasoning_effort(app, monkeypatch):
     serving = app.state.serving
     seen = []
     real = serving.llm.tokenizer.apply_chat_template
 
     def spy(messages, **options):
+        if any("trtedge-probe" in str(m.get("content")) for m in messages):
+            return real(messages, **options)  # the template's system-turn probe (once per template), no request
         seen.append((options.get("enable_thinking"), options.get("reasoning_effort")))
         return real(messages, **options)
 
