@@ -155,6 +155,22 @@ def serve(
     components: str = typer.Option(
         "all", "--components", help="all, or llm: load a vision-language model text-only."
     ),
+    ple_residency: str = typer.Option(
+        "resident",
+        "--ple-residency",
+        help="Gemma 3n / Gemma 4: resident (the per-layer embedding table on the device) or cached "
+        "(on the host, a pool of --ple-cache-slots rows on the device).",
+    ),
+    ple_cache_slots: int = typer.Option(
+        None,
+        "--ple-cache-slots",
+        help="--ple-residency cached: rows in the device pool (>= 2; slot 0 is padding).",
+    ),
+    ple_file: str = typer.Option(
+        None,
+        "--ple-file",
+        help="A safetensors file holding the per-layer embedding table, read instead of the checkpoint's.",
+    ),
     speculative_config: str = typer.Option(
         None,
         "--speculative-config",
@@ -242,7 +258,12 @@ def _serve(print_config: bool, settings: dict) -> None:
         )
         spec_keys = ("speculative_config", "draft_top_k", "max_spec_draft_tokens", "max_spec_verify_tokens")
         launch_kwargs["speculative"] = speculative_from_flags(*(v[k] for k in spec_keys))
-        LaunchConfig(**launch_kwargs, context_cache=context)
+        ple = {
+            "residency": v["ple_residency"],
+            "cache_slots": v["ple_cache_slots"],
+            "file_path": v["ple_file"],
+        }
+        launch_kwargs["ple"] = LaunchConfig(**launch_kwargs, context_cache=context, ple=ple).ple
     except (ServerConfigError, ConfigError) as e:
         _fail(_with_source(str(e), settings))
     if print_config:
@@ -274,6 +295,7 @@ def _serve(print_config: bool, settings: dict) -> None:
     del launch_kwargs["model"]
     llm_kwargs = {**launch_kwargs, "context_cache_config": context}
     llm_kwargs["speculative_config"] = llm_kwargs.pop("speculative")
+    llm_kwargs["ple_config"] = llm_kwargs.pop("ple")
     accepted = inspect.signature(LLM).parameters
     for name in ("engine_cache_max_size_gb", "clear_engine_cache"):
         value = getattr(config, name)

@@ -207,6 +207,8 @@ def health_body(llm: LLM, config: ServeConfig, admission: Admission, model_name:
         "steps": stats["steps"],
         "restarts": stats["restarts"],
     }
+    if "ple_cache" in stats:  # Gemma 3n / Gemma 4: the per-layer embedding table's residency and pool
+        body["engine"]["ple_cache"] = stats["ple_cache"]
     return body
 
 

@@ -90,6 +90,20 @@ class ServerMetrics:
                     registry=r,
                 ).set_function(lambda key=key: stats()["mm_embedding_cache"][key])
 
+        if stats().get("ple_cache") is not None:  # Gemma 3n / Gemma 4: the per-layer embedding pool
+            for key, text in (
+                ("hits", "Distinct per-layer embedding rows a step found in the device pool"),
+                ("misses", "Distinct per-layer embedding rows a step copied into the device pool"),
+                ("evictions", "Per-layer embedding rows evicted from the device pool"),
+                ("bytes_loaded", "Bytes of per-layer embedding rows copied from the host"),
+                ("split_steps", "Steps run in pieces to fit the per-layer embedding pool"),
+                ("device_bytes", "Bytes of the per-layer embedding table or pool on the device"),
+                ("staging_bytes", "Bytes of the per-layer embedding host staging buffer"),
+            ):
+                Gauge(f"trtedge_ple_cache_{key}", text, registry=r).set_function(
+                    lambda key=key: stats()["ple_cache"][key]
+                )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -201,12 +201,13 @@ class PleModel:
                 require(top, "model.per_layer_model_projection.weight"), None, weight_format
             )
             self.ple_norm = require(top, "model.per_layer_projection_norm.weight").float()
-            source = "the checkpoint"
-            if ple_config.file_path is not None:
-                table, source = map_ple_file(ple_config.file_path), ple_config.file_path
-            else:
-                table = require(tables, PLE_TENSOR)
-            self.ple = PerLayerEmbeddings(table, ple_config, device, dtype, self.ple_dim**0.5, source)
+            path = ple_config.file_path
+            table = map_ple_file(path) if path is not None else require(tables, PLE_TENSOR)
+            source = path or "the checkpoint"
+            scale = self.ple_dim**0.5
+            self.ple = PerLayerEmbeddings(
+                table, ple_config, device, dtype, scale, source, mapped=path is not None
+            )
             tables.clear()
         self.layers = [
             self.layer_class(

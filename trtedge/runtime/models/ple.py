@@ -104,6 +104,8 @@ def map_ple_file(path: str) -> torch.Tensor:
             raise PleConfigError(f"--ple-file {path}: {names[0]} must be a 2-D F32/F16/BF16 tensor")
         begin, end = entry["data_offsets"]
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # copy-on-write: writable, never written
+        if hasattr(mmap, "MADV_RANDOM"):  # rows are read at random: no read-ahead around each one
+            mapped.madvise(mmap.MADV_RANDOM)
     dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
     flat = torch.frombuffer(
         mapped, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=8 + size + begin
@@ -122,7 +124,9 @@ class PerLayerEmbeddings:
         dtype: torch.dtype,
         scale: float,
         source: str = "the checkpoint",
+        mapped: bool = False,
     ):
+        """``mapped``: ``table`` is a file mapping (``map_ple_file``); resident, it is read in whole."""
         self.config = config
         self.vocab_size, self.width = table.shape
         self.device, self.dtype = device, dtype
@@ -130,7 +134,7 @@ class PerLayerEmbeddings:
         self.hits = self.misses = self.evictions = self.bytes_loaded = self.split_steps = 0
         row_bytes = self.width * torch.empty((), dtype=dtype).element_size()
         if config.residency == "resident":
-            self.table = table.to(device=device, dtype=dtype)
+            self.table = table.to(device=device, dtype=dtype, copy=mapped)
             self.capacity = None
             self.pool_bytes = self.table.numel() * self.table.element_size()
             self.staging = None
