@@ -109,7 +109,10 @@ def _write_tokenizer(directory: Path) -> None:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    # <asr_text> is an ordinary added token, as in Qwen3-ASR's tokenizer: it stays in decoded text
+    special = [t for t in SPECIAL_TOKENS if t != "<asr_text>"]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    tok.add_tokens([AddedToken("<asr_text>", special=False, normalized=False)])
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
         json.dumps(

@@ -172,7 +172,9 @@ def test_refusals(llm, checkpoint):
     with pytest.raises(ValueError, match="no vision component"):
         from PIL import Image
 
-        llm.encode_prompt([{"role": "user", "content": [{"type": "image", "image": Image.new("RGB", (8, 8))}]}])
+        llm.encode_prompt(
+            [{"role": "user", "content": [{"type": "image", "image": Image.new("RGB", (8, 8))}]}]
+        )
     with pytest.raises(ValueError, match=r"messages\[0\]\.content\[0\].*1D numpy array"):
         llm.encode_prompt(user(np.zeros((2, 100), np.float32)))
 

@@ -100,6 +100,16 @@ def serve(
         "--max-image-tokens-per-image",
         help="Most image tokens one image or video may take; 400 past it.",
     ),
+    max_audio_bytes: int = typer.Option(
+        25 * 2**20,
+        "--max-audio-bytes",
+        help="Largest audio file (bytes) a transcription upload or an audio part may carry; 413 past it.",
+    ),
+    max_audio_seconds: float = typer.Option(
+        600.0,
+        "--max-audio-seconds",
+        help="Longest audio clip (seconds) a request may send; 400 past it, checked before decoding.",
+    ),
     enable_profiling: bool = typer.Option(
         False,
         "--enable-profiling",
@@ -247,6 +257,7 @@ def _serve(print_config: bool, settings: dict) -> None:
     serve_keys += ("enable_auto_tool_choice", "max_queued_requests", "queue_timeout")
     serve_keys += ("allowed_local_media_path", "allow_remote_media", "max_media_bytes", "media_fetch_timeout")
     serve_keys += ("max_video_frames", "max_image_tokens", "max_image_tokens_per_image")
+    serve_keys += ("max_audio_bytes", "max_audio_seconds")
     serve_keys += ("engine_cache_max_size_gb", "clear_engine_cache")
     try:
         config = ServeConfig.from_env(**{k: v[k] for k in serve_keys}, log_level=v["log_level"].lower())

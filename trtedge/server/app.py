@@ -24,6 +24,7 @@ from trtedge.server.metrics import ServerMetrics
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from trtedge.server.openai.serving import OpenAIServing
 from trtedge.server.openai.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
+from trtedge.server.openai.transcription import FORM_SLACK, transcribe
 from trtedge.server.openapi import openapi_schema
 from trtedge.server.responses.protocol import ResponsesRequest
 from trtedge.server.responses.serving import ResponsesServing
@@ -42,6 +43,7 @@ ENDPOINTS = (
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/v1/responses",
+    "/v1/audio/transcriptions",
     "/tokenize",
     "/detokenize",
     "/tokenizer_info",
@@ -121,6 +123,10 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         body = parse_request(await read_body(request, config.max_body_bytes), ResponsesRequest)
         return await responses.create(body, request)
 
+    async def transcriptions(request: Request) -> Response:
+        body = await read_body(request, config.max_audio_bytes + FORM_SLACK)
+        return await transcribe(serving, request, body)
+
     async def tokenize(request: Request) -> Response:
         body = parse_request(await read_body(request, config.max_body_bytes), TokenizeRequest)
         return await tokenization.tokenize(body)
@@ -145,6 +151,7 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         Route("/v1/messages", _guard(messages, anthropic_error), methods=["POST"]),
         Route("/v1/messages/count_tokens", _guard(count_tokens, anthropic_error), methods=["POST"]),
         Route("/v1/responses", _guard(create_response), methods=["POST"]),
+        Route("/v1/audio/transcriptions", _guard(transcriptions), methods=["POST"]),
         Route("/tokenize", _guard(tokenize), methods=["POST"]),
         Route("/detokenize", _guard(detokenize), methods=["POST"]),
         Route("/tokenizer_info", _guard(tokenizer_info)),
@@ -176,6 +183,7 @@ def health_body(llm: LLM, config: ServeConfig, admission: Admission, model_name:
             "speculative": stats["speculative"],
             "structured_output": structured_output_available(),
             "vision": getattr(llm, "vision", None) is not None,
+            "audio": getattr(llm, "audio", None) is not None,
         },
     }
     if stats["engine_error"] is not None:

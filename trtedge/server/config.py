@@ -44,6 +44,8 @@ class ServeConfig:
     max_video_frames: int = 32
     max_image_tokens: int | None = None
     max_image_tokens_per_image: int | None = None
+    max_audio_bytes: int = 25 * 2**20  # one uploaded or inlined audio file (OpenAI's upload limit)
+    max_audio_seconds: float = 600.0  # one audio clip's duration
     log_level: str = "info"
     engine_cache_max_size_gb: float | None = None
     clear_engine_cache: bool = False
@@ -79,6 +81,8 @@ class ServeConfig:
         _positive_int("--max-video-frames", self.max_video_frames)
         _positive_int("--max-image-tokens", self.max_image_tokens, optional=True)
         _positive_int("--max-image-tokens-per-image", self.max_image_tokens_per_image, optional=True)
+        _positive_int("--max-audio-bytes", self.max_audio_bytes)
+        _positive_seconds("--max-audio-seconds", self.max_audio_seconds)
         _choice("--log-level", self.log_level, LOG_LEVELS)
         gb = self.engine_cache_max_size_gb
         if gb is not None and (isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0):
