@@ -5,6 +5,7 @@ prompt) and every refusal with its status, each leaving no seat or KV block held
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 
 import httpx
@@ -186,4 +187,108 @@ def test_a_model_without_audio_refuses(tmp_path_factory, checkpoint, wav):
         app = build_app(text_only)
         r = send(app, {}, upload(wav))
         assert r.status_code == 400 and r.json()["error"]["code"] == "no_audio_component"
+        assert_clean(app, text_only)
+
+
+# ---- audio parts in chat (OpenAI input_audio / audio_url) and Responses (input_audio) --------------------
+def post(app, path: str, body: dict) -> httpx.Response:
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post(path, json=body)
+
+    return asyncio.run(main())
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def chat(*parts: dict, max_tokens: int = 6) -> dict:
+    content = [{"type": "text", "text": "w1 w2"}, *parts]
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0}
+
+
+def input_audio(data: bytes, fmt: str = "wav") -> dict:
+    return {"type": "input_audio", "input_audio": {"data": b64(data), "format": fmt}}
+
+
+def audio_url(url: str) -> dict:
+    return {"type": "audio_url", "audio_url": {"url": url}}
+
+
+def test_chat_input_audio_answers_as_the_engine_does(llm, wav):
+    from trtedge import SamplingParams
+
+    app = build_app(llm)
+    r = post(app, "/v1/chat/completions", chat(input_audio(wav)))
+    assert r.status_code == 200, r.text
+    samples = decoded(wav)
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "w1 w2"}, {"type": "audio", "audio": samples}]}
+    ]
+    expected = llm.chat(messages, SamplingParams(max_tokens=6, temperature=0))
+    assert r.json()["choices"][0]["message"]["content"] == expected.outputs[0].text
+    plain = post(app, "/v1/chat/completions", chat()).json()["usage"]["prompt_tokens"]
+    grown = r.json()["usage"]["prompt_tokens"] - plain
+    assert grown == llm.audio.audio_tokens(samples.size) + 2  # + <|audio_start|> <|audio_end|>
+    # the same clip as an audio_url data URL, and through the Responses API
+    r2 = post(app, "/v1/chat/completions", chat(audio_url(f"data:audio/wav;base64,{b64(wav)}")))
+    assert r2.json()["choices"][0]["message"]["content"] == expected.outputs[0].text
+    content = [{"type": "input_text", "text": "w1 w2"}, input_audio(wav)]
+    body = {"input": [{"role": "user", "content": content}], "max_output_tokens": 6, "temperature": 0}
+    r3 = post(app, "/v1/responses", body)
+    assert r3.status_code == 200, r3.text
+    assert r3.json()["output"][0]["content"][0]["text"] == expected.outputs[0].text
+    assert_clean(app, llm)
+
+
+def test_chat_audio_files_are_confined_to_the_media_directory(llm, wav, tmp_path):
+    media = tmp_path / "media"
+    media.mkdir()
+    (media / "clip.wav").write_bytes(wav)
+    (tmp_path / "secret.wav").write_bytes(wav)
+    app = build_app(llm, ServeConfig(allowed_local_media_path=str(media)))
+    assert post(app, "/v1/chat/completions", chat(audio_url(str(media / "clip.wav")))).status_code == 200
+    for url, status in (("../secret.wav", 403), (str(tmp_path / "secret.wav"), 403), ("missing.wav", 404)):
+        r = post(app, "/v1/chat/completions", chat(audio_url(url)))
+        assert r.status_code == status and r.json()["error"]["param"] == "messages.0.content.1.audio_url"
+    r = post(build_app(llm), "/v1/chat/completions", chat(audio_url("https://example.com/a.wav")))
+    assert r.status_code == 403 and r.json()["error"]["code"] == "remote_media_forbidden"
+    assert_clean(app, llm)
+
+
+@pytest.mark.parametrize(
+    ("config", "part", "status", "code", "param"),
+    [
+        ({"max_audio_bytes": 1000}, "wav", 413, "media_too_large", "messages.0.content.1.input_audio"),
+        ({"max_audio_seconds": 1.0}, "wav", 400, "audio_too_long", "messages.0.content.1.input_audio"),
+        ({}, "corrupt", 400, "invalid_audio", "messages.0.content.1.input_audio"),
+        ({}, "aiff", 400, "invalid_value", "messages.0.content.1.input_audio.format"),
+        ({}, "image", 400, "no_vision_component", "messages.0.content.1.image_url"),
+    ],
+)
+def test_chat_audio_refusals_hold_nothing(llm, wav, config, part, status, code, param):
+    app = build_app(llm, ServeConfig(**config))
+    parts = {
+        "wav": input_audio(wav),
+        "corrupt": input_audio(b"RIFF\0\0\0\0WAVE" + bytes(200)),
+        "aiff": input_audio(wav, "aiff"),
+        "image": {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    }
+    r = post(app, "/v1/chat/completions", chat(parts[part]))
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
+    if config.get("max_audio_bytes"):
+        assert "--max-audio-bytes 1000" in error["message"]
+    assert_clean(app, llm)
+
+
+def test_chat_audio_to_a_model_without_audio_is_a_400(tmp_path_factory, checkpoint, wav):
+    with _load(tmp_path_factory, checkpoint, components="llm") as text_only:
+        app = build_app(text_only)
+        r = post(app, "/v1/chat/completions", chat(input_audio(wav)))
+        assert r.status_code == 400 and r.json()["error"]["code"] == "no_audio_component"
+        assert r.json()["error"]["param"] == "messages.0.content.1.input_audio"
         assert_clean(app, text_only)

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import binascii
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, unquote_to_bytes, urlsplit
 
@@ -24,21 +25,22 @@ from trtedge.server.errors import APIError
 MAX_REDIRECTS = 5
 
 
-async def fetch_media(url: str, config: ServeConfig, param: str) -> bytes:
+async def fetch_media(url: str, config: ServeConfig, param: str, audio: bool = False) -> bytes:
     """The bytes ``url`` names: a ``data:`` URL, an http(s) URL, or a local file (``file://`` or a path),
     as ``config``'s media flags allow. Raises ``APIError``: 403 for a source the server does not allow,
-    404 for a missing local file, 413 past ``max_media_bytes``, 400 for a malformed URL or a remote fetch
-    that failed or timed out."""
+    404 for a missing local file, 413 past ``max_media_bytes`` (``max_audio_bytes`` for ``audio``), 400
+    for a malformed URL or a remote fetch that failed or timed out."""
+    limit = Limit(config.max_audio_bytes, "--max-audio-bytes") if audio else Limit(config.max_media_bytes)
     scheme = urlsplit(url).scheme.lower()
     if scheme == "data":
-        return _data_url(url, config.max_media_bytes, param)
+        return _data_url(url, limit, param)
     if scheme in ("http", "https"):
-        return await _remote(url, config, param)
+        return await _remote(url, config, param, limit)
     if scheme in ("", "file"):
         path = resolve_local_media(url, config.allowed_local_media_path, param)
         size = path.stat().st_size
-        if size > config.max_media_bytes:
-            raise too_large(f"the media file is {size} bytes", config.max_media_bytes, param)
+        if size > limit.bytes:
+            raise too_large(f"the media file is {size} bytes", limit, param)
         return await asyncio.to_thread(path.read_bytes)
     raise APIError(
         400,
@@ -48,20 +50,26 @@ async def fetch_media(url: str, config: ServeConfig, param: str) -> bytes:
     )
 
 
-def too_large(what: str, limit: int, param: str) -> APIError:
+@dataclass(frozen=True)
+class Limit:
+    bytes: int
+    flag: str = "--max-media-bytes"
+
+
+def too_large(what: str, limit: Limit, param: str) -> APIError:
     return APIError(
-        413, f"{what}; the limit is --max-media-bytes {limit}", param=param, code="media_too_large"
+        413, f"{what}; the limit is {limit.flag} {limit.bytes}", param=param, code="media_too_large"
     )
 
 
-def _data_url(url: str, limit: int, param: str) -> bytes:
+def _data_url(url: str, limit: Limit, param: str) -> bytes:
     head, comma, payload = url[5:].partition(",")
     if not comma:
         raise APIError(
             400, "a data: URL needs a comma before its data", param=param, code="invalid_media_url"
         )
     if head.lower().endswith(";base64"):
-        if len(payload) // 4 * 3 > limit + 3:
+        if len(payload) // 4 * 3 > limit.bytes + 3:
             raise too_large(f"the data: URL holds about {len(payload) // 4 * 3} bytes", limit, param)
         try:
             data = base64.b64decode(payload, validate=True)
@@ -71,14 +79,14 @@ def _data_url(url: str, limit: int, param: str) -> bytes:
             ) from None
     else:
         data = unquote_to_bytes(payload)
-    if len(data) > limit:
+    if len(data) > limit.bytes:
         raise too_large(f"the data: URL holds {len(data)} bytes", limit, param)
     if not data:
         raise APIError(400, "the data: URL is empty", param=param, code="invalid_media_url")
     return data
 
 
-async def _remote(url: str, config: ServeConfig, param: str) -> bytes:
+async def _remote(url: str, config: ServeConfig, param: str, limit: Limit) -> bytes:
     if not config.allow_remote_media:
         raise APIError(
             403,
@@ -89,7 +97,7 @@ async def _remote(url: str, config: ServeConfig, param: str) -> bytes:
         )
     timeout = config.media_fetch_timeout
     try:
-        return await asyncio.wait_for(_download(url, config.max_media_bytes, timeout, param), timeout)
+        return await asyncio.wait_for(_download(url, limit, timeout, param), timeout)
     except (asyncio.TimeoutError, httpx.TimeoutException):
         raise APIError(
             400,
@@ -103,7 +111,7 @@ async def _remote(url: str, config: ServeConfig, param: str) -> bytes:
         ) from None
 
 
-async def _download(url: str, limit: int, timeout: float, param: str) -> bytes:
+async def _download(url: str, limit: Limit, timeout: float, param: str) -> bytes:
     async with httpx.AsyncClient(
         timeout=timeout, follow_redirects=True, max_redirects=MAX_REDIRECTS
     ) as client:
@@ -116,13 +124,13 @@ async def _download(url: str, limit: int, timeout: float, param: str) -> bytes:
                     code="media_fetch_failed",
                 )
             length = response.headers.get("content-length", "")
-            if length.isdigit() and int(length) > limit:
+            if length.isdigit() and int(length) > limit.bytes:
                 raise too_large(f"the media URL announces {length} bytes", limit, param)
             body = bytearray()
             async for chunk in response.aiter_bytes():
                 body += chunk
-                if len(body) > limit:
-                    raise too_large(f"the media URL sent more than {limit} bytes", limit, param)
+                if len(body) > limit.bytes:
+                    raise too_large(f"the media URL sent more than {limit.bytes} bytes", limit, param)
             return bytes(body)
 
 

@@ -1,9 +1,9 @@
-"""The image and video parts of a chat request, loaded for ``LLM.encode_prompt``.
+"""The image, video and audio parts of a chat request, loaded for ``LLM.encode_prompt``.
 
 ``load_media`` runs before the request takes an admission seat, so every refusal costs nothing: a model
-without a vision component (400), Pillow / PyAV missing (501), then part by part: the source (media.py:
-403 / 404 / 413 / 400), decoding (decoding.py: 400 / 413) and the image-token limits (400 naming the
-flag). Fetching is async; decoding and the vision processor run on a small pool of worker threads
+without a vision (or audio) component (400), Pillow / PyAV missing (501), then part by part: the source
+(media.py: 403 / 404 / 413 / 400), decoding (decoding.py, audio.py: 400 / 413) and the image-token
+limits (400 naming the flag). Fetching is async; decoding and the vision processor run on a small pool of worker threads
 (``in_media_thread``), so the event loop never waits on them and a burst of media requests cannot take
 every thread of the process.
 """
@@ -16,17 +16,27 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trtedge.server.audio import AUDIO_FORMATS, decode_audio, require_av
 from trtedge.server.decoding import decode_image, decode_video, require
 from trtedge.server.errors import APIError, bad_request
 from trtedge.server.media import fetch_media
-from trtedge.server.openai.protocol import ChatCompletionRequest, ContentPart, ImageURL, VideoURL
+from trtedge.server.openai.protocol import (
+    AudioURL,
+    ChatCompletionRequest,
+    ContentPart,
+    ImageURL,
+    InputAudio,
+    VideoURL,
+)
 
 if TYPE_CHECKING:
     from trtedge.server.openai.serving import OpenAIServing
 
-MEDIA_PARTS = {"image_url": "image", "video_url": "video"}
+MEDIA_PARTS = {"image_url": "image", "video_url": "video", "input_audio": "audio", "audio_url": "audio"}
 DEFAULT_FPS = 2.0
 NO_VISION = "this model has no vision component; image and video inputs cannot be served"
+NO_AUDIO = "this model has no audio component; audio inputs cannot be served"
+_AUDIO_MIME = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac", "ogg": "audio/ogg"}
 
 MEDIA_THREADS = 4
 _POOL = ThreadPoolExecutor(MEDIA_THREADS, thread_name_prefix="trtedge-media")
@@ -39,7 +49,7 @@ class MediaRef:
     """One media part of a request, where it sits and what it asks for."""
 
     where: tuple[int, int]
-    kind: str  # "image" | "video"
+    kind: str  # "image" | "video" | "audio"
     url: str
     param: str  # the request field errors about this part name
     detail: str | None = None
@@ -48,7 +58,7 @@ class MediaRef:
 
 
 def media_refs(req: ChatCompletionRequest) -> list[MediaRef]:
-    """The request's image and video parts, in order; a media part outside a user message is a 400."""
+    """The request's image, video and audio parts, in order; a media part outside a user message is a 400."""
     refs = []
     for i, m in enumerate(req.messages):
         if not isinstance(m.content, list):
@@ -69,6 +79,17 @@ def _ref(part: ContentPart, where: tuple[int, int], param: str, role: str) -> Me
         )
     if role != "user":
         raise bad_request(f"only user messages may carry {kind}s", param=param, code="invalid_value")
+    if isinstance(source, InputAudio):
+        if source.format.lower() not in AUDIO_FORMATS:
+            raise bad_request(
+                f"input_audio.format must be one of {', '.join(AUDIO_FORMATS)}, got {source.format!r}",
+                param=f"{param}.format",
+                code="invalid_value",
+            )
+        mime = _AUDIO_MIME.get(source.format.lower(), f"audio/{source.format.lower()}")
+        return MediaRef(where, kind, f"data:{mime};base64,{source.data}", param)
+    if isinstance(source, AudioURL):
+        return MediaRef(where, kind, source.url, param)
     if isinstance(source, str):
         return MediaRef(where, kind, source, param)
     if isinstance(source, ImageURL):
@@ -83,23 +104,37 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
     if not refs:
         return {}
     vision = getattr(serving.llm, "vision", None)
-    if vision is None:
-        raise bad_request(NO_VISION, param=refs[0].param, code="no_vision_component")
+    audio = getattr(serving.llm, "audio", None)
+    pictures = [r for r in refs if r.kind != "audio"]
+    if pictures and vision is None:
+        raise bad_request(NO_VISION, param=pictures[0].param, code="no_vision_component")
+    clips = [r for r in refs if r.kind == "audio"]
+    if clips and audio is None:
+        raise bad_request(NO_AUDIO, param=clips[0].param, code="no_audio_component")
     if not req.apply_chat_template:
         raise bad_request(
-            "images and videos need the chat template: drop apply_chat_template=false",
+            "images, videos and audio need the chat template: drop apply_chat_template=false",
             param="apply_chat_template",
             code="invalid_value",
         )
-    require(video=any(r.kind == "video" for r in refs))
+    if pictures:
+        require(video=any(r.kind == "video" for r in refs))
+    if clips:
+        require_av()
     config = serving.config
     media: Media = {}
     total = 0
     for ref in refs:
-        data = await fetch_media(ref.url, config, ref.param)
-        if ref.kind == "image":
+        data = await fetch_media(ref.url, config, ref.param, audio=ref.kind == "audio")
+        if ref.kind == "audio":
+            samples = await in_media_thread(
+                decode_audio, data, ref.param, config.max_audio_seconds, audio.sampling_rate
+            )
+            part: dict[str, Any] = {"type": "audio", "audio": samples}
+            tokens = audio.audio_tokens(samples.size)
+        elif ref.kind == "image":
             image, tokens = await in_media_thread(_decode_fitted, data, ref, vision)
-            part: dict[str, Any] = {"type": "image", "image": image}
+            part = {"type": "image", "image": image}
         else:
             limit = min(ref.nframes or config.max_video_frames, config.max_video_frames)
             fit = functools.partial(_frame_size, vision)
@@ -110,13 +145,13 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
             tokens = _tokens(vision.video_tokens, ref, len(frames), *frames[0].size)
         del data
         total += tokens
-        _check_tokens(config, ref, tokens, total)
+        if ref.kind != "audio":
+            _check_tokens(config, ref, tokens, total)
         max_input_len = serving.llm.config.max_input_len
         if total > max_input_len:  # the prompt is refused anyway: stop holding pictures for it
             raise APIError(
                 400,
-                f"the request's images and videos take {total} tokens (so far), more than max_input_len "
-                f"{max_input_len}",
+                f"the request's media take {total} tokens (so far), more than max_input_len {max_input_len}",
                 param=ref.param,
                 code="context_length_exceeded",
             )
@@ -194,6 +229,11 @@ def media_part(url: str, param: str, detail: str | None = None) -> dict:
     sits in the client's own request, taken out again by ``take_media_params``."""
     image_url = {"url": url} if detail is None else {"url": url, "detail": detail}
     return {"type": "image_url", "image_url": image_url, _PARAM: param}
+
+
+def audio_part(data: str, fmt: str, param: str) -> dict:
+    """An OpenAI input_audio part for a translated request (Responses), marked like ``media_part``."""
+    return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}, _PARAM: param}
 
 
 def take_media_params(messages: list[dict]) -> dict[tuple[int, int], str]:

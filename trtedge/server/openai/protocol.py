@@ -60,11 +60,22 @@ class VideoURL(_Model):
     nframes: Annotated[int, Field(ge=1), INTEGRAL] | None = None  # at most this many frames
 
 
+class InputAudio(_Model):
+    data: str  # base64 of the file's bytes
+    format: str  # "wav" | "mp3" | "flac" | "ogg" | "m4a" | "webm" (the bytes are sniffed anyway)
+
+
+class AudioURL(_Model):
+    url: str
+
+
 class ContentPart(_Model):
     type: str
     text: str | None = None
     image_url: str | ImageURL | None = None
     video_url: str | VideoURL | None = None
+    input_audio: InputAudio | None = None
+    audio_url: str | AudioURL | None = None
 
 
 class ChatMessage(_Model):

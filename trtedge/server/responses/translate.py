@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trtedge.server.errors import bad_request, not_supported
-from trtedge.server.multimodal import media_part, take_media_params
+from trtedge.server.multimodal import audio_part, media_part, take_media_params
 from trtedge.server.openai.protocol import ChatCompletionRequest
 from trtedge.server.responses.protocol import ResponsesRequest
 
@@ -129,6 +129,9 @@ def _content(item: dict, param: str) -> str | list[dict]:
         if kind == "input_image":
             parts.append(_image(part, where))
             continue
+        if kind == "input_audio":
+            parts.append(_audio(part, where))
+            continue
         if kind not in _TEXT:
             raise not_supported(f"a {kind!r} content part", where)
         parts.append(
@@ -150,6 +153,14 @@ def _image(part: dict, param: str) -> dict:
             f"{param}.file_id",
         )
     raise bad_request("an input_image needs image_url (a string)", param=f"{param}.image_url")
+
+
+def _audio(part: dict, param: str) -> dict:
+    source = part.get("input_audio")
+    if not isinstance(source, dict):
+        raise bad_request('an input_audio part needs input_audio: {"data": ..., "format": ...}', param=param)
+    where = f"{param}.input_audio"
+    return audio_part(_string(source, "data", where), _string(source, "format", where), where)
 
 
 def _string(item: dict, key: str, param: str) -> str:
