@@ -83,7 +83,10 @@ def test_content_parts_developer_role_and_raw_prompt(llm):
         {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}
     ]
     assert_error(
-        request(app, "POST", CHAT, json={"messages": audio}), 400, "messages.0.content.0", "not supported"
+        request(app, "POST", CHAT, json={"messages": audio}),
+        400,
+        "messages.0.content.0.input_audio",
+        "this model has no audio component",
     )
 
 
