@@ -34,6 +34,7 @@ feature is not available is refused with a 400 naming it.
 | POST | `/v1/responses` | [responses request](#post-v1responses) |
 | POST | `/v1/messages` | [Anthropic messages request](#post-v1messages) |
 | POST | `/v1/messages/count_tokens` | [Anthropic token count request](#post-v1messagescount_tokens) |
+| POST | `/v1/audio/transcriptions` | [multipart form](#post-v1audiotranscriptions) (OpenAI's; see [Audio](audio.md)) |
 | POST | `/tokenize` | [tokenize request](#post-tokenize) (vLLM's) |
 | POST | `/detokenize` | [detokenize request](#post-detokenize) (vLLM's) |
 | GET | `/tokenizer_info` | none (vLLM's: special tokens, chat template) |
@@ -122,7 +123,40 @@ def render() -> str:
                     parts.append(f"| `{name}` | {_type(prop, defs)} | {default} |")
                 parts.append("")
     _DONE.clear()
+    parts.append(_transcription())
     return "\n".join(parts).rstrip() + "\n"
+
+
+TRANSCRIPTION = """
+Example:
+
+```bash
+curl http://127.0.0.1:8000/v1/audio/transcriptions -F file=@clip.wav -F language=en
+```
+
+Response:
+
+```json
+{
+  "text": "Hello from trtedge.",
+  "usage": {"type": "tokens", "input_tokens": 48, "output_tokens": 7, "total_tokens": 55,
+            "input_token_details": {"audio_tokens": 39, "text_tokens": 9}}
+}
+```
+"""
+
+
+def _transcription() -> str:
+    """The multipart form of /v1/audio/transcriptions (not a pydantic model: the document's own schema)."""
+    from trtedge.server.openapi import _TRANSCRIPTION_FORM as form
+
+    rows = ["## POST `/v1/audio/transcriptions`\n", "A `multipart/form-data` body.\n"]
+    rows.append("| field | type | default | constraints |\n| --- | --- | --- | --- |")
+    for name, prop in form["properties"].items():
+        kind = "file" if name == "file" else _type(prop, {})
+        default = "required" if name in form["required"] else f"`{json.dumps(prop.get('default'))}`"
+        rows.append(f"| `{name}` | {kind} | {default} | {_limits(prop)} |")
+    return "\n".join(rows) + "\n" + TRANSCRIPTION
 
 
 _DONE: set[str] = set()

@@ -184,7 +184,7 @@ def cases(document: dict, model: str) -> st.SearchStrategy:
     schema = Schema(document)
     posts, gets = [], []
     for path, item in document["paths"].items():
-        if "post" in item:
+        if "post" in item and "application/json" in item["post"]["requestBody"]["content"]:  # not uploads
             ref = item["post"]["requestBody"]["content"]["application/json"]["schema"]
             posts.append((path, schema.strategy(ref)))
         if "get" in item:
@@ -323,7 +323,7 @@ def _validators(document: dict) -> dict:
 
     found = {}
     for path, item in document["paths"].items():
-        if "post" in item:
+        if "post" in item and "application/json" in item["post"]["requestBody"]["content"]:
             ref = item["post"]["requestBody"]["content"]["application/json"]["schema"]
             found[path] = jsonschema.Draft202012Validator({**ref, "components": document["components"]})
     return found

@@ -17,7 +17,7 @@ from trtedge.commands.completion import cached_models
 
 HELP = (
     "Serve a model over OpenAI- and Anthropic-compatible HTTP APIs (/v1/chat/completions, "
-    "/v1/completions, /v1/responses, /v1/messages, /v1/models, /health, /metrics). Ctrl-C or SIGTERM drains the requests in flight, then stops."
+    "/v1/completions, /v1/responses, /v1/messages, /v1/audio/transcriptions, /v1/models, /health, /metrics). Ctrl-C or SIGTERM drains the requests in flight, then stops."
 )
 
 

@@ -45,6 +45,30 @@ _ANTHROPIC_ERROR = {
 }
 
 
+# POST /v1/audio/transcriptions takes a multipart/form-data upload (server/openai/transcription.py parses it).
+_TRANSCRIPTION_FORM = {
+    "type": "object",
+    "required": ["file"],
+    "properties": {
+        "file": {
+            "type": "string",
+            "contentMediaType": "application/octet-stream",
+            "description": "the audio file: wav, flac, mp3, ogg (Opus / Vorbis), m4a or webm",
+        },
+        "model": {"type": "string", "description": "the served model's id (optional)"},
+        "language": {
+            "type": "string",
+            "description": "ISO-639-1 code (en, de, zh, ...) or the language's name",
+        },
+        "prompt": {"type": "string", "description": "context for the model: names, spellings, hot words"},
+        "response_format": {"enum": ["json", "text"], "default": "json"},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1, "default": 0},
+        "stream": {"type": "boolean", "default": False},
+    },
+    "additionalProperties": False,
+}
+
+
 def _errors(*statuses: int, shape: str = "Error") -> dict:
     reasons = {
         400: "invalid request (param names the field)",
@@ -113,7 +137,11 @@ def openapi_schema(api_key: bool = True) -> dict:
 
 
 def _document() -> dict:
-    schemas: dict = {"Error": _ERROR, "AnthropicError": _ANTHROPIC_ERROR}
+    schemas: dict = {
+        "Error": _ERROR,
+        "AnthropicError": _ANTHROPIC_ERROR,
+        "TranscriptionForm": _TRANSCRIPTION_FORM,
+    }
     for model in (
         ChatCompletionRequest,
         CompletionRequest,
@@ -168,6 +196,36 @@ def _document() -> dict:
             "/detokenize": _post(
                 DetokenizeRequest, "vLLM detokenize: token ids -> text", _errors(400, 401, 404, 413)
             ),
+            "/v1/audio/transcriptions": {
+                "post": {
+                    "summary": "OpenAI audio transcription (a model with an audio component, e.g. Qwen3-ASR)",
+                    "security": [{"bearer": []}, {"apiKey": []}],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "multipart/form-data": {
+                                "schema": {"$ref": _REF.format(model="TranscriptionForm")}
+                            }
+                        },
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "the transcript; a stream when stream is true",
+                            "content": {
+                                "application/json": {"schema": {"type": "object"}},
+                                "text/plain": {"schema": {"type": "string"}},
+                                "text/event-stream": {
+                                    "schema": {
+                                        "type": "string",
+                                        "description": "transcript.text.delta events, then transcript.text.done",
+                                    }
+                                },
+                            },
+                        },
+                        **_errors(400, 401, 404, 413, 429, 500, 503),
+                    },
+                }
+            },
             "/tokenizer_info": _get("vLLM tokenizer info: special tokens, chat template", secured=True),
         },
         "components": {
