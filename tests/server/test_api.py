@@ -397,6 +397,7 @@ def test_health_reports_capabilities_and_engine(llm):
         "speculative": None,
         "structured_output": True,
         "vision": False,
+        "audio": False,
     }
     assert "scheduling" not in body
     assert body["engine"]["kv_blocks_free"] == body["engine"]["kv_blocks_total"] == 64
