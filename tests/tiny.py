@@ -235,12 +235,12 @@ PLE_FAMILIES = {
 PLE_VOCAB = 1000
 
 
-def make_tiny_ple_checkpoint(directory: Path, family: str, seed: int = 0) -> Path:
+def make_tiny_ple_checkpoint(directory: Path, family: str, seed: int = 0, **overrides) -> Path:
     """Save a random 4-layer Gemma 3n / Gemma 4 text model; every vector (norms, layer scalars, AltUp
     scales) is randomised too, so that a misplaced one shows."""
     import transformers
 
-    spec = dict(PLE_FAMILIES[family])
+    spec = {**PLE_FAMILIES[family], **overrides}
     model_type = spec.pop("model_type")
     config_cls = transformers.AutoConfig.for_model(model_type).__class__
     config = config_cls(

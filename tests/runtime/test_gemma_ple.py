@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -214,3 +215,109 @@ def test_a_ple_file_replaces_the_checkpoint_table(tmp_path):
     # 20 tokens through 7 rows: run in pieces, equal up to the rounding of a split attention
     assert torch.allclose(prefill_logits(mapped, ids), prefill_logits(from_file, ids), atol=1e-5)
     assert mapped.ple.split_steps == 1 and mapped.ple.host.data_ptr() != table.data_ptr()
+
+
+def write_ple_gguf(hf_dir, path, arch: str) -> None:
+    """A float32 GGUF of a tiny Gemma 3n / Gemma 4 in llama.cpp's layout: tensor names from gguf's own
+    name map, Gemma 3n's AltUp projections stacked and its sparsity as Gaussian quantiles, Gemma 4's
+    global head size as key_length and its unrotated pairs marked in rope_freqs."""
+    import gguf
+    from safetensors.torch import load_file
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    layers = cfg["num_hidden_layers"]
+    names = gguf.get_tensor_name_map(
+        gguf.MODEL_ARCH.GEMMA3N if arch == "gemma3n" else gguf.MODEL_ARCH.GEMMA4, layers
+    )
+    swa = [t == "sliding_attention" for t in cfg["layer_types"]]
+    shared_from = layers - cfg["num_kv_shared_layers"]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_block_count(layers)
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_rope_freq_base(cfg["rope_parameters"]["full_attention"]["rope_theta"])
+    if cfg["final_logit_softcapping"]:
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    writer.add_sliding_window(cfg["sliding_window"])
+    writer.add_sliding_window_pattern(swa)
+    writer.add_embedding_length_per_layer_input(cfg["hidden_size_per_layer_input"])
+    writer.add_shared_kv_layers(cfg["num_kv_shared_layers"])
+    extra = {}
+    if arch == "gemma3n":
+        writer.add_feed_forward_length(cfg["intermediate_size"])
+        writer.add_head_count_kv(cfg["num_key_value_heads"])
+        writer.add_key_length(cfg["head_dim"])
+        writer.add_value_length(cfg["head_dim"])
+        writer.add_altup_active_idx(cfg["altup_active_idx"])
+        writer.add_altup_num_inputs(cfg["altup_num_inputs"])
+        normal = torch.distributions.Normal(0.0, 1.0)
+        scales = [normal.icdf(torch.tensor(s)).item() for s in cfg["activation_sparsity_pattern"]]
+        writer.add_activation_sparsity_scale(scales)
+    else:
+        full_dim = cfg["per_layer_config"][str(swa.index(False))]["head_dim"]
+        n_ff = cfg["intermediate_size"]
+        wide = cfg["use_double_wide_mlp"]
+        writer.add_feed_forward_length(
+            [n_ff * 2 if wide and i >= shared_from else n_ff for i in range(layers)]
+        )
+        overrides = cfg["per_layer_config"]
+        kv = cfg["num_key_value_heads"]
+        writer.add_head_count_kv(
+            [kv if s else overrides[str(i)].get("num_key_value_heads", kv) for i, s in enumerate(swa)]
+        )
+        writer.add_key_length(full_dim)
+        writer.add_value_length(full_dim)
+        writer.add_key_length_swa(cfg["head_dim"])
+        writer.add_value_length_swa(cfg["head_dim"])
+        writer.add_rope_dimension_count(full_dim)
+        writer.add_rope_dimension_count_swa(cfg["head_dim"])
+        rotated = int(full_dim * cfg["rope_parameters"]["full_attention"]["partial_rotary_factor"] / 2)
+        factors = [1.0] * rotated + [1e30] * (full_dim // 2 - rotated)
+        extra["rope_freqs.weight"] = np.array(factors, dtype=np.float32)
+    tokens = ["<pad>", "<bos>", "<eos>"] + [f"▁w{i}" for i in range(3, PLE_VOCAB)]
+    writer.add_tokenizer_model("llama" if arch == "gemma3n" else "gemma4")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 3] + [1] * (PLE_VOCAB - 3))
+    writer.add_token_scores([0.0] * PLE_VOCAB)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    tensors = load_file(hf_dir / "model.safetensors")
+    for stacked in ("altup_projections", "altup_unembed_projections"):
+        if arch == "gemma3n":
+            parts = [tensors.pop(f"model.{stacked}.{i}.weight") for i in range(cfg["altup_num_inputs"] - 1)]
+            tensors[f"model.{stacked}.weight"] = torch.stack(parts)
+    tensors.pop("lm_head.weight", None)  # tied to the embedding
+    for name, tensor in tensors.items():
+        if name.endswith(("_scale", "layer_scalar")):
+            name += ".weight"  # as the converter names a bare parameter
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), tensor.float().numpy())
+    for name, array in extra.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "family,overrides",
+    [("gemma3n", {"altup_num_inputs": 4}), ("gemma4_k_eq_v", {})],  # llama.cpp converts 4 AltUp streams only
+)
+def test_a_gguf_in_llama_cpp_s_layout_matches_transformers(family, overrides, tmp_path):
+    hf_dir = make_tiny_ple_checkpoint(tmp_path / "hf", family, **overrides)
+    arch = family.split("_")[0]
+    path = tmp_path / f"{arch}.gguf"
+    write_ple_gguf(hf_dir, path, arch)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    ids = prompt(40, 5)
+    load = dict(dtype="float32", device="cpu", weights="float", max_positions=64)
+    model = load_model(resolve_checkpoint(str(path)), **load)
+    assert model.cfg.model_type == f"{arch}_text" and model.num_kv_layers == 2
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert (prefill_logits(model, ids) - ref).abs().max().item() < 1e-4
+    with LLM(str(path), dtype="float32", device="cpu", max_kv_cache_capacity=128) as llm:
+        out = llm.generate(ids, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)).token_ids
+    assert hf_greedy_choices(hf, ids, out) == out

@@ -31,7 +31,10 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+    "gemma3n": ("gemma3n_text", "Gemma3nForCausalLM"),
+    "gemma4": ("gemma4_text", "Gemma4ForCausalLM"),
 }
+_PLE_ARCHITECTURES = {"gemma3n", "gemma4"}  # per-layer embeddings: norms stored as they are
 # llama.cpp's converter permutes q/k rows for these (GGML "normal" rope); qwen2/qwen3 use NEOX rope, unpermuted.
 _PERMUTED_ARCHITECTURES = {"llama", "mistral"}
 
@@ -56,6 +59,40 @@ _GEMMA3_LAYER_TENSORS = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# Gemma 3n (llama.cpp's layout): its norms are stored as they are (no 1 added), the AltUp projections
+# of the model stacked into one [streams - 1, hidden, hidden] tensor each.
+_GEMMA3N_LAYER_TENSORS = {
+    **_GEMMA3_LAYER_TENSORS,
+    "altup_correct_scale": "altup.correct_output_scale",
+    "altup_correct_coef": "altup.correction_coefs",
+    "altup_predict_coef": "altup.prediction_coefs",
+    "altup_router": "altup.modality_router",
+    "altup_router_norm": "altup.router_norm",
+    "laurel_l": "laurel.linear_left",
+    "laurel_r": "laurel.linear_right",
+    "laurel_post_norm": "laurel.post_laurel_norm",
+    "inp_gate": "per_layer_input_gate",
+    "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
+}
+_GEMMA3N_GLOBAL_TENSORS = {
+    **_GLOBAL_TENSORS,
+    "per_layer_token_embd": "model.embed_tokens_per_layer",
+    "per_layer_model_proj": "model.per_layer_model_projection",
+    "per_layer_proj_norm": "model.per_layer_projection_norm",
+    "altup_proj": "model.altup_projections",
+    "altup_unembd_proj": "model.altup_unembed_projections",
+}
+# Gemma 4: the PLE tensors of Gemma 3n (no AltUp, no LAuReL) and a learned scalar per layer.
+_GEMMA4_LAYER_TENSORS = {
+    **_GEMMA3_LAYER_TENSORS,
+    "inp_gate": "per_layer_input_gate",
+    "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
+    "layer_output_scale": "layer_scalar",
+}
+_STACKED = {"model.altup_projections.weight", "model.altup_unembed_projections.weight"}
+_UNSUFFIXED = {"altup.correct_output_scale", "layer_scalar"}  # HF parameters without ".weight"
 _IGNORED_TENSORS = {"rope_freqs.weight"}
 _LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GLOBAL_TENSOR_RE = re.compile(r"(\w+)\.(weight|bias)")
@@ -80,12 +117,13 @@ _GEMMA3_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
-_DEFAULT_CHAT_TEMPLATES = {"gemma3": _GEMMA3_CHAT_TEMPLATE}
+_DEFAULT_CHAT_TEMPLATES = {"gemma3": _GEMMA3_CHAT_TEMPLATE, "gemma3n": _GEMMA3_CHAT_TEMPLATE}
 
 
 def is_default_chat_template(template: str | None) -> bool:
     """Whether ``template`` is the stand-in given to a file that carries none (often a base model)."""
     return template is not None and template in _DEFAULT_CHAT_TEMPLATES.values()
+
 
 # Pre-tokenizer split regexes by `tokenizer.ggml.pre`, as in the models' own tokenizer.json files.
 _LLAMA3_SPLIT = (
@@ -183,8 +221,10 @@ class _GGUF:
 
     def head_counts(self) -> tuple[int, int]:
         n_head = _uniform(self, "attention.head_count", self.require_hparam("attention.head_count"))
-        n_head_kv = _uniform(self, "attention.head_count_kv", self.hparam("attention.head_count_kv", n_head))
-        return n_head, n_head_kv
+        kv = self.hparam("attention.head_count_kv", n_head)
+        if self.arch == "gemma4" and isinstance(kv, list):  # per layer: sliding and global layers differ
+            return n_head, int(kv[0])
+        return n_head, _uniform(self, "attention.head_count_kv", kv)
 
 
 def read_gguf(path: str | Path) -> GGUFContents:
@@ -227,6 +267,10 @@ def _iter_tensors(
             yield name, _int4_tensor(t, name, n_head if ".q_proj." in name else n_head_kv, permuted)
             continue
         tensor = _dequantize(model, t)
+        if name in _STACKED:  # one HF tensor per stream past the first
+            for i, part in enumerate(tensor.unbind(0)):
+                yield name.replace(".weight", f".{i}.weight"), part.to(dtype)
+            continue
         if norm_shift and name.endswith("norm.weight"):
             tensor = tensor - norm_shift
         if permuted and ".self_attn.q_proj." in name:
@@ -242,11 +286,19 @@ def _hf_tensor_name(model: _GGUF, gguf_name: str) -> str | None:
         return None
     if m := _LAYER_TENSOR_RE.fullmatch(gguf_name):
         layer, part, kind = m.groups()
-        names = _GEMMA3_LAYER_TENSORS if model.arch == "gemma3" else _LAYER_TENSORS
+        names = {
+            "gemma3": _GEMMA3_LAYER_TENSORS,
+            "gemma3n": _GEMMA3N_LAYER_TENSORS,
+            "gemma4": _GEMMA4_LAYER_TENSORS,
+        }.get(model.arch, _LAYER_TENSORS)
         if part in names:
+            if names[part] in _UNSUFFIXED:
+                return f"model.layers.{layer}.{names[part]}"
             return f"model.layers.{layer}.{names[part]}.{kind}"
-    elif (m := _GLOBAL_TENSOR_RE.fullmatch(gguf_name)) and m.group(1) in _GLOBAL_TENSORS:
-        return f"{_GLOBAL_TENSORS[m.group(1)]}.{m.group(2)}"
+    elif (m := _GLOBAL_TENSOR_RE.fullmatch(gguf_name)) and m.group(1) in (
+        globals_ := _GEMMA3N_GLOBAL_TENSORS if model.arch in _PLE_ARCHITECTURES else _GLOBAL_TENSORS
+    ):
+        return f"{globals_[m.group(1)]}.{m.group(2)}"
     raise model.error(f"unsupported tensor {gguf_name!r} for architecture {model.arch!r}")
 
 
@@ -297,7 +349,9 @@ def _build_config(model: _GGUF, names: dict[str, str | None], tokens: list[str])
         "hidden_size": hidden,
         "intermediate_size": _uniform(
             model, "feed_forward_length", model.require_hparam("feed_forward_length")
-        ),
+        )
+        if model_type not in ("gemma3n_text", "gemma4_text")
+        else model.require_hparam("feed_forward_length"),  # per layer
         "num_hidden_layers": model.require_hparam("block_count"),
         "num_attention_heads": n_head,
         "num_key_value_heads": n_head_kv,
@@ -305,7 +359,8 @@ def _build_config(model: _GGUF, names: dict[str, str | None], tokens: list[str])
         "hidden_act": "silu",
         "rms_norm_eps": model.require_hparam("attention.layer_norm_rms_epsilon"),
         "rope_theta": rope_theta,
-        "rope_scaling": _rope_scaling(model, rope_theta, head_dim),
+        # Gemma 4's rope_freqs marks the global layers' unrotated pairs (see _gemma4_config)
+        "rope_scaling": _rope_scaling(model, rope_theta, head_dim) if model.arch != "gemma4" else None,
         "max_position_embeddings": model.require_hparam("context_length"),
         "vocab_size": _vocab_size(model, tokens),
         "tie_word_embeddings": "output.weight" not in model.tensors,
@@ -320,7 +375,96 @@ def _build_config(model: _GGUF, names: dict[str, str | None], tokens: list[str])
         config["sliding_window"] = model.hparam("attention.sliding_window")
     if model_type == "gemma3_text":
         config.update(_gemma3_config(model, hidden, n_head, head_dim))
+    if model_type == "gemma3n_text":
+        config.update(_gemma3n_config(model, rope_theta))
+    if model_type == "gemma4_text":
+        config.update(_gemma4_config(model, rope_theta))
     return config
+
+
+def _gemma4_config(model: _GGUF, rope_theta: float) -> dict:
+    """Gemma 4's fields as llama.cpp's converter stores them: the global layers' head size as key_length
+    (the sliding ones' as key_length_swa), KV heads per layer, and a rope_freqs tensor whose huge
+    factors mark the pairs the global layers do not rotate."""
+    layers = model.require_hparam("block_count")
+    if "blk.0.ffn_gate_inp.weight" in model.tensors:
+        raise model.error("Gemma 4 mixture-of-experts files (ffn_gate_inp) are not supported yet")
+    swa = model.hparam("attention.sliding_window_pattern")
+    if swa is None:
+        swa = [(i + 1) % 6 != 0 for i in range(layers)]
+    full_dim = model.require_hparam("attention.key_length")
+    kv = model.hparam("attention.head_count_kv", model.require_hparam("attention.head_count"))
+    kv = kv if isinstance(kv, list) else [kv] * layers
+    shared = model.hparam("attention.shared_kv_layers", 0)
+    freqs = model.tensors.get("rope_freqs.weight")
+    rotated = full_dim // 2 if freqs is None else int((_dequantize(model, freqs) < 1e10).sum())
+    full = [i for i, s in enumerate(swa) if not s]
+    ple = model.hparam("embedding_length_per_layer_input", 0)
+    table = model.tensors.get("per_layer_token_embd.weight")
+    return {
+        "head_dim": model.hparam("attention.key_length_swa", full_dim),
+        "num_key_value_heads": next((int(k) for k, s in zip(kv, swa) if s), int(kv[0])),
+        "per_layer_config": {str(i): {"head_dim": full_dim, "num_key_value_heads": int(kv[i])} for i in full},
+        # a global layer that computes its own KV but stores no value projection uses keys as values
+        "attention_k_eq_v": any(
+            f"blk.{i}.attn_v.weight" not in model.tensors for i in full if i < layers - shared
+        ),
+        "hidden_activation": "gelu_pytorch_tanh",
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in swa],
+        "rope_parameters": {
+            "full_attention": {
+                "rope_type": "proportional",
+                "partial_rotary_factor": 2 * rotated / full_dim,
+                "rope_theta": rope_theta,
+            },
+            "sliding_attention": {
+                "rope_type": "default",
+                "rope_theta": float(model.hparam("rope.freq_base_swa", 10000.0)),
+            },
+        },
+        "final_logit_softcapping": model.hparam("final_logit_softcapping"),
+        "hidden_size_per_layer_input": ple,
+        "vocab_size_per_layer_input": int(table.shape[-1]) if ple and table is not None else None,
+        "num_kv_shared_layers": shared,
+    }
+
+
+def _gemma3n_config(model: _GGUF, rope_theta: float) -> dict:
+    """Gemma 3n's fields as llama.cpp's converter stores them (or derived from tensor shapes)."""
+    layers = model.require_hparam("block_count")
+    swa = model.hparam("attention.sliding_window_pattern")
+    if swa is None:
+        swa = [(i + 1) % 5 != 0 for i in range(layers)]
+    table = model.tensors.get("per_layer_token_embd.weight")
+    laurel = model.tensors.get("blk.0.laurel_l.weight")
+    if table is None or laurel is None:
+        raise model.error("a gemma3n file needs per_layer_token_embd and laurel_l tensors")
+    # the converter stores each layer's Gaussian quantile of its activation sparsity, Phi^-1(s)
+    scales = model.hparam("activation_sparsity_scale") or [-math.inf] * layers
+    sparsity = [round(0.5 * (1 + math.erf(x / math.sqrt(2))), 6) for x in scales]
+    feed_forward = model.require_hparam("feed_forward_length")
+    return {
+        "intermediate_size": feed_forward if isinstance(feed_forward, list) else [feed_forward] * layers,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in swa],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": rope_theta},
+            "sliding_attention": {
+                "rope_type": "default",
+                "rope_theta": float(model.hparam("rope.freq_base_swa", 10000.0)),
+            },
+        },
+        "final_logit_softcapping": model.hparam("final_logit_softcapping"),
+        # the file's table (padded to the vocabulary by the converter: those rows are zeros)
+        "vocab_size_per_layer_input": int(table.shape[-1]),
+        "hidden_size_per_layer_input": model.require_hparam("embedding_length_per_layer_input"),
+        "num_kv_shared_layers": model.hparam("attention.shared_kv_layers", 0),
+        "altup_active_idx": model.hparam("altup.active_idx", 0),
+        "altup_num_inputs": model.hparam("altup.num_inputs", 4),
+        "altup_correct_scale": True,
+        "laurel_rank": int(laurel.shape[-1]),
+        "activation_sparsity_pattern": sparsity,
+    }
 
 
 def _gemma3_config(model: _GGUF, hidden: int, n_head: int, head_dim: int) -> dict:
@@ -428,7 +572,7 @@ def _llama3_factors(freqs: np.ndarray, factor: float, low: float, high: float, o
 
 def _generation_config(model: _GGUF) -> dict:
     eos = [model.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-    if model.arch == "gemma3":  # chat turns end with <end_of_turn>, which older files do not mark as eot
+    if model.arch in ("gemma3", "gemma3n"):  # chat turns end with <end_of_turn>, not always marked as eot
         tokens = model.require("tokenizer.ggml.tokens")
         eos += [i for i, t in enumerate(tokens[:1024]) if t == "<end_of_turn>"]
     eos = list(dict.fromkeys(i for i in eos if i is not None))
@@ -455,16 +599,16 @@ def _build_tokenizer(model: _GGUF, tokens: list[str]) -> tuple[Tokenizer, dict]:
     try:
         if kind == "gpt2":
             tokenizer = _byte_level_tokenizer(model, tokens, types)
-        elif kind == "llama":
+        elif kind in ("llama", "gemma4"):  # gemma4: SentencePiece-style BPE with the file's merges
             tokenizer = _sentencepiece_tokenizer(model, tokens, types)
         else:
-            raise model.error(f"unsupported tokenizer model {kind!r} (supported: gpt2, llama)")
+            raise model.error(f"unsupported tokenizer model {kind!r} (supported: gpt2, llama, gemma4)")
         _add_special_tokens(tokenizer, tokens, types)
     except GGUFError:
         raise
     except Exception as e:
         raise model.error(f"cannot build the {kind!r} tokenizer ({_one_line(e)})") from e
-    config = _tokenizer_config(model, tokens, default_add_bos=kind == "llama")
+    config = _tokenizer_config(model, tokens, default_add_bos=kind in ("llama", "gemma4"))
     tokenizer.post_processor = _post_processor(config, kind == "gpt2", tokenizer)
     return tokenizer, config
 
