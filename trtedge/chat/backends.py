@@ -110,7 +110,7 @@ class LocalBackend:
         if isinstance(messages, str):
             ids = llm.encode_prompt(messages, apply_chat_template=False)
         else:
-            ids = llm.encode_prompt(messages)
+            ids = llm.encode_prompt(_decoded(messages, llm))
         room = self.max_context - len(ids)
         if room < 1 or len(ids) > llm.config.max_input_len:
             llm.check_lengths(len(ids), 1)  # raises with the limits named
@@ -135,6 +135,31 @@ class LocalBackend:
 
     def close(self) -> None:
         self.llm.close()
+
+
+def _decoded(messages: list[dict], llm) -> list[dict]:
+    """Messages with each OpenAI input_audio part (from /audio) decoded into the samples ``LLM`` takes."""
+    import base64
+
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list) and any(p.get("type") == "input_audio" for p in content):
+            from trtedge.runtime.multimodal.audio_file import SAMPLE_RATE, decode_audio_file
+
+            rate = llm.audio.sampling_rate if getattr(llm, "audio", None) is not None else SAMPLE_RATE
+            content = [
+                {
+                    "type": "audio",
+                    "audio": decode_audio_file(base64.b64decode(p["input_audio"]["data"]), 600.0, rate),
+                }
+                if p.get("type") == "input_audio"
+                else p
+                for p in content
+            ]
+            m = {**m, "content": content}
+        out.append(m)
+    return out
 
 
 class _LocalStream(ChatStream):

@@ -12,6 +12,7 @@ from trtedge.runtime.sampling_params import SamplingParams
 
 TRANSCRIPT_FORMAT = "trtedge-chat/1"
 CONTEXT_WARNING = 0.8  # warn once the conversation fills this share of the context
+MAX_AUDIO_BYTES = 25 * 2**20  # one /audio file (the server's default --max-audio-bytes)
 
 # name -> (arguments, one-line help); the order is the order of /help
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "show or change sampling parameters (temperature=0.7 max_tokens=256 seed=1)",
     ),
     "think": ("[on|off]", "show or hide the model's <think> reasoning"),
+    "audio": ("PATH|none", "send an audio file (wav, flac, mp3, ogg, m4a, webm) with the next message"),
     "stats": ("", "totals of this session"),
     "save": ("FILE", "write the conversation as a JSON transcript"),
     "load": ("FILE", "read a conversation saved with /save (or a JSON list of messages)"),
@@ -87,6 +89,7 @@ class ChatSession:
         self.show_thinking = show_thinking
         self.totals = SessionTotals()
         self.context_tokens = 0  # prompt + answer tokens of the last turn: what the conversation occupies
+        self.attachments: list[dict] = []  # /audio parts that go with the next user message
 
     # ---- conversation ---------------------------------------------------------------------------
     def conversation(self) -> list[dict]:
@@ -95,6 +98,12 @@ class ChatSession:
         return head + [dict(m) for m in self.messages]
 
     def add_user(self, text: str) -> None:
+        """A user turn; files attached with /audio go with it (OpenAI input_audio parts, then the text)."""
+        if self.attachments:
+            content = [*self.attachments, {"type": "text", "text": text}]
+            self.attachments = []
+            self.messages.append({"role": "user", "content": content})
+            return
         self.messages.append({"role": "user", "content": text})
 
     def add_answer(self, text: str) -> None:
@@ -186,6 +195,22 @@ class ChatSession:
         state = "shown (dimmed)" if self.show_thinking else "collapsed to one line"
         return CommandResult(f"reasoning is {state}")
 
+    def _cmd_audio(self, arg: str) -> CommandResult:
+        if not arg:
+            n = len(self.attachments)
+            return CommandResult(
+                f"{n} audio file{'s' * (n != 1)} attached (/audio PATH adds one, /audio none drops them)"
+            )
+        if arg.lower() == "none":
+            self.attachments = []
+            return CommandResult("audio attachments dropped")
+        try:
+            part = audio_part(Path(arg).expanduser())
+        except (OSError, ValueError) as e:
+            return CommandResult(f"/audio: {e}", error=True)
+        self.attachments.append(part)
+        return CommandResult(f"attached {arg}; it goes with your next message")
+
     def _cmd_stats(self, arg: str) -> CommandResult:
         return CommandResult(
             format_totals(self.totals, self.context_tokens, self.max_context), action="stats"
@@ -234,7 +259,9 @@ class ChatSession:
             if (
                 not isinstance(m, dict)
                 or m.get("role") not in ("system", "user", "assistant")
-                or not isinstance(m.get("content"), str)
+                or not isinstance(m.get("content"), (str, list))
+                or isinstance(m["content"], list)
+                and (m["role"] != "user" or not all(isinstance(p, dict) for p in m["content"]))
             ):
                 raise ValueError(f"message {i} is not a {{'role': system|user|assistant, 'content': str}}")
         params = self.params
@@ -248,6 +275,23 @@ class ChatSession:
         self.system = system
         self.messages = [{"role": m["role"], "content": m["content"]} for m in turns]
         self.context_tokens = 0
+
+
+def audio_part(path: Path) -> dict:
+    """An OpenAI input_audio part of the file at ``path``; ValueError for a file trtedge cannot read."""
+    import base64
+
+    from trtedge.runtime.multimodal.audio_file import sniff_format
+
+    size = path.stat().st_size
+    if size > MAX_AUDIO_BYTES:
+        raise ValueError(f"{path} is {size} bytes, more than {MAX_AUDIO_BYTES}")
+    data = path.read_bytes()
+    demuxer = sniff_format(data)
+    if demuxer is None:
+        raise ValueError(f"{path} is not a wav, flac, mp3, ogg, m4a or webm file")
+    fmt = {"mp4": "m4a", "matroska": "webm"}.get(demuxer, demuxer)
+    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt}}
 
 
 # ---- parameters ---------------------------------------------------------------------------------
