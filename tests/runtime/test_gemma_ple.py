@@ -321,3 +321,24 @@ def test_a_gguf_in_llama_cpp_s_layout_matches_transformers(family, overrides, tm
     with LLM(str(path), dtype="float32", device="cpu", max_kv_cache_capacity=128) as llm:
         out = llm.generate(ids, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)).token_ids
     assert hf_greedy_choices(hf, ids, out) == out
+
+
+def test_context_reuse_with_partial_blocks_matches_a_cold_run_when_layers_differ_in_kv_size(tmp_path):
+    """Gemma 4's global layers have twice the sliding layers' KV row: each layer's blocks must sit where
+    the runner's block copies (here: partial-block snapshots) put them."""
+    from trtedge import ContextCacheConfig
+
+    path = make_tiny_ple_checkpoint(tmp_path / "m", "gemma4")
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    first = prompt(40, 6)  # two full blocks and 8 tokens
+    with tiny_llm(path) as llm:
+        cold = llm.generate(first + [11, 12, 13], greedy).token_ids
+    reuse = ContextCacheConfig(enabled=True, partial_kv_snapshot_pool_bytes=1 << 20)
+    with tiny_llm(path, context_cache_config=reuse) as llm:
+        assert llm.model.layers[0].attn.head_dim * 2 == llm.model.layers[1].attn.head_dim
+        llm.generate(first, greedy)
+        llm.generate(prompt(60, 7), SamplingParams(max_tokens=2, temperature=0, reuse_context=False))
+        warm = llm.generate(first + [11, 12, 13], greedy)
+        partial = llm.get_context_cache_metrics().partial_kv_reused_tokens
+    assert warm.metrics.reused_tokens == 40 and partial == 8
+    assert warm.token_ids == cold

@@ -412,5 +412,10 @@ def _ple_text_config(cfg: dict, source: str) -> dict:
                     kv = int(cfg["num_global_key_value_heads"])
         shapes.append((kv, dim))
     cfg["_layer_shapes"] = shapes
-    cfg["_cache_kv_heads"], cfg["_cache_head_dim"] = max(shapes, key=lambda s: s[0] * s[1])
+    kv, dim = max(shapes, key=lambda s: s[0] * s[1])
+    if any((kv * dim) % k for k, _ in shapes):
+        raise UnsupportedModelError(
+            f"{source}: KV heads per layer {sorted({k for k, _ in shapes})} do not divide the widest row"
+        )
+    cfg["_cache_kv_heads"], cfg["_cache_head_dim"] = kv, dim
     return cfg

@@ -8,8 +8,11 @@
 - Gemma 4: global (full-attention) layers with their own head size / KV heads (``global_head_dim``),
   keys as values (``attention_k_eq_v``), proportional rope, a learned scalar per layer.
 
-Layers may differ in KV row size: the runner's pool is sized for the widest, and each layer views the
-front of its layer's slab contiguously in its own shape (kernels see a plain [blocks, block, heads, dim]).
+Layers may differ in KV row size: the runner's pool is sized for the widest, and a narrower layer views
+each token's row as its own KV heads, each wider than its head size: its queries, keys and values are
+zero-padded to that width (the dot products and the kept outputs are unchanged). Every block and slot
+then sits where the runner's block copies (token-tree moves, partial-block snapshots) expect it, and
+kernels see a plain contiguous [blocks, block, heads, dim].
 """
 
 from __future__ import annotations
@@ -94,7 +97,12 @@ class GemmaAttention:
             k = gemma_norm(raw_k.view(t, self.num_kv_heads, self.head_dim), self.k_norm, self.eps)
             k = rotate(k, cos, sin)
             v = gemma_norm(raw_v.view(t, self.num_kv_heads, self.head_dim), None, self.eps)
-        o = self.attention(q, k, v, k_cache, v_cache, batch)
+        pad = k_cache.shape[-1] - self.head_dim  # a narrower layer's share of the widest KV row
+        if pad:
+            q, pk, pv = (F.pad(x, (0, pad)) for x in (q, k, v))
+            o = self.attention(q, pk, pv, k_cache, v_cache, batch)[..., : self.head_dim]
+        else:
+            o = self.attention(q, k, v, k_cache, v_cache, batch)
         return self.o(o.reshape(t, -1)), (k, v)
 
     @property
@@ -306,13 +314,11 @@ def _pop(tables: dict, name: str, tensor) -> bool:
 
 
 def _view(cache: torch.Tensor, attn: GemmaAttention) -> torch.Tensor:
-    """The front of a layer's [blocks, block, heads, dim] slab as [blocks, block, kv heads, head dim]."""
+    """A layer's [blocks, block, heads, dim] cache as [blocks, block, its KV heads, row / its KV heads]."""
     blocks, size, heads, dim = cache.shape
-    if (heads, dim) == (attn.num_kv_heads, attn.head_dim):
+    if heads == attn.num_kv_heads:
         return cache
-    return cache.view(-1)[: blocks * size * attn.num_kv_heads * attn.head_dim].view(
-        blocks, size, attn.num_kv_heads, attn.head_dim
-    )
+    return cache.view(blocks, size, attn.num_kv_heads, heads * dim // attn.num_kv_heads)
 
 
 class Gemma4Model(PleModel):
