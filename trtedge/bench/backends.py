@@ -12,7 +12,7 @@ import time
 import httpx
 
 from trtedge.bench.metrics import RequestResult
-from trtedge.bench.workloads import BenchRequest
+from trtedge.bench.workloads import AudioPrompt, BenchRequest
 
 
 class OfflineBackend:
@@ -23,12 +23,28 @@ class OfflineBackend:
 
         self.llm = llm
         self._params = lambda max_tokens: SamplingParams(max_tokens=max_tokens, **sampling)
+        self._clips: dict[bytes, object] = {}  # audio file -> decoded samples
+
+    def _transcription(self, audio: AudioPrompt):
+        """The transcription prompt of ``audio``, with a dither of its own (1e-4, inaudible): each
+        request's clip is new to the encoder and its cache, as distinct recordings would be."""
+        import numpy as np
+
+        from trtedge.runtime.multimodal.audio_file import decode_audio_file
+        from trtedge.runtime.multimodal.transcription import transcription_prompt
+
+        samples = self._clips.get(audio.data)
+        if samples is None:
+            samples = self._clips[audio.data] = decode_audio_file(audio.data, 3600.0)
+        noise = np.random.default_rng(audio.index).standard_normal(samples.size).astype(np.float32)
+        return self.llm.encode_prompt(transcription_prompt(samples + 1e-4 * noise).messages)
 
     def send(self, req: BenchRequest) -> RequestResult:
         result = RequestResult(prompt_tokens=req.prompt_len)
         start = time.perf_counter()
         try:
-            stream = self.llm.generate_stream(req.prompt, self._params(req.max_tokens))
+            prompt = self._transcription(req.prompt) if isinstance(req.prompt, AudioPrompt) else req.prompt
+            stream = self.llm.generate_stream(prompt, self._params(req.max_tokens))
             with stream:
                 for delta in stream:
                     result.prompt_tokens = delta.prompt_tokens or result.prompt_tokens
@@ -76,6 +92,8 @@ class HttpBackend:
             return None
 
     def send(self, req: BenchRequest) -> RequestResult:
+        if isinstance(req.prompt, AudioPrompt):
+            return self._transcribe(req.prompt)
         result = RequestResult(prompt_tokens=req.prompt_len)
         body = {
             "model": self.model,
@@ -110,6 +128,40 @@ class HttpBackend:
                 result.output_tokens = usage.get("completion_tokens", num_chunks)
             else:
                 result.output_tokens = num_chunks
+            result.ok = True
+        except Exception as e:  # counted as failed, never hidden
+            result.error = f"{type(e).__name__}: {e}"
+        result.e2e = time.perf_counter() - start
+        return result
+
+    def _transcribe(self, audio: AudioPrompt) -> RequestResult:
+        """A streamed ``/v1/audio/transcriptions`` upload; each text delta is a chunk, the usage comes
+        with ``transcript.text.done``."""
+        result = RequestResult(prompt_tokens=0)
+        form = {"model": self.model, "stream": "true"}
+        if "temperature" in self.sampling:
+            form["temperature"] = str(min(max(self.sampling["temperature"], 0.0), 1.0))
+        start = time.perf_counter()
+        try:
+            files = {"file": (audio.name, audio.data)}
+            with self.client.stream(
+                "POST", f"{self.base}/v1/audio/transcriptions", data=form, files=files
+            ) as resp:
+                if resp.status_code != 200:
+                    raise RuntimeError(f"HTTP {resp.status_code}: {error_message(resp.read())}")
+                usage = None
+                for line in resp.iter_lines():
+                    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                        continue
+                    event = json.loads(line[5:])
+                    if "error" in event:
+                        raise RuntimeError(f"stream error: {error_message(event)}")
+                    if event.get("type") == "transcript.text.delta" and event.get("delta"):
+                        result.chunk_times.append(time.perf_counter() - start)
+                    elif event.get("type") == "transcript.text.done":
+                        usage = event.get("usage")
+            result.prompt_tokens = (usage or {}).get("input_tokens", 0)
+            result.output_tokens = (usage or {}).get("output_tokens", len(result.chunk_times))
             result.ok = True
         except Exception as e:  # counted as failed, never hidden
             result.error = f"{type(e).__name__}: {e}"

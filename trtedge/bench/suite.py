@@ -19,7 +19,7 @@ SWEEP_KNOBS = {"concurrency": "concurrency", "request_rate": "request_rate", "re
 class BenchConfig:
     """What to send and how fast. ``concurrency=None`` and ``request_rate=inf`` send everything at once."""
 
-    dataset: str = "random"  # random | fixed | path to a .jsonl / .json file
+    dataset: str = "random"  # random | fixed | path to a .jsonl / .json file | audio:FILE
     num_prompts: int = 16
     input_len: int = 128
     output_len: int = 64
@@ -69,6 +69,8 @@ def make_requests(config: BenchConfig, vocab_size: int) -> list[workloads.BenchR
         )
     if c.dataset == "fixed":
         return workloads.fixed_requests(c.num_prompts, c.input_len, c.output_len, vocab_size, c.seed)
+    if c.dataset.startswith("audio:"):
+        return workloads.audio_requests(c.dataset[6:], c.num_prompts, c.output_len)
     return workloads.file_requests(c.dataset, c.num_prompts, c.output_len, c.seed)
 
 

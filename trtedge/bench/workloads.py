@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +13,21 @@ FIRST_RANDOM_ID = 100
 
 
 @dataclass(frozen=True)
-class BenchRequest:
-    """One request of a workload: token ids (random/fixed) or text (files), and max_tokens."""
+class AudioPrompt:
+    """A transcription request's audio file (``--dataset audio:FILE``); ``index`` tells the requests
+    apart (offline, each gets its own faint dither, so that the encoder runs for every one)."""
 
-    prompt: str | list[int]
+    data: bytes = field(repr=False)
+    name: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One request of a workload: token ids (random/fixed), text (files) or an audio file
+    (transcriptions), and max_tokens."""
+
+    prompt: str | list[int] | AudioPrompt
     prompt_len: int  # tokens when known; 0 for text the backend has not tokenized
     max_tokens: int
 
@@ -67,6 +78,13 @@ def file_requests(path: str | Path, num_prompts: int, output_len: int, seed: int
     while len(picks) < num_prompts:
         picks += rng.permutation(len(requests)).tolist()
     return [requests[i] for i in picks[:num_prompts]]
+
+
+def audio_requests(path: str | Path, num_prompts: int, output_len: int) -> list[BenchRequest]:
+    """``num_prompts`` transcriptions of the audio file at ``path`` (at most ``output_len`` tokens each)."""
+    path = Path(path)
+    data = path.read_bytes()
+    return [BenchRequest(AudioPrompt(data, path.name, i), 0, output_len) for i in range(num_prompts)]
 
 
 def _from_record(rec: dict, output_len: int) -> BenchRequest | None:

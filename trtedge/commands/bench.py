@@ -48,7 +48,11 @@ def run(
         None, "--served-model-name", help="Model id sent with --url (default: the server's first model)."
     ),
     api_key: str = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", help="Bearer key for --url."),
-    dataset: str = typer.Option("random", "--dataset", help="random | fixed | path to a .jsonl file."),
+    dataset: str = typer.Option(
+        "random",
+        "--dataset",
+        help="random | fixed | path to a .jsonl file | audio:FILE (transcriptions of an audio file).",
+    ),
     num_prompts: int = typer.Option(16, "--num-prompts", help="Requests to send (per sweep point)."),
     input_len: int = typer.Option(128, "--input-len", help="Prompt tokens (random, fixed)."),
     output_len: int = typer.Option(64, "--output-len", help="max_tokens per request."),
@@ -148,8 +152,14 @@ def run(
     if speculative is not None and url:
         _fail("--speculative-config is for offline runs; give it to `trtedge serve` for --url")
 
-    if dataset not in ("random", "fixed") and not os.path.isfile(dataset):
-        _fail(f"--dataset: no such file {dataset!r} (random, fixed or a .jsonl file)")
+    if dataset.startswith("audio:") and not os.path.isfile(dataset[6:]):
+        _fail(f"--dataset: no such audio file {dataset[6:]!r}")
+    if (
+        dataset not in ("random", "fixed")
+        and not dataset.startswith("audio:")
+        and not os.path.isfile(dataset)
+    ):
+        _fail(f"--dataset: no such file {dataset!r} (random, fixed, a .jsonl file or audio:FILE)")
     llm = backend = None
     try:
         if url:
