@@ -186,3 +186,12 @@ def test_text_only_load_refuses_audio(checkpoint):
         assert text.audio is None
         with pytest.raises(ValueError, match="no audio component"):
             text.encode_prompt(user(tone(0.5)))
+
+
+def test_audio_names_the_encoder_component():
+    from trtedge.runtime.artifacts.bundle import BuildProfile
+
+    assert BuildProfile.create(components="llm,audio").components == ("llm", "vision")
+    asr = {"model_type": "qwen3_asr", "audio_config": {}}
+    assert BuildProfile.create(components="all").fit(asr).components == ("llm", "vision")
+    assert BuildProfile.create(components="all").fit({"model_type": "qwen3"}).components == ("llm",)

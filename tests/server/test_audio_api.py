@@ -292,3 +292,15 @@ def test_chat_audio_to_a_model_without_audio_is_a_400(tmp_path_factory, checkpoi
         assert r.status_code == 400 and r.json()["error"]["code"] == "no_audio_component"
         assert r.json()["error"]["param"] == "messages.0.content.1.input_audio"
         assert_clean(app, text_only)
+
+
+def test_a_clip_over_max_input_len_is_refused_before_a_seat(llm):
+    long = tiny_asr.encode_clip(tiny_asr.tone(16.0, seed=5), "wav")  # 208 placeholder tokens > 200
+    app = build_app(llm)
+    r = send(app, {}, upload(long))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["param"] == "file"
+    r = post(app, "/v1/chat/completions", chat(input_audio(long)))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["param"] == "messages.0.content.1.input_audio"
+    assert_clean(app, llm)

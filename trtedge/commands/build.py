@@ -26,7 +26,9 @@ def build(
         help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M.",
     ),
     components: str = typer.Option(
-        "all", "--components", help="all, or a comma list of: llm, draft, vision."
+        "all",
+        "--components",
+        help="all, or a comma list of: llm, draft, vision (audio: the same, for an audio model's encoder).",
     ),
     cache_dir: str = typer.Option(
         None, "--cache-dir", help="Cache directory (default $TRTEDGE_CACHE_DIR or ~/.cache/trtedge)."

@@ -109,6 +109,7 @@ class BuildProfile:
             names = [c.strip() for c in components.split(",") if c.strip()]
         else:
             names = list(components)
+        names = ["vision" if n == "audio" else n for n in names]  # an audio model's encoder component
         if names == ["all"]:  # vision is dropped again for a model without a vision encoder
             names = ["llm", "draft", "vision"] if draft else ["llm", "vision"]
         return cls(
