@@ -115,7 +115,7 @@ def test_the_multimodal_checkpoint_serves_its_text_model(family, tmp_path):
     assert torch.equal(prefill_logits(models[0], ids), prefill_logits(models[1], ids))
 
 
-def test_a_cached_pool_smaller_than_the_prompt_gives_the_resident_output(tmp_path):
+def test_a_cached_pool_smaller_than_the_prompt_gives_the_resident_output(tmp_path, caplog):
     path = make_tiny_ple_checkpoint(tmp_path / "m", "gemma3n")
     prompts = [prompt(60, 1), prompt(45, 2)]  # ~55 and ~43 distinct tokens, a pool of 16 rows
     batching = dict(enable_in_flight_batching=True, max_batch_size=2)
@@ -123,7 +123,7 @@ def test_a_cached_pool_smaller_than_the_prompt_gives_the_resident_output(tmp_pat
         resident = [llm.generate(p, GREEDY_64).token_ids for p in prompts]
         key = llm.bundle.key
     cached = {"residency": "cached", "cache_slots": 17}
-    with tiny_llm(path, ple_config=cached, **batching) as llm:
+    with caplog.at_level("INFO", logger="trtedge"), tiny_llm(path, ple_config=cached, **batching) as llm:
         got = in_threads(lambda p: llm.generate(p, GREEDY_64).token_ids, prompts)
         stats = llm.stats()["ple_cache"]
         assert llm.bundle.key == key  # where the rows live does not change the bundle
@@ -134,6 +134,7 @@ def test_a_cached_pool_smaller_than_the_prompt_gives_the_resident_output(tmp_pat
     assert stats["misses"] >= len(set(prompts[0]) | set(prompts[1]))
     assert stats["hits"] > 0 and stats["bytes_loaded"] == stats["misses"] * 4 * 8 * 4  # rows of 4 x 8 floats
     assert 0 < stats["staging_bytes"] <= 64 * 2**20 and stats["rows_resident"] <= 16
+    assert "per-layer embeddings: cached, 17 slots" in caplog.text and "of the 64 MiB budget" in caplog.text
 
 
 def test_the_pool_splits_a_step_into_pieces_that_fit_and_keeps_each_sequence_causal():
@@ -342,3 +343,12 @@ def test_context_reuse_with_partial_blocks_matches_a_cold_run_when_layers_differ
         partial = llm.get_context_cache_metrics().partial_kv_reused_tokens
     assert warm.metrics.reused_tokens == 40 and partial == 8
     assert warm.token_ids == cold
+
+
+def test_random_dummy_weights_are_refused_naming_the_flag(tmp_path):
+    path = make_tiny_ple_checkpoint(tmp_path / "m", "gemma4")
+    with pytest.raises(ValueError, match="--load-format"):
+        load_model(
+            resolve_checkpoint(str(path)), dtype="float32", device="cpu", weights="float", max_positions=64,
+            load_format="dummy",
+        )  # fmt: skip

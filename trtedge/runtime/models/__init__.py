@@ -169,6 +169,11 @@ def load_model(
             weights,
             torch_dtype,
         )
+    if load_format == "dummy" and issubclass(cls, PleModel):
+        raise ValueError(
+            f"load_format (--load-format) dummy: {cfg.model_type} (per-layer embeddings, KV sharing) has no "
+            "random-weight layout yet; load its checkpoint"
+        )
     tensors = dummy_tensors(cfg, torch_dtype, dev) if load_format == "dummy" else checkpoint.iter_tensors()
     multimodal = cfg.vision is not None or cfg.audio is not None
     if multimodal and not getattr(checkpoint, "has_vision", True):  # a text-only bundle
