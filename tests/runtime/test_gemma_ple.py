@@ -128,6 +128,8 @@ def test_a_cached_pool_smaller_than_the_prompt_gives_the_resident_output(tmp_pat
         stats = llm.stats()["ple_cache"]
         assert llm.bundle.key == key  # where the rows live does not change the bundle
         assert llm.model.ple.pool.shape[0] == 17
+        # the table is read by rows from the weights' own file, never loaded whole
+        assert llm.model.ple.config.file_path.endswith(".safetensors")
     assert got == resident
     assert stats["residency"] == "cached" and stats["slots"] == 17
     assert stats["split_steps"] > 0 and stats["evictions"] > 0

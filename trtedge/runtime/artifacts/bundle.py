@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -268,15 +268,16 @@ class BundleComponent:
             files.append(file)
         return files
 
-    def iter_tensors(self) -> Iterator[tuple[str, object]]:
-        """(name, tensor); quantized weights come whole, as ``QuantizedTensor``s under their plain name."""
+    def iter_tensors(self, skip: Container[str] = ()) -> Iterator[tuple[str, object]]:
+        """(name, tensor); quantized weights come whole, as ``QuantizedTensor``s under their plain name.
+        Tensors named in ``skip`` are not read."""
         from safetensors import safe_open
 
         from trtedge.runtime.artifacts.quantize import gather
 
         for file in self.weight_files():
             with safe_open(str(file), framework="pt") as f:
-                yield from gather({name: f.get_tensor(name) for name in f.keys()}).items()
+                yield from gather({name: f.get_tensor(name) for name in f.keys() if name not in skip}).items()
 
     def load_tokenizer(self):
         from trtedge.runtime.text.tokenizer import Tokenizer
@@ -313,13 +314,13 @@ class Bundle(BundleComponent):
     def has_vision(self) -> bool:
         return self.vision is not None
 
-    def iter_tensors(self) -> Iterator[tuple[str, object]]:
+    def iter_tensors(self, skip: Container[str] = ()) -> Iterator[tuple[str, object]]:
         from trtedge.runtime.multimodal import is_encoder_tensor
 
         if self.vision is None:
-            yield from super().iter_tensors()
+            yield from super().iter_tensors(skip)
             return
-        yield from ((n, t) for n, t in super().iter_tensors() if not is_encoder_tensor(n))
+        yield from ((n, t) for n, t in super().iter_tensors(skip) if not is_encoder_tensor(n))
         yield from ((n, t) for n, t in self.vision.iter_tensors() if is_encoder_tensor(n))
 
     def touch(self) -> None:

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,8 +54,13 @@ class Checkpoint:
     def name(self) -> str:
         return self.source
 
-    def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (HF tensor name, tensor) in the checkpoint's own dtype (GGUF: dequantized float32)."""
+    def weight_files(self) -> list[Path]:
+        """The safetensors files holding the weights (none for a GGUF file)."""
+        return [] if self.kind == "gguf" else safetensors_files(self.path)
+
+    def iter_tensors(self, skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (HF tensor name, tensor) in the checkpoint's own dtype (GGUF: dequantized float32);
+        tensors named in ``skip`` are not read (safetensors files)."""
         if self.kind == "gguf":
             from trtedge.runtime.artifacts.gguf import iter_gguf_tensors
 
@@ -67,7 +72,8 @@ class Checkpoint:
             try:
                 with safe_open(str(file), framework="pt") as f:
                     for name in f.keys():
-                        yield name, f.get_tensor(name)
+                        if name not in skip:
+                            yield name, f.get_tensor(name)
             except Exception as e:  # safetensors raises its own error types
                 raise CheckpointError(f"{file}: cannot read safetensors file ({e})") from None
 
@@ -169,7 +175,9 @@ def config_only_checkpoint(model: str | os.PathLike) -> Checkpoint:
     path = Path(model).expanduser()
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise CheckpointError(f"{path}: load_format dummy needs a directory with config.json and tokenizer.json")
+        raise CheckpointError(
+            f"{path}: load_format dummy needs a directory with config.json and tokenizer.json"
+        )
     config = json.loads(config_file.read_text())
     _check_model_type(config, config_file)
     return Checkpoint(source=str(model), path=path, kind="dummy", config=config)

@@ -220,6 +220,8 @@ def target_format(name: str, shape, mode: str, source_type: str | None = None) -
     """
     if len(shape) != 2 or not name.endswith(".weight") or is_encoder_tensor(name):
         return None  # media encoders stay float
+    if name.endswith("embed_tokens_per_layer.weight"):
+        return None  # a PLE table is gathered by rows, never multiplied, and may be mapped from its file
     if mode == "auto":
         if not source_type or source_type in _FLOAT_SOURCES:
             return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 
@@ -12,6 +13,7 @@ from trtedge.runtime.models.gemma3n import Gemma3nModel
 from trtedge.runtime.models.gemma4 import Gemma4Model, PleModel
 from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.models.moe import MoeModel, expert_names
+from trtedge.runtime.models.ple import find_ple_tensor
 from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel
 from trtedge.runtime.models.qwen3_5 import Qwen35Model, hybrid_dummy_tensors
 from trtedge.runtime.models.qwen3_asr import Qwen3ASRModel
@@ -174,7 +176,15 @@ def load_model(
             f"load_format (--load-format) dummy: {cfg.model_type} (per-layer embeddings, KV sharing) has no "
             "random-weight layout yet; load its checkpoint"
         )
-    tensors = dummy_tensors(cfg, torch_dtype, dev) if load_format == "dummy" else checkpoint.iter_tensors()
+    skip: set[str] = set()
+    if issubclass(cls, PleModel) and ple is not None and ple.residency == "cached" and ple.file_path is None:
+        # a cached table is read from its file by rows, never loaded whole
+        found = find_ple_tensor(checkpoint.weight_files())
+        if found is not None:
+            ple, skip = replace(ple, file_path=str(found[0])), {found[1]}
+    tensors = (
+        dummy_tensors(cfg, torch_dtype, dev) if load_format == "dummy" else checkpoint.iter_tensors(skip)
+    )
     multimodal = cfg.vision is not None or cfg.audio is not None
     if multimodal and not getattr(checkpoint, "has_vision", True):  # a text-only bundle
         tensors = ((name, t) for name, t in tensors if not is_encoder_tensor(name))

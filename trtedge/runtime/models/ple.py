@@ -2,7 +2,7 @@
 ``num_layers x hidden_size_per_layer_input`` values that each token gathers its row of.
 
 The table is often larger than the rest of the model. ``resident`` keeps it whole on the device;
-``cached`` keeps it in host memory (memory-mapped when it comes from ``--ple-file``) and a pool of
+``cached`` keeps it on the host (memory-mapped from the safetensors file holding it) and a pool of
 ``cache_slots`` rows on the device, filled per step through a fixed 64 MiB host staging buffer. Slot 0
 is padding (zeros, never handed out), so a step may need at most ``cache_slots - 1`` distinct rows: a
 step needing more is run in consecutive pieces of tokens (``plan_pieces``), each within the pool; only
@@ -111,6 +111,18 @@ def map_ple_file(path: str) -> torch.Tensor:
         mapped, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=8 + size + begin
     )
     return flat.view(entry["shape"])
+
+
+def find_ple_tensor(files) -> tuple[Path, str] | None:
+    """The safetensors file among ``files`` holding a PLE table, and the table's name there."""
+    for file in files:
+        with Path(file).open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for name in header:
+            if name.endswith("embed_tokens_per_layer.weight"):
+                return Path(file), name
+    return None
 
 
 class PerLayerEmbeddings:
