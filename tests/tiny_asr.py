@@ -20,6 +20,9 @@ SPECIAL_TOKENS = [
     "<|audio_pad|>",
     "<asr_text>",
     "<|endoftext|>",
+    "<|audio_bos|>",  # Qwen2.5-Omni's audio markers
+    "<|AUDIO|>",
+    "<|audio_eos|>",
 ]
 TOKEN_IDS = {t: VOCAB + i for i, t in enumerate(SPECIAL_TOKENS)}
 ASR_VOCAB = VOCAB + 16
@@ -34,6 +37,11 @@ CHAT_TEMPLATE = (
     "{% elif 'text' in content %} {{ content['text'] }} {% endif %}{% endfor %}{% endif %}"
     "<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Like Qwen2.5-Omni's: <|audio_bos|><|AUDIO|><|audio_eos|>.
+OMNI_TEMPLATE = CHAT_TEMPLATE.replace(
+    "<|audio_start|><|audio_pad|><|audio_end|>", "<|audio_bos|><|AUDIO|><|audio_eos|>"
 )
 
 # Chunks of 100 mel frames (1 s, 13 tokens); attention windows of 2 chunks (26 tokens).
@@ -79,17 +87,7 @@ def make_tiny_qwen3_asr(directory: Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = transformers.Qwen3ASRForConditionalGeneration(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith("weight") or "ln_post.weight" in name:
-                p.normal_(1.0, 0.2)
-            elif "conv" in name and p.dim() >= 2:  # loud enough that the clip, not the position, shows
-                p.normal_(0.0, 0.6)
-            elif p.dim() >= 2:
-                p.normal_(0.0, 0.1)
-            else:
-                p.normal_(0.0, 0.05)
-    model.eval()
+    _randomize(model)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     _write_tokenizer(directory)
@@ -101,7 +99,63 @@ def make_tiny_qwen3_asr(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
-def _write_tokenizer(directory: Path) -> None:
+OMNI_AUDIO = dict(
+    num_mel_bins=128,
+    encoder_layers=2,
+    encoder_attention_heads=2,
+    encoder_ffn_dim=64,
+    d_model=32,
+    output_dim=64,
+    n_window=50,  # chunks of 100 frames: a 1.6 s clip is cut in two
+    max_source_positions=1500,
+)
+OMNI_TEXT = dict(
+    TEXT,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+    tie_word_embeddings=False,
+)
+OMNI_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64)
+
+
+def make_tiny_qwen2_5_omni(directory: Path, seed: int = 0) -> Path:
+    """Save a random Qwen2.5-Omni thinker (2 audio encoder layers, 2 text layers, a 1-block vision
+    tower trtedge does not load) with the same tokenizer and an Omni-style template into ``directory``."""
+    import transformers
+
+    config = transformers.Qwen2_5OmniThinkerConfig(
+        audio_config=OMNI_AUDIO,
+        vision_config=OMNI_VISION,
+        text_config=OMNI_TEXT,
+        audio_token_index=TOKEN_IDS["<|AUDIO|>"],
+        audio_start_token_id=TOKEN_IDS["<|audio_bos|>"],
+        audio_end_token_id=TOKEN_IDS["<|audio_eos|>"],
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Qwen2_5OmniThinkerForConditionalGeneration(config)
+    _randomize(model)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    _write_tokenizer(directory, OMNI_TEMPLATE)
+    return directory
+
+
+def _randomize(model) -> None:
+    """Random weights (norms around 1, not identity, so that a wrong formula shows)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight") or "ln_post.weight" in name:
+                p.normal_(1.0, 0.2)
+            elif "conv" in name and p.dim() >= 2:  # loud enough that the clip, not the position, shows
+                p.normal_(0.0, 0.6)
+            elif p.dim() >= 2:
+                p.normal_(0.0, 0.1)
+            else:
+                p.normal_(0.0, 0.05)
+    model.eval()
+
+
+def _write_tokenizer(directory: Path, template: str = CHAT_TEMPLATE) -> None:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {f"w{i}": i for i in range(VOCAB)}
@@ -120,7 +174,7 @@ def _write_tokenizer(directory: Path) -> None:
                 "bos_token": None,
                 "eos_token": "<|im_end|>",
                 "pad_token": "<|endoftext|>",
-                "chat_template": CHAT_TEMPLATE,
+                "chat_template": template,
             }
         )
     )

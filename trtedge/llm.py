@@ -14,7 +14,7 @@ from trtedge.runtime.artifacts.checkpoint import config_only_checkpoint, resolve
 from trtedge.runtime.engine import Engine, EngineConfig, EngineError, EngineUnavailableError
 from trtedge.runtime.models import load_model
 from trtedge.runtime.multimodal import MultimodalPrompt, media_kinds
-from trtedge.runtime.multimodal.audio import AudioProcessor
+from trtedge.runtime.multimodal.audio import AudioProcessor, audio_processor
 from trtedge.runtime.multimodal.processor import VisionProcessor
 from trtedge.runtime.multimodal.prompt import expand_placeholders, placeholder_tokens, process_media
 from trtedge.runtime.output import (
@@ -159,8 +159,8 @@ class LLM:
         # the audio front end when the model has an audio encoder loaded (Qwen3-ASR)
         self.audio: AudioProcessor | None = None
         if getattr(self.model, "audio", None) is not None:
-            self.audio = AudioProcessor.from_dir(
-                Path(self.checkpoint.path), self.model.cfg.audio["audio_config"]
+            self.audio = audio_processor(
+                self.model.cfg.model_type, Path(self.checkpoint.path), self.model.cfg.audio["audio_config"]
             )
         try:
             self.engine = Engine(self.model, self.tokenizer, engine_config, draft=self.draft)

@@ -91,7 +91,7 @@ def test_profile_and_speculative_config_are_validated():
     with pytest.raises(BundleError, match="needs model"):
         BuildProfile.create(speculative={"method": "draft_model"})
     with pytest.raises(BundleError, match="--components"):
-        BuildProfile.create(components="llm,audio")
+        BuildProfile.create(components="llm,speech")
     with pytest.raises(BundleError, match="draft model"):
         BuildProfile.create(components="draft")
     # "all" names the vision encoder too; a model without one drops it (text models' keys stay as they were)

@@ -304,3 +304,20 @@ def test_a_clip_over_max_input_len_is_refused_before_a_seat(llm):
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     assert r.json()["error"]["param"] == "messages.0.content.1.input_audio"
     assert_clean(app, llm)
+
+
+def test_an_omni_thinker_transcribes_by_instruction(tmp_path_factory, wav):
+    from trtedge import LLM, SamplingParams
+    from trtedge.runtime.multimodal.transcription import transcription_prompt
+
+    omni = tiny_asr.make_tiny_qwen2_5_omni(tmp_path_factory.mktemp("tiny-omni"))
+    cache = tmp_path_factory.getbasetemp() / "trtedge-cache"
+    with LLM(str(omni), cache_dir=str(cache), max_kv_cache_capacity=256, max_input_len=200) as llm:
+        app = build_app(llm, ServeConfig(override_generation_config='{"max_new_tokens": 8}'))
+        r = send(app, {"language": "de"}, upload(wav))
+        assert r.status_code == 200, r.text
+        tp = transcription_prompt(decoded(wav), None, "de", "instruct")
+        assert tp.messages[-1]["content"][1]["text"] == "Transcribe the German audio into text."
+        expected = llm.chat(tp.messages, SamplingParams(max_tokens=8, temperature=0)).outputs[0].text
+        assert r.json()["text"] == expected.strip()
+        assert_clean(app, llm)

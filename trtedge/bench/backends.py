@@ -37,7 +37,8 @@ class OfflineBackend:
         if samples is None:
             samples = self._clips[audio.data] = decode_audio_file(audio.data, 3600.0)
         noise = np.random.default_rng(audio.index).standard_normal(samples.size).astype(np.float32)
-        return self.llm.encode_prompt(transcription_prompt(samples + 1e-4 * noise).messages)
+        tp = transcription_prompt(samples + 1e-4 * noise, style=self.llm.audio.transcription)
+        return self.llm.encode_prompt(tp.messages)
 
     def send(self, req: BenchRequest) -> RequestResult:
         result = RequestResult(prompt_tokens=req.prompt_len)

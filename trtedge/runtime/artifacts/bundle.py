@@ -35,7 +35,13 @@ log = logging.getLogger("trtedge")
 COMPONENTS = ("llm", "draft", "vision")
 # families whose media encoder (the "vision" component: a vision tower, or Qwen3-ASR's audio tower) trtedge
 # builds and runs, and the config.json field that describes it
-VISION_MODEL_TYPES = {"qwen2_5_vl": "vision_config", "qwen3_vl": "vision_config", "qwen3_asr": "audio_config"}
+VISION_MODEL_TYPES = {
+    "qwen2_5_vl": "vision_config",
+    "qwen3_vl": "vision_config",
+    "qwen3_asr": "audio_config",
+    "qwen2_5_omni": "thinker_config",
+    "qwen2_5_omni_thinker": "audio_config",
+}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4")
 

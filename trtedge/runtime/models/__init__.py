@@ -14,6 +14,7 @@ from trtedge.runtime.models.gemma4 import Gemma4Model, PleModel
 from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.models.moe import MoeModel, expert_names
 from trtedge.runtime.models.ple import find_ple_tensor
+from trtedge.runtime.models.qwen2_5_omni import Qwen25OmniModel
 from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel
 from trtedge.runtime.models.qwen3_5 import Qwen35Model, hybrid_dummy_tensors
 from trtedge.runtime.models.qwen3_asr import Qwen3ASRModel
@@ -40,9 +41,17 @@ ARCHITECTURES = {
     "qwen2_5_vl": Qwen25VLModel,
     "qwen3_vl": Qwen3VLModel,
     "qwen3_asr": Qwen3ASRModel,
+    "qwen2_5_omni": Qwen25OmniModel,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
-_QUANTIZED_ARCHITECTURES = {LlamaModel, Gemma3Model, Qwen25VLModel, Qwen3VLModel, Qwen3ASRModel}
+_QUANTIZED_ARCHITECTURES = {
+    LlamaModel,
+    Gemma3Model,
+    Qwen25VLModel,
+    Qwen3VLModel,
+    Qwen3ASRModel,
+    Qwen25OmniModel,
+}
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

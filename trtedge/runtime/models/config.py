@@ -18,7 +18,7 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3",
 )
 SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
-SUPPORTED_MODEL_TYPES += ("qwen2_5_vl", "qwen3_vl", "qwen3_asr")
+SUPPORTED_MODEL_TYPES += ("qwen2_5_vl", "qwen3_vl", "qwen3_asr", "qwen2_5_omni", "qwen2_5_omni_thinker")
 SUPPORTED_MODEL_TYPES += ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text")
 # Gemma 3n / Gemma 4 (per-layer embeddings): the multimodal checkpoint -> its text model's type.
 _PLE_FAMILIES = {"gemma3n": "gemma3n_text", "gemma4": "gemma4_text"}
@@ -167,6 +167,17 @@ class ModelConfig:
             cfg["tie_word_embeddings"] = top.get("tie_word_embeddings", True)
             cfg.setdefault("torch_dtype", top.get("torch_dtype") or top.get("dtype"))
             audio = {k: top[k] for k in ("audio_config", "audio_token_id") if k in top}
+        if model_type in ("qwen2_5_omni", "qwen2_5_omni_thinker"):  # the thinker: qwen2's text model
+            thinker = cfg.get("thinker_config") or cfg
+            text = thinker.get("text_config") or {}
+            cfg = {**text, "model_type": "qwen2_5_omni"}
+            cfg["tie_word_embeddings"] = thinker.get(
+                "tie_word_embeddings", text.get("tie_word_embeddings", False)
+            )
+            cfg.setdefault("torch_dtype", thinker.get("torch_dtype") or thinker.get("dtype"))
+            audio = {"audio_config": thinker.get("audio_config") or {}}
+            audio["audio_token_id"] = thinker.get("audio_token_index", thinker.get("audio_token_id", 151646))
+            model_type = "qwen2_5_omni"
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -202,7 +213,9 @@ class ModelConfig:
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 rope=_rope_config(cfg, source, "full_attention"),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
-                qkv_bias=model_type in ("qwen2", "qwen2_5_vl") or attention_bias or _qwen2_moe_bias(cfg),
+                qkv_bias=model_type in ("qwen2", "qwen2_5_vl", "qwen2_5_omni")
+                or attention_bias
+                or _qwen2_moe_bias(cfg),
                 o_bias=model_type in ("llama", "mistral") and attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
                 qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl", "qwen3_asr")
@@ -251,7 +264,15 @@ def _linear_config(cfg: dict, num_layers: int) -> LinearAttentionConfig:
 
 def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
     window = int(cfg.get("sliding_window") or 0)
-    qwen = cfg.get("model_type") in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "qwen2_5_vl", "qwen3_asr")
+    qwen = cfg.get("model_type") in (
+        "qwen2",
+        "qwen3",
+        "qwen2_moe",
+        "qwen3_moe",
+        "qwen2_5_vl",
+        "qwen3_asr",
+        "qwen2_5_omni",
+    )
     if not window or (qwen and not cfg.get("use_sliding_window")):
         return (0,) * num_layers
     types = cfg.get("layer_types")

@@ -78,6 +78,8 @@ ENCODER_PREFIXES = (
     "model.audio_tower.",
     "multi_modal_projector.",
     "model.multi_modal_projector.",
+    "thinker.audio_tower.",  # Qwen2.5-Omni's thinker
+    "thinker.visual.",
 )
 
 

@@ -1,8 +1,13 @@
-"""The Qwen3-ASR audio front end: 16 kHz mono samples -> a log-mel spectrogram (Whisper's recipe: a
-400-point Hann STFT every 160 samples, 128 Slaney mel filters up to 8 kHz, log10 floored 8 below the
-clip's peak, then (x + 4) / 4), and the number of placeholder tokens the encoder turns it into: the
-frames are cut into chunks of 2 x n_window, three stride-2 convolutions leave ceil(n / 8) tokens of a
-chunk of n frames (13 of a full chunk of 100)."""
+"""Audio front ends: 16 kHz mono samples -> a log-mel spectrogram (Whisper's recipe: a 400-point Hann
+STFT every 160 samples, 128 Slaney mel filters up to 8 kHz, log10 floored 8 below the clip's peak,
+then (x + 4) / 4), and the number of placeholder tokens the encoder turns it into.
+
+- Qwen3-ASR (``AudioProcessor``): the frames are cut into chunks of 2 x n_window, three stride-2
+  convolutions leave ceil(n / 8) tokens of a chunk of n frames (13 of a full chunk of 100).
+- Qwen2.5-Omni (``WhisperAudioProcessor``): Whisper's extractor, the clip zero-padded to 30 s (at
+  most 30 s), ceil(samples / 160) frames; a stride-2 convolution and a pooling by 2 leave about a
+  quarter of them as tokens.
+"""
 
 from __future__ import annotations
 
@@ -57,6 +62,7 @@ class AudioProcessor:
     hop_length: int = 160
     n_window: int = 50  # half an encoder chunk, in mel frames
     min_length: int = 8000  # shorter clips are zero-padded to this many samples (as the reference)
+    transcription: str = "qwen3_asr"  # how a transcription is asked for (runtime.multimodal.transcription)
     filters: torch.Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -103,6 +109,9 @@ class AudioProcessor:
             raise ValueError("audio must be a non-empty 1D array of mono samples")
         if x.numel() < self.min_length:
             x = torch.nn.functional.pad(x, (0, self.min_length - x.numel()))
+        return self._log_mel(x)
+
+    def _log_mel(self, x: torch.Tensor) -> torch.Tensor:
         window = torch.hann_window(self.n_fft)
         stft = torch.stft(x, self.n_fft, self.hop_length, window=window, return_complex=True)
         power = stft[..., :-1].abs() ** 2
@@ -120,6 +129,59 @@ class AudioProcessor:
         tokens = self.audio_tokens(int(np.asarray(samples).shape[0]))
         grid = (1, feats.shape[0], feats.shape[1])
         return MediaItem("audio", feats, grid, digest.digest(), offset, tokens)
+
+
+@dataclass(frozen=True)
+class WhisperAudioProcessor(AudioProcessor):
+    """Qwen2.5-Omni's front end (Whisper's feature extractor): every clip is zero-padded to
+    ``chunk_length`` seconds before the STFT, so the last frames and the peak are those of the padded
+    clip; the features are its first ceil(samples / hop) frames. Longer clips are refused."""
+
+    min_length: int = 0
+    chunk_length: int = 30
+    transcription: str = "instruct"
+
+    @classmethod
+    def from_dir(cls, path: Path, audio_config: dict) -> WhisperAudioProcessor:
+        try:
+            pre = json.loads((path / "preprocessor_config.json").read_text())
+        except FileNotFoundError:
+            pre = {}
+        return cls(
+            num_mel_bins=int(pre.get("feature_size", audio_config.get("num_mel_bins", 128))),
+            sampling_rate=int(pre.get("sampling_rate", SAMPLE_RATE)),
+            n_fft=int(pre.get("n_fft", 400)),
+            hop_length=int(pre.get("hop_length", 160)),
+            n_window=int(audio_config.get("n_window", 100)),
+            chunk_length=int(pre.get("chunk_length", 30)),
+        )
+
+    @property
+    def max_samples(self) -> int:
+        return self.chunk_length * self.sampling_rate
+
+    def num_frames(self, num_samples: int) -> int:
+        return -(-min(num_samples, self.max_samples) // self.hop_length)
+
+    def audio_tokens(self, num_samples: int) -> int:
+        frames = (self.num_frames(num_samples) - 1) // 2 + 1  # the stride-2 convolution
+        return (frames - 2) // 2 + 1  # pooled by 2
+
+    def features(self, samples: np.ndarray) -> torch.Tensor:
+        x = torch.as_tensor(np.ascontiguousarray(samples, dtype=np.float32))
+        if x.dim() != 1 or x.numel() == 0:
+            raise ValueError("audio must be a non-empty 1D array of mono samples")
+        if x.numel() > self.max_samples:
+            raise ValueError(f"this model takes clips of at most {self.chunk_length} s")
+        frames = self.num_frames(x.numel())
+        return self._log_mel(torch.nn.functional.pad(x, (0, self.max_samples - x.numel())))[:frames]
+
+
+def audio_processor(model_type: str, path: Path, audio_config: dict) -> AudioProcessor:
+    """The front end of a model family with an audio encoder."""
+    if model_type == "qwen2_5_omni":
+        return WhisperAudioProcessor.from_dir(path, audio_config)
+    return AudioProcessor.from_dir(path, audio_config)
 
 
 def conv_length(frames: int) -> int:

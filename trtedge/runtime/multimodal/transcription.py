@@ -66,17 +66,26 @@ def language_name(language: str) -> str:
 class TranscriptionPrompt:
     messages: list[dict]  # the chat, its audio part as {"type": "audio", "audio": samples}
     prefill: str  # text the assistant's turn starts with (after the generation prompt)
+    header: bool  # whether the answer starts with the language header (ends at <asr_text>)
 
 
 def transcription_prompt(
-    samples, prompt: str | None = None, language: str | None = None
+    samples, prompt: str | None = None, language: str | None = None, style: str = "qwen3_asr"
 ) -> TranscriptionPrompt:
+    """The chat that asks for a transcript: Qwen3-ASR's (``style`` "qwen3_asr": the audio alone, the
+    language forced in the answer's header), or an instruction after the audio for a chat model that
+    hears ("instruct", Qwen2.5-Omni)."""
     messages: list[dict] = []
     if prompt:
         messages.append({"role": "system", "content": [{"type": "text", "text": prompt}]})
+    if style == "instruct":
+        what = f"the {language_name(language)} audio" if language else "the audio"
+        ask = {"type": "text", "text": f"Transcribe {what} into text."}
+        messages.append({"role": "user", "content": [{"type": "audio", "audio": samples}, ask]})
+        return TranscriptionPrompt(messages, "", header=False)
     messages.append({"role": "user", "content": [{"type": "audio", "audio": samples}]})
     prefill = f"language {language_name(language)}{MARKER}" if language else ""
-    return TranscriptionPrompt(messages, prefill)
+    return TranscriptionPrompt(messages, prefill, header=not language)
 
 
 class TranscriptReader:

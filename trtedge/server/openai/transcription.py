@@ -22,7 +22,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from trtedge.llm import PromptTooLongError
 from trtedge.runtime.multimodal import MultimodalPrompt
-from trtedge.runtime.multimodal.transcription import TranscriptReader, language_name, transcription_prompt
+from trtedge.runtime.multimodal.transcription import (
+    TranscriptionPrompt,
+    TranscriptReader,
+    language_name,
+    transcription_prompt,
+)
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.server import sse
 from trtedge.server.audio import decode_audio, require_av
@@ -156,14 +161,15 @@ async def transcribe(serving: OpenAIServing, request: Request, body: bytes) -> R
     samples = await in_media_thread(
         decode_audio, form.file.data, "file", config.max_audio_seconds, llm.audio.sampling_rate
     )
-    prompt = await in_media_thread(_encode, serving, samples, form)
+    tp = transcription_prompt(samples, form.prompt, form.language, llm.audio.transcription)
+    prompt = await in_media_thread(_encode, serving, tp)
     num_audio = sum(it.num_tokens for it in prompt.items)
     params = _params(serving, len(prompt.ids), form.temperature)
     rid = f"trsc-{uuid.uuid4().hex}"
     gen, watcher = await serving._start(form, [Choice(prompt, params)], rid, request, arrival)
     if gen is None:
         return Response(status_code=499)
-    reader = TranscriptReader(header_done=form.language is not None)
+    reader = TranscriptReader(header_done=not tp.header)
     if form.stream:
         return sse.SSEResponse(_events(gen, reader, num_audio), on_close=_closer(gen, watcher))
     [out] = await serving._collect(gen, watcher)
@@ -175,9 +181,8 @@ async def transcribe(serving: OpenAIServing, request: Request, body: bytes) -> R
     return JSONResponse({"text": text, "usage": _usage(out.prompt_tokens, out.completion_tokens, num_audio)})
 
 
-def _encode(serving: OpenAIServing, samples, form: TranscriptionForm) -> MultimodalPrompt:
+def _encode(serving: OpenAIServing, tp: TranscriptionPrompt) -> MultimodalPrompt:
     llm = serving.llm
-    tp = transcription_prompt(samples, form.prompt, form.language)
     try:
         prompt = llm.encode_prompt(tp.messages)
     except ValueError as e:
