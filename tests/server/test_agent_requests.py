@@ -286,6 +286,38 @@ def test_hosted_tools_are_left_out_of_the_prompt_and_logged_once(scripted, caplo
     assert other.status_code == 400 and other.json()["error"]["param"] == "tools.0.type"
 
 
+def test_anthropics_versioned_tools_are_left_out_of_the_prompt_and_logged_once(scripted, caplog):
+    from trtedge.server.anthropic import translate
+    from trtedge.server.anthropic.protocol import MessagesRequest
+
+    translate._skipped.clear()
+    app = app_for(scripted, served_model_name="m")
+    server_tools = [
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+        {"type": "bash_20250124", "name": "bash"},
+    ]
+    body = message(messages=[{"role": "user", "content": "hi"}], tools=server_tools)
+    with caplog.at_level(logging.INFO, logger="trtedge.server"):
+        for _ in range(2):
+            response = request(app, "POST", "/v1/messages", json=body)
+            assert response.status_code == 200, response.text
+            # no tools left: the scripted model replies instead of calling
+            assert [(b["type"], b["text"].strip()) for b in response.json()["content"]] == [
+                ("text", "Hello world")
+            ]
+        forged = {"type": "web_search_20250305\nINFO forged line", "name": "w"}
+        refused = request(app, "POST", "/v1/messages", json={**body, "tools": [forged]})
+    lines = [r.getMessage() for r in caplog.records if "defined by Anthropic" in r.getMessage()]
+    assert len(lines) == 2 and "'web_search_20250305'" in lines[0] and "'bash_20250124'" in lines[1]
+    assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+    assert all("\n" not in r.getMessage() for r in caplog.records)
+    custom = {"type": "custom", "name": "w", "input_schema": {"type": "object"}}
+    chat = translate.to_chat_request(
+        MessagesRequest.model_validate({**body, "tools": [server_tools[0], custom]})
+    )
+    assert [t["function"]["name"] for t in chat.tools] == ["w"]
+
+
 def _flat(name: str) -> dict:
     return {
         "type": "function",

@@ -176,8 +176,8 @@ def test_anthropic_effort_and_adaptive_thinking_reach_the_template_as_reasoning_
     real = serving.llm.tokenizer.apply_chat_template
 
     def spy(messages, **options):
-        if any("trtedge-probe" in str(m.get("content")) for m in messages):
-            return real(messages, **options)  # the template's system-turn probe (once per template), no request
+        if any("trtedge-probe" in str(m.get("content")) for m in messages):  # the system-turn probe
+            return real(messages, **options)
         seen.append((options.get("enable_thinking"), options.get("reasoning_effort")))
         return real(messages, **options)
 

@@ -168,11 +168,11 @@ def test_anthropic_and_responses_render_the_same_prompt(serving, model_dir):
             {
                 "max_tokens": 4,
                 "messages": [{"role": "user", "content": "x"}],
-                "tools": [{"type": "web_search_20250305", "name": "w"}],
+                "tools": [{"type": "web_search", "name": "w"}],
             },
             400,
             "tools.0.type",
-            "server tool",
+            'the tool type "web_search"',
         ),
         (
             "/v1/messages",

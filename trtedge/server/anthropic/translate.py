@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -12,7 +14,15 @@ from trtedge.server.errors import APIError, bad_request, not_supported
 from trtedge.server.multimodal import media_part, take_media_params
 from trtedge.server.openai.protocol import ChatCompletionRequest
 
+log = logging.getLogger("trtedge.server")
+
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+# Tools Anthropic defines by a versioned type: web_search_20250305, web_fetch_..., code_execution_...
+# run on Anthropic's servers; bash_..., text_editor_..., computer_..., memory_... have schemas of
+# Anthropic's own. A request carries no definition of either to show a local model.
+_ANTHROPIC_TOOL = re.compile(r"[a-z][a-z_]{0,40}_\d{8}")
+_MAX_LOGGED = 32
+_skipped: set[str] = set()  # Anthropic tool types already logged (at most _MAX_LOGGED)
 
 
 def to_chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
@@ -23,7 +33,7 @@ def to_chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletion
         messages += _messages(m.role, m.content, f"messages.{i}.content")
     body: dict[str, Any] = {"messages": messages}
     if req.tools:
-        body["tools"] = [_tool(t, f"tools.{i}") for i, t in enumerate(req.tools)]
+        body["tools"] = [_tool(t, f"tools.{i}") for i, t in enumerate(req.tools) if not _left_out(t)]
     if req.tool_choice is not None:
         body["tool_choice"], parallel = _tool_choice(req.tool_choice)
         if parallel is False:
@@ -160,9 +170,26 @@ def _string(block: dict, key: str, param: str) -> str:
     return value
 
 
+def _left_out(tool: dict) -> bool:
+    """Whether ``tool`` is one of Anthropic's versioned tools, left out of the prompt (logged once per type)."""
+    kind = tool.get("type")
+    if not isinstance(kind, str) or not _ANTHROPIC_TOOL.fullmatch(kind):
+        return False
+    if kind not in _skipped and len(_skipped) < _MAX_LOGGED:
+        _skipped.add(kind)
+        log.info(
+            "tools of type %r are defined by Anthropic, not by the request: left out of the prompt", kind
+        )
+    return True
+
+
 def _tool(tool: dict, param: str) -> dict:
     if tool.get("type") not in (None, "custom"):
-        raise not_supported(f"the server tool {tool.get('type')!r}", f"{param}.type")
+        raise not_supported(
+            f"the tool type {json.dumps(tool.get('type'))} (client tools are custom; Anthropic's "
+            "versioned tools such as web_search_20250305 are left out of the prompt)",
+            f"{param}.type",
+        )
     schema = tool.get("input_schema")
     if not isinstance(schema, dict):
         raise bad_request("input_schema must be a JSON schema object", param=f"{param}.input_schema")
