@@ -231,6 +231,15 @@ PLE_FAMILIES = {
         use_double_wide_mlp=True,
         final_logit_softcapping=20.0,
     ),
+    # the 26B-A4B shape: top-2 of 4 experts beside every layer's dense MLP
+    "gemma4_moe": dict(
+        model_type="gemma4_text",
+        global_head_dim=32,
+        enable_moe_block=True,
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=32,
+    ),
 }
 PLE_VOCAB = 1000
 

@@ -296,6 +296,16 @@ _NORM_TOPK_DEFAULT = {"qwen3_next": True}
 
 
 def _moe_fields(cfg: dict, model_type: str, num_layers: int) -> dict:
+    if model_type == "gemma4_text":  # every layer: a dense MLP beside top-k experts
+        if not cfg.get("enable_moe_block"):
+            return {}
+        return dict(
+            num_experts=int(cfg["num_experts"]),
+            num_experts_per_tok=int(cfg["top_k_experts"]),
+            moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+            norm_topk_prob=True,
+            sparse_layers=(True,) * num_layers,
+        )
     if model_type not in ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_5_moe", "qwen3_next"):
         return {}
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
@@ -416,8 +426,6 @@ def _ple_text_config(cfg: dict, source: str) -> dict:
     cfg["layer_types"] = list(types)
     if cfg.get("use_bidirectional_attention") == "all":
         raise UnsupportedModelError(f"{source}: use_bidirectional_attention 'all' (a non-causal model)")
-    if cfg.get("enable_moe_block"):
-        raise UnsupportedModelError(f"{source}: Gemma 4 mixture-of-experts layers (enable_moe_block) not yet")
     shapes = []
     per_layer = cfg.get("per_layer_config")
     for i, kind in enumerate(types):

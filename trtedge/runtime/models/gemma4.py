@@ -6,7 +6,9 @@
 - KV sharing: the last ``num_kv_shared_layers`` layers compute no keys or values, they read those of
   the last earlier layer of their kind (sliding or full), so only the other layers have a KV cache;
 - Gemma 4: global (full-attention) layers with their own head size / KV heads (``global_head_dim``),
-  keys as values (``attention_k_eq_v``), proportional rope, a learned scalar per layer.
+  keys as values (``attention_k_eq_v``), proportional rope, a learned scalar per layer; the MoE
+  models (``enable_moe_block``) add top-k experts beside each layer's dense MLP, routed on the
+  residual stream (RMS-normalised, scaled per channel) with a learned scale per expert.
 
 Layers may differ in KV row size: the runner's pool is sized for the widest, and a narrower layer views
 each token's row as its own KV heads, each wider than its head size: its queries, keys and values are
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from trtedge.runtime.models.config import ModelConfig, RopeConfig
 from trtedge.runtime.models.gemma3 import _text_tensors
 from trtedge.runtime.models.layers import ACTIVATIONS, GatedMLP, group_by_layer, require, rotate, softcap
+from trtedge.runtime.models.moe import SparseMoE
 from trtedge.runtime.models.ple import (
     PLE_TENSOR,
     PerLayerEmbeddings,
@@ -127,7 +130,7 @@ class PleLayer:
             for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                          "post_feedforward_layernorm")
         }  # fmt: skip
-        self.ple_gate = self.ple_proj = None
+        self.ple_gate = self.ple_proj = self.moe = None
         if "per_layer_input_gate.weight" in w:
             self.ple_gate = make_linear(w["per_layer_input_gate.weight"], None, weight_format)
             self.ple_proj = make_linear(require(w, "per_layer_projection.weight"), None, weight_format)
@@ -144,18 +147,59 @@ class PleLayer:
     @property
     def linears(self) -> list:
         own = [self.ple_gate, self.ple_proj] if self.ple_gate is not None else []
-        return self.attn.linears + self.mlp.linears + own
+        return self.attn.linears + self.mlp.linears + own + (self.moe.linears if self.moe is not None else [])
+
+
+class Gemma4Experts(SparseMoE):
+    """Top-k experts routed on the residual: softmax over experts of the RMS-normalised, per-channel
+    scaled stream, renormalised over the k chosen, times each chosen expert's learned scale."""
+
+    def __init__(self, cfg, w: dict, weight_format: str):
+        super().__init__(cfg, w, weight_format)
+        self.eps = cfg.rms_norm_eps
+        self.router_scale = require(w, "router.scale").float() * cfg.hidden_size**-0.5
+        self.per_expert_scale = require(w, "router.per_expert_scale").float()
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = gemma_norm(x, None, self.eps).float() * self.router_scale
+        probs = F.linear(h.to(self.router.dtype), self.router).float().softmax(dim=-1)
+        weights, ids = probs.topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True) * self.per_expert_scale[ids]
+        return weights.to(x.dtype), ids
+
+    def experts(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """The experts of ``h`` (the normed input), routed on ``x`` (the residual stream)."""
+        weights, ids = self.route(x)
+        if self.grouped_kernel:
+            from trtedge.runtime.ops.triton_moe import fused_experts
+
+            return fused_experts(h, self.w_gate_up, self.w_down, weights, ids, ACTIVATIONS[self.act])
+        return self.grouped_reference(h, weights, ids)
 
 
 class Gemma4Layer(PleLayer):
     def __init__(self, cfg, index, w, weight_format, shares, mlp):
         super().__init__(cfg, index, w, weight_format, shares, mlp)
         self.scalar = w.get("layer_scalar")
+        if cfg.sparse_layers[index]:
+            self.moe = Gemma4Experts(cfg, w, weight_format)
+            for name in (
+                "post_feedforward_layernorm_1",
+                "pre_feedforward_layernorm_2",
+                "post_feedforward_layernorm_2",
+            ):
+                self.norms[name] = require(w, f"{name}.weight").float()
 
     def __call__(self, x, cos, sin, k_cache, v_cache, batch, ple, step_kv):
         h, kv = self.attn(self.norm(x, "input_layernorm"), cos, sin, k_cache, v_cache, batch, step_kv)
         x = x + self.norm(h, "post_attention_layernorm")
-        x = x + self.norm(self.mlp(self.norm(x, "pre_feedforward_layernorm")), "post_feedforward_layernorm")
+        h = self.mlp(self.norm(x, "pre_feedforward_layernorm"))
+        if self.moe is not None:
+            routed = self.moe.experts(x, self.norm(x, "pre_feedforward_layernorm_2"))
+            h = self.norm(h, "post_feedforward_layernorm_1") + self.norm(
+                routed, "post_feedforward_layernorm_2"
+            )
+        x = x + self.norm(h, "post_feedforward_layernorm")
         if ple is not None:
             x = x + self.add_ple(x, ple)
         if self.scalar is not None:

@@ -29,6 +29,7 @@ _NAMES = {
     "mixtral": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
     "qwen3_5_moe": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "qwen3_next": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
+    "gemma4_text": ("", "router.proj", ("gate_proj", "up_proj", "down_proj")),  # fused experts only
 }
 
 
