@@ -195,3 +195,25 @@ def test_audio_names_the_encoder_component():
     asr = {"model_type": "qwen3_asr", "audio_config": {}}
     assert BuildProfile.create(components="all").fit(asr).components == ("llm", "vision")
     assert BuildProfile.create(components="all").fit({"model_type": "qwen3"}).components == ("llm",)
+
+
+def test_int8_weights_leave_the_audio_encoder_float(llm, checkpoint, tmp_path):
+    from trtedge import LLM, SamplingParams
+
+    item = llm.audio.audio(tone(1.2, seed=2))
+    ref = llm.model.audio(item.pixels, [item.grid])
+    with LLM(
+        str(checkpoint), max_kv_cache_capacity=128, max_input_len=64, weights="int8", cache_dir=str(tmp_path)
+    ) as q:
+        torch.testing.assert_close(q.model.audio(item.pixels, [item.grid]), ref, atol=0, rtol=0)
+        assert (
+            len(
+                q.chat(
+                    user(tone(1.2, seed=2), "w1"),
+                    SamplingParams(max_tokens=3, temperature=0, ignore_eos=True),
+                )
+                .outputs[0]
+                .token_ids
+            )
+            == 3
+        )
