@@ -31,11 +31,9 @@ class ServeProcess:
             pytest.skip(str(e))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {
-            **os.environ,
-            "HF_HUB_OFFLINE": "1",
-            "TRTEDGE_CACHE_DIR": str(tmp.getbasetemp() / "trtedge-cache"),
-        }
+        # The session's scratch cache (tests/conftest.py): bundles and compiled kernels built once are
+        # shared by every server, in-process LLM and CLI run of the session.
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         self.out = tmp.mktemp("serve") / "stdout.txt"
         self.err = self.out.with_name("stderr.txt")
         command = [sys.executable, "-m", "trtedge.cli", "serve", "--port", str(self.port), *args]
