@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai")
 
 KEY = "e2e-key"
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
-SOAK_REQUESTS = int(os.environ.get("TRTEDGE_SOAK_REQUESTS", "40"))
+SOAK_REQUESTS = int(os.environ.get("TRTEDGE_SOAK_REQUESTS", "16"))
 
 
 @pytest.fixture(scope="module")
