@@ -60,7 +60,8 @@ def check_schemas(client, seeds) -> int:
 
 
 def test_json_schema_answers_validate_streaming_and_not(client):
-    assert check_schemas(client, range(2)) == 20
+    # every schema, streamed and not, one seed each (the slow test below draws 20 seeds)
+    assert check_schemas(client, range(1)) == 10
 
 
 @pytest.mark.slow
