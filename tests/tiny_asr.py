@@ -215,3 +215,26 @@ def encode_clip(samples: np.ndarray, fmt: str, rate: int = 16000, channels: int 
         for packet in stream.encode(None):
             out.mux(packet)
     return buf.getvalue()
+
+
+def make_tiny_qwen2_5_omni_full(directory: Path, seed: int = 0) -> Path:
+    """The thinker of ``make_tiny_qwen2_5_omni`` laid out as a whole Qwen2.5-Omni checkpoint: config
+    model_type qwen2_5_omni with thinker_config, tensors under thinker., plus a stand-in talker tensor
+    (which trtedge leaves out)."""
+    from safetensors.torch import load_file, save_file
+
+    thinker = make_tiny_qwen2_5_omni(directory.with_name(directory.name + "-thinker"), seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {f"thinker.{k}": v for k, v in load_file(thinker / "model.safetensors").items()}
+    tensors["talker.codec_head.weight"] = torch.randn(8, 64)
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    thinker_config = json.loads((thinker / "config.json").read_text())
+    config = {
+        "model_type": "qwen2_5_omni",
+        "architectures": ["Qwen2_5OmniModel"],
+        "thinker_config": thinker_config,
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (directory / name).write_bytes((thinker / name).read_bytes())
+    return directory

@@ -115,3 +115,29 @@ def test_greedy_alone_batched_and_chunked_matches_hf(llm, hf, checkpoint):
 def test_clips_over_30_seconds_are_refused(llm):
     with pytest.raises(ValueError, match="at most 30 s"):
         llm.encode_prompt(user(np.zeros(16000 * 31, np.float32)))
+
+
+def test_a_whole_omni_checkpoint_serves_its_thinker(tmp_path, llm):
+    """config qwen2_5_omni with thinker_config and thinker.* tensors: the same answers as the thinker
+    alone; an int8 bundle converts the thinker's decoder and leaves the talker out."""
+    from safetensors import safe_open
+
+    from tests.tiny_asr import make_tiny_qwen2_5_omni_full
+    from trtedge import LLM, SamplingParams
+
+    full = make_tiny_qwen2_5_omni_full(tmp_path / "omni")
+    messages = user("w5 w6", tone(1.6, seed=3), "w7")
+    params = SamplingParams(**GREEDY)
+    with LLM(str(full), max_kv_cache_capacity=256, dtype="float32", cache_dir=str(tmp_path / "c")) as whole:
+        assert (
+            whole.chat(messages, params).outputs[0].token_ids
+            == llm.chat(messages, params).outputs[0].token_ids
+        )
+    with LLM(str(full), max_kv_cache_capacity=256, weights="int8", cache_dir=str(tmp_path / "c")) as q:
+        assert q.audio is not None
+        names = set()
+        for shard in q.bundle.path.rglob("*.safetensors"):
+            with safe_open(shard, "pt") as f:
+                names.update(f.keys())
+    assert any(n.startswith("thinker.model.layers.") for n in names)  # converted (the encoder stays
+    assert not any(n.startswith(("talker.", "thinker.audio_tower.")) for n in names)  # in the checkpoint)

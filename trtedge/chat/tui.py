@@ -46,7 +46,7 @@ def history_path() -> Path:
 
 
 class SlashCompleter(Completer):
-    """Completes /commands, /think on|off, /params keys and /save or /load paths."""
+    """Completes /commands, /think on|off, /params keys and /save, /load or /audio paths."""
 
     def __init__(self) -> None:
         self._paths = PathCompleter(expanduser=True)
@@ -66,7 +66,7 @@ class SlashCompleter(Completer):
             options = ("on", "off")
         elif command == "/params" and "=" not in word:
             options = tuple(f"{k}=" for k in PARAM_KEYS)
-        elif command in ("/save", "/load"):
+        elif command in ("/save", "/load", "/audio"):
             yield from self._paths.get_completions(Document(arg, len(arg)), complete_event)
             return
         else:

@@ -180,7 +180,7 @@ def _write_shards(
     Only the vision encoder's tensors with ``vision``, else only the others."""
     from safetensors.torch import save_file
 
-    from trtedge.runtime.multimodal import is_encoder_tensor
+    from trtedge.runtime.multimodal import is_encoder_tensor, is_unserved_tensor
 
     total = len([k for k in checkpoint.quantization if k != "dominant"]) or None
     torch_dtype = _TORCH_DTYPES[dtype] if dtype else None
@@ -199,7 +199,7 @@ def _write_shards(
         shard, size = {}, 0
 
     for i, (name, tensor) in enumerate(_source_tensors(checkpoint, mode)):
-        if is_encoder_tensor(name) != vision:
+        if is_encoder_tensor(name) != vision or is_unserved_tensor(name):
             continue
         fmt = _stored_format(name, tensor.shape, mode, checkpoint.quantization)
         stored = _convert(name, tensor, fmt, torch_dtype)

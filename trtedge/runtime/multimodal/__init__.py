@@ -83,6 +83,14 @@ ENCODER_PREFIXES = (
 )
 
 
+# Parts of a checkpoint trtedge does not run: Qwen2.5-Omni's talker and vocoder (speech output).
+UNSERVED_PREFIXES = ("talker.", "token2wav.")
+
+
+def is_unserved_tensor(name: str) -> bool:
+    return name.startswith(UNSERVED_PREFIXES)
+
+
 def is_encoder_tensor(name: str) -> bool:
     return name.startswith(ENCODER_PREFIXES)
 
@@ -114,5 +122,6 @@ __all__ = [
     "MultimodalPrompt",
     "has_media",
     "is_encoder_tensor",
+    "is_unserved_tensor",
     "media_kinds",
 ]
