@@ -321,3 +321,19 @@ def test_an_omni_thinker_transcribes_by_instruction(tmp_path_factory, wav):
         expected = llm.chat(tp.messages, SamplingParams(max_tokens=8, temperature=0)).outputs[0].text
         assert r.json()["text"] == expected.strip()
         assert_clean(app, llm)
+
+
+def test_transcriptions_need_the_api_key_and_are_counted(llm, wav):
+    app = build_app(llm, ServeConfig(api_key="sekrit", override_generation_config='{"max_new_tokens": 2}'))
+    assert send(app, {}, upload(wav)).status_code == 401
+    ok = send(app, {}, upload(wav), headers={"Authorization": "Bearer sekrit"})
+    assert ok.status_code == 200, ok.text
+
+    async def metrics():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return (await client.get("/metrics", headers={"Authorization": "Bearer sekrit"})).text
+
+    text = asyncio.run(metrics())
+    assert 'endpoint="/v1/audio/transcriptions",status="200"' in text
+    assert_clean(app, llm)
