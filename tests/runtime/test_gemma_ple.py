@@ -279,6 +279,10 @@ def write_ple_gguf(hf_dir, path, arch: str) -> None:
         rotated = int(full_dim * cfg["rope_parameters"]["full_attention"]["partial_rotary_factor"] / 2)
         factors = [1.0] * rotated + [1e30] * (full_dim // 2 - rotated)
         extra["rope_freqs.weight"] = np.array(factors, dtype=np.float32)
+        if cfg["enable_moe_block"]:
+            writer.add_expert_count(cfg["num_experts"])
+            writer.add_expert_used_count(cfg["top_k_experts"])
+            writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     tokens = ["<pad>", "<bos>", "<eos>"] + [f"▁w{i}" for i in range(3, PLE_VOCAB)]
     writer.add_tokenizer_model("llama" if arch == "gemma3n" else "gemma4")
     writer.add_token_list(tokens)
@@ -292,8 +296,13 @@ def write_ple_gguf(hf_dir, path, arch: str) -> None:
             parts = [tensors.pop(f"model.{stacked}.{i}.weight") for i in range(cfg["altup_num_inputs"] - 1)]
             tensors[f"model.{stacked}.weight"] = torch.stack(parts)
     tensors.pop("lm_head.weight", None)  # tied to the embedding
+    scales = {"router.scale": "ffn_gate_inp", "router.per_expert_scale": "ffn_down_exps"}  # the converter's
     for name, tensor in tensors.items():
-        if name.endswith(("_scale", "layer_scalar")):
+        layer, _, part = name.removeprefix("model.layers.").partition(".")
+        if part in scales:
+            writer.add_tensor(f"blk.{layer}.{scales[part]}.scale", tensor.float().numpy())
+            continue
+        if name.endswith(("_scale", "layer_scalar", "_proj")):
             name += ".weight"  # as the converter names a bare parameter
         writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), tensor.float().numpy())
     for name, array in extra.items():
@@ -306,7 +315,11 @@ def write_ple_gguf(hf_dir, path, arch: str) -> None:
 
 @pytest.mark.parametrize(
     "family,overrides",
-    [("gemma3n", {"altup_num_inputs": 4}), ("gemma4_k_eq_v", {})],  # llama.cpp converts 4 AltUp streams only
+    [
+        ("gemma3n", {"altup_num_inputs": 4}),
+        ("gemma4_k_eq_v", {}),
+        ("gemma4_moe", {}),
+    ],  # llama.cpp converts 4 AltUp streams only
 )
 def test_a_gguf_in_llama_cpp_s_layout_matches_transformers(family, overrides, tmp_path):
     hf_dir = make_tiny_ple_checkpoint(tmp_path / "hf", family, **overrides)

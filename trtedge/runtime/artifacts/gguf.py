@@ -90,11 +90,21 @@ _GEMMA4_LAYER_TENSORS = {
     "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm",
     "layer_output_scale": "layer_scalar",
+    # mixture of experts (26B-A4B): the router and the fused experts, beside the dense MLP
+    "ffn_gate_inp": "router.proj",
+    "ffn_gate_up_exps": "experts.gate_up_proj",
+    "ffn_down_exps": "experts.down_proj",
+    "post_ffw_norm_1": "post_feedforward_layernorm_1",
+    "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+    "post_ffw_norm_2": "post_feedforward_layernorm_2",
 }
+# Gemma 4's router scales, stored by the converter as ".scale" of the router and the experts' down
+_GEMMA4_SCALES = {"ffn_gate_inp": "router.scale", "ffn_down_exps": "router.per_expert_scale"}
 _STACKED = {"model.altup_projections.weight", "model.altup_unembed_projections.weight"}
-_UNSUFFIXED = {"altup.correct_output_scale", "layer_scalar"}  # HF parameters without ".weight"
+# HF parameters without ".weight"
+_UNSUFFIXED = {"altup.correct_output_scale", "layer_scalar", "experts.gate_up_proj", "experts.down_proj"}
 _IGNORED_TENSORS = {"rope_freqs.weight"}
-_LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias|scale)")
 _GLOBAL_TENSOR_RE = re.compile(r"(\w+)\.(weight|bias)")
 
 _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 2, 3, 4
@@ -291,7 +301,10 @@ def _hf_tensor_name(model: _GGUF, gguf_name: str) -> str | None:
             "gemma3n": _GEMMA3N_LAYER_TENSORS,
             "gemma4": _GEMMA4_LAYER_TENSORS,
         }.get(model.arch, _LAYER_TENSORS)
-        if part in names:
+        if kind == "scale":
+            if model.arch == "gemma4" and part in _GEMMA4_SCALES:
+                return f"model.layers.{layer}.{_GEMMA4_SCALES[part]}"
+        elif part in names:
             if names[part] in _UNSUFFIXED:
                 return f"model.layers.{layer}.{names[part]}"
             return f"model.layers.{layer}.{names[part]}.{kind}"
@@ -387,8 +400,6 @@ def _gemma4_config(model: _GGUF, rope_theta: float) -> dict:
     (the sliding ones' as key_length_swa), KV heads per layer, and a rope_freqs tensor whose huge
     factors mark the pairs the global layers do not rotate."""
     layers = model.require_hparam("block_count")
-    if "blk.0.ffn_gate_inp.weight" in model.tensors:
-        raise model.error("Gemma 4 mixture-of-experts files (ffn_gate_inp) are not supported yet")
     swa = model.hparam("attention.sliding_window_pattern")
     if swa is None:
         swa = [(i + 1) % 6 != 0 for i in range(layers)]
@@ -426,6 +437,19 @@ def _gemma4_config(model: _GGUF, rope_theta: float) -> dict:
         "hidden_size_per_layer_input": ple,
         "vocab_size_per_layer_input": int(table.shape[-1]) if ple and table is not None else None,
         "num_kv_shared_layers": shared,
+        **_gemma4_experts(model),
+    }
+
+
+def _gemma4_experts(model: _GGUF) -> dict:
+    experts = model.tensors.get("blk.0.ffn_down_exps.weight")
+    if experts is None:
+        return {}
+    return {
+        "enable_moe_block": True,
+        "num_experts": model.hparam("expert_count", int(experts.shape[-1])),
+        "top_k_experts": model.require_hparam("expert_used_count"),
+        "moe_intermediate_size": model.hparam("expert_feed_forward_length", int(experts.shape[0])),
     }
 
 
