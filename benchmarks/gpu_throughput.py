@@ -35,7 +35,12 @@ def workload(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
 
 
 def run_trtedge(
-    directory: Path, requests, max_batch_size: int, overlap: bool | None = None, busy: bool = False
+    directory: Path,
+    requests,
+    max_batch_size: int,
+    overlap: bool | None = None,
+    busy: bool = False,
+    process: bool | None = None,
 ) -> dict:
     with LLM(
         str(directory),
@@ -48,6 +53,7 @@ def run_trtedge(
         max_input_len=1024,
         max_num_batched_tokens=8192,
         async_scheduling=overlap,
+        engine_process=False if busy else process,  # the profiler sees this process's kernels only
     ) as llm:
         llm.generate(
             requests[0][0], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True)
@@ -66,6 +72,7 @@ def run_trtedge(
         produced = sum(len(d.token_ids) for s in streams for d in s)
         elapsed = time.perf_counter() - start
         stats = llm.stats()
+        engine_process = llm.engine_process
     extra = {}
     if profiler is not None:
         profiler.__exit__(None, None, None)
@@ -77,6 +84,7 @@ def run_trtedge(
         output_tokens_per_s=round(produced / elapsed, 1),
         steps=stats["steps"],
         preemptions=stats["preemptions"],
+        engine_process=engine_process,
     )
 
 
@@ -146,6 +154,12 @@ def main() -> None:
         help="both: the synchronous engine and the overlapped one in the same run",
     )
     parser.add_argument(
+        "--engine-process",
+        choices=["auto", "on", "off", "both"],
+        default="auto",
+        help="the engine core in its own process (on), in this one (off), or both in the same run",
+    )
+    parser.add_argument(
         "--gpu-busy", action="store_true", help="also a profiled run: the share of the time a kernel ran"
     )
     args = parser.parse_args()
@@ -153,9 +167,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = write_shape(Path(tmp) / "qwen3-0.6b", "qwen3-0.6b")
         modes = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.async_scheduling]
-        runs = [(m, False) for m in modes] + ([(modes[-1], True)] if args.gpu_busy else [])
-        for overlap, busy in runs:
-            row = run_trtedge(directory, requests, args.max_batch_size, overlap, busy)
+        procs = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.engine_process]
+        runs = [(m, False, p) for m in modes for p in procs]
+        runs += [(modes[-1], True, False)] if args.gpu_busy else []
+        for overlap, busy, process in runs:
+            row = run_trtedge(directory, requests, args.max_batch_size, overlap, busy, process)
             print(
                 json.dumps(
                     dict(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -36,6 +37,10 @@ llm = LLM(sys.argv[1], load_format="dummy", dtype="bfloat16", device="cuda", ena
           max_batch_size=int(sys.argv[3]), max_kv_cache_capacity=2048, max_input_len=1024,
           max_num_batched_tokens=8192)
 uvicorn.run(build_app(llm), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+stats = llm.stats()  # after the drain: the steps of the warm-up and the run
+print('{"figure": "http_server_engine", "steps": %d, "preemptions": %d, "engine_process": %s}'
+      % (stats["steps"], stats["preemptions"], str(llm.engine_process).lower()), flush=True)
+llm.close()
 """
 
 
@@ -81,17 +86,30 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--skip-offline", action="store_true", help="the HTTP side alone (no ratio)")
+    parser.add_argument(
+        "--engine-process",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="the server's engine core in its own process (on) or in the server's (off); offline: auto",
+    )
     args = parser.parse_args()
     requests = workload(args.requests)
     with tempfile.TemporaryDirectory() as tmp:
         directory = write_shape(Path(tmp) / "qwen3-0.6b", "qwen3-0.6b")
-        offline = run_trtedge(directory, requests, args.concurrency)
-        print(json.dumps(dict(figure="offline_throughput", engine="trtedge", **offline)), flush=True)
+        offline = None
+        if not args.skip_offline:
+            offline = run_trtedge(directory, requests, args.concurrency)
+            print(json.dumps(dict(figure="offline_throughput", engine="trtedge", **offline)), flush=True)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        env = {
+            **os.environ,
+            "TRTEDGE_ENGINE_PROCESS": {"auto": "auto", "on": "1", "off": "0"}[args.engine_process],
+        }
         server = subprocess.Popen(
-            [sys.executable, "-c", SERVER, str(directory), str(port), str(args.concurrency)]
+            [sys.executable, "-c", SERVER, str(directory), str(port), str(args.concurrency)], env=env
         )
         try:
             for _ in range(600):
@@ -107,12 +125,19 @@ def main() -> None:
             server.wait(timeout=60)
         print(
             json.dumps(
-                dict(figure="http_throughput", engine="trtedge serve", concurrency=args.concurrency, **http)
+                dict(
+                    figure="http_throughput",
+                    engine="trtedge serve",
+                    concurrency=args.concurrency,
+                    engine_process=args.engine_process,
+                    **http,
+                )
             ),
             flush=True,
         )
-        ratio = http["output_tokens_per_s"] / offline["output_tokens_per_s"]
-        print(json.dumps(dict(figure="http_vs_offline", ratio=round(ratio, 2))), flush=True)
+        if offline is not None:
+            ratio = http["output_tokens_per_s"] / offline["output_tokens_per_s"]
+            print(json.dumps(dict(figure="http_vs_offline", ratio=round(ratio, 2))), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from trtedge.runtime.output import (
     RequestOutput,
 )
 from trtedge.runtime.profiling import ProfilingMetrics
-from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
+from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams, check_logit_bias
 from trtedge.runtime.speculative import SpeculativeConfig, check_draft
 from trtedge.runtime.structured import GuidedUnavailableError
 from trtedge.runtime.structured import available as structured_output_available
@@ -34,6 +36,7 @@ from trtedge.runtime.structured import available as structured_output_available
 log = logging.getLogger("trtedge")
 
 Messages = list[dict]
+ENGINE_PROCESS_ENV = "TRTEDGE_ENGINE_PROCESS"  # 1: the engine core in its own process, 0: here, auto
 
 
 class PromptTooLongError(ValueError):
@@ -67,6 +70,7 @@ class LLM:
         load_format: str = "auto",
         enforce_eager: bool = False,
         async_scheduling: bool | None = None,
+        engine_process: bool | None = None,
         tensor_parallel_size: int = 1,
         distributed_init_method: str | None = None,
         speculative_config: SpeculativeConfig | dict | str | None = None,
@@ -115,25 +119,6 @@ class LLM:
         self.tokenizer = self.checkpoint.load_tokenizer()
         cfg = self.config
         load = dict(dtype=dtype, device=device, weights=weights, max_positions=cfg.max_kv_cache_capacity)
-        self.tp = None  # tensor parallel: the worker ranks, watched; rank 0's model is this process's
-        if cfg.tensor_parallel_size > 1:
-            from trtedge.runtime.executor.tp import start_tensor_parallel
-
-            try:
-                self.tp, self.model = start_tensor_parallel(
-                    self.checkpoint,
-                    **load,
-                    load_format=load_format,
-                    size=cfg.tensor_parallel_size,
-                    init_method=cfg.distributed_init_method,
-                )
-            except ValueError as e:
-                if self.bundle is not None:
-                    self.bundle.release()
-                raise ConfigError(str(e)) from None
-        else:
-            self.model = load_model(self.checkpoint, **load, load_format=load_format, ple=cfg.ple)
-        self.draft = self._load_draft(spec, dtype, device, weights, load_format) if spec else None
         engine_config = EngineConfig(
             max_batch_size=cfg.max_batch_size,
             max_kv_cache_capacity=cfg.max_kv_cache_capacity,
@@ -148,8 +133,92 @@ class LLM:
             speculative=spec,
             mm_embedding_cache_bytes=cfg.mm_embedding_cache_bytes,
         )
+        self.tp = None  # tensor parallel: the worker ranks, watched; rank 0's model is this process's
+        self.model = self.draft = None  # in this process only when the engine core is (engine_process off)
         # the image / video processor when the model has a vision encoder loaded (see runtime.multimodal)
         self.vision: VisionProcessor | None = None
+        self.audio: AudioProcessor | None = None
+        self.engine_process = self._wants_engine_process(engine_process, device)
+        try:
+            if self.engine_process:
+                self.engine = self._start_core_process(spec, load, load_format, engine_config)
+            else:
+                self.engine = self._start_in_process(spec, load, load_format, engine_config)
+        except BaseException:
+            if self.bundle is not None:
+                self.bundle.release()
+            raise
+        self._describe = self.engine.describe()
+        self._last_snapshot = (time.monotonic(), self.engine.snapshot()) if self.engine_process else None
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    def _wants_engine_process(self, wanted: bool | None, device: str) -> bool:
+        """The engine core in its own process: on CUDA by default (measured faster there), never with
+        tensor parallelism (rank 0 lives here) or a vision / audio component (its processor is here)."""
+        cfg = self.config
+        model_cfg = self.checkpoint.model_config
+        media = model_cfg.vision is not None or getattr(model_cfg, "audio", None) is not None
+        media = media and getattr(self.checkpoint, "has_vision", True)  # the bundle's encoder component
+        possible = cfg.tensor_parallel_size == 1 and not media
+        if wanted is None and os.environ.get(ENGINE_PROCESS_ENV, "auto") != "auto":
+            value = os.environ[ENGINE_PROCESS_ENV]
+            if value not in ("0", "1"):
+                raise ConfigError(f"{ENGINE_PROCESS_ENV} must be 0, 1 or auto, not {value!r}")
+            wanted = value == "1"
+        if wanted is None:
+            from trtedge.runtime.models import resolve_device
+
+            return possible and resolve_device(device).type == "cuda"
+        if wanted and not possible:
+            raise ConfigError(
+                "engine_process is not supported with tensor parallelism or a vision or audio "
+                "component yet; leave it unset"
+            )
+        return wanted
+
+    def _start_core_process(self, spec, load: dict, load_format: str, engine_config):
+        from trtedge.runtime.client import CoreLaunch, CoreProcess, picklable_checkpoint
+
+        draft = None
+        if spec is not None and spec.method == "draft_model":
+            draft = ("draft_model", picklable_checkpoint(self._draft_source(load_format)))
+        elif spec is not None and spec.method == "eagle3":
+            draft = ("eagle3", self._eagle3_path(spec))
+        launch = CoreLaunch(
+            picklable_checkpoint(self.checkpoint),
+            {**load, "load_format": load_format, "ple": self.config.ple},
+            engine_config,
+            draft,
+            logging.getLogger("trtedge").getEffectiveLevel(),
+        )
+        try:
+            return CoreProcess(launch)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def _start_in_process(self, spec, load: dict, load_format: str, engine_config) -> Engine:
+        cfg = self.config
+        if cfg.tensor_parallel_size > 1:
+            from trtedge.runtime.executor.tp import start_tensor_parallel
+
+            try:
+                self.tp, self.model = start_tensor_parallel(
+                    self.checkpoint,
+                    **load,
+                    load_format=load_format,
+                    size=cfg.tensor_parallel_size,
+                    init_method=cfg.distributed_init_method,
+                )
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        else:
+            self.model = load_model(self.checkpoint, **load, load_format=load_format, ple=cfg.ple)
+        self.draft = (
+            self._load_draft(spec, load["dtype"], load["device"], load["weights"], load_format)
+            if spec
+            else None
+        )
         if getattr(self.model, "vision", None) is not None:
             self.vision = VisionProcessor.from_dir(
                 Path(self.checkpoint.path),
@@ -157,19 +226,22 @@ class LLM:
                 video_clip_budget=self.model.cfg.model_type == "qwen3_vl",
             )
         # the audio front end when the model has an audio encoder loaded (Qwen3-ASR)
-        self.audio: AudioProcessor | None = None
         if getattr(self.model, "audio", None) is not None:
             self.audio = audio_processor(
                 self.model.cfg.model_type, Path(self.checkpoint.path), self.model.cfg.audio["audio_config"]
             )
         try:
-            self.engine = Engine(self.model, self.tokenizer, engine_config, draft=self.draft)
+            return Engine(self.model, self.tokenizer, engine_config, draft=self.draft)
         except BaseException:
             if self.tp is not None:
                 self.tp.shutdown()
             raise
-        self._closed = False
-        self._close_lock = threading.Lock()
+
+    def _eagle3_path(self, spec) -> Path:
+        path = Path(spec.model).expanduser()
+        if not path.is_dir():  # a Hugging Face id: downloaded into the cache like any checkpoint
+            path = resolve_checkpoint(spec.model, self.config.cache_dir).path
+        return path
 
     def _draft_source(self, load_format: str):
         return (
@@ -203,11 +275,8 @@ class LLM:
         if spec.method == "eagle3":
             from trtedge.runtime.speculative.eagle3 import load_eagle3
 
-            path = Path(spec.model).expanduser()
-            if not path.is_dir():  # a Hugging Face id: downloaded into the cache like any checkpoint
-                path = resolve_checkpoint(spec.model, self.config.cache_dir).path
             try:
-                return load_eagle3(path, self.model, self.config.max_kv_cache_capacity)
+                return load_eagle3(self._eagle3_path(spec), self.model, self.config.max_kv_cache_capacity)
             except ValueError as e:
                 raise ConfigError(f"--speculative-config model: {e}") from None
         return None
@@ -305,7 +374,7 @@ class LLM:
             )
 
     def check_token_ids(self, ids: list[int]) -> None:
-        vocab = self.model.cfg.vocab_size
+        vocab = self._describe["vocab_size"]
         bad = next(
             (t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab), None
         )
@@ -316,7 +385,7 @@ class LLM:
         """Compile a structured-output guide now (it is cached for the requests that use it). Raises
         ``ValueError`` with the compiler's message for a bad guide, ``GuidedUnavailableError`` without
         xgrammar."""
-        self.engine.guides.compile(GuidedDecodingParams.coerce(guide))
+        self.engine.compile_guide(GuidedDecodingParams.coerce(guide))
 
     # ---- generation ---------------------------------------------------------------------------
     def generate_stream(
@@ -345,6 +414,7 @@ class LLM:
         if isinstance(prompt, MultimodalPrompt):
             self._check_positions(prompt, params.max_tokens)
         self.check_token_ids(ids)
+        check_logit_bias(params, self._describe["vocab_size"])  # here: the engine may be another process
         return self.engine.submit(prompt, params, priority, on_metrics, request_id, channel)
 
     def generate(
@@ -415,60 +485,45 @@ class LLM:
     # ---- introspection -------------------------------------------------------------------------
     def stats(self) -> dict:
         """A snapshot for health endpoints and dashboards (safe to call from any thread)."""
-        engine = self.engine
-        stats = engine.stats
-        blocks = engine.blocks
-        return {
-            "model": self.model_name,
-            "active_requests": engine.num_active,
-            "running": len(engine.scheduler.running),
-            "waiting": len(engine.scheduler.waiting),
-            "kv_blocks_total": blocks.num_blocks,
-            "kv_blocks_free": blocks.num_free_blocks,
-            "kv_block_size": blocks.block_size,
-            "kv_cache_bytes": engine.runner.kv_bytes,
-            "submitted": stats.submitted,
-            "completed": stats.completed,
-            "cancelled": stats.cancelled,
-            "failed": stats.failed,
-            "joined_mid_flight": stats.joined_mid_flight,
-            "preemptions": stats.preemptions,
-            "steps": stats.steps,
-            "restarts": stats.restarts,
-            "engine_error": self._engine_error(),
-            "speculative": self.speculative_metrics(),
-            **_state_stats(engine),
-            **(
-                {"mm_embedding_cache": self.get_mm_embedding_cache_metrics()}
-                if self.vision or self.audio
-                else {}
-            ),
-            **_ple_stats(self.model),
-        }
+        engine = self._snapshot()
+        error = engine.pop("engine_error", None) or (None if self.tp is None else self.tp.error)
+        stats = {"model": self.model_name, **engine, "engine_error": error}
+        if self.vision or self.audio:
+            stats["mm_embedding_cache"] = self.get_mm_embedding_cache_metrics()
+        return stats
+
+    def _snapshot(self) -> dict:
+        """The engine's counters; from another process at most one call per 50 ms (a metrics scrape
+        reads them a dozen times), and the last one known once that process is gone."""
+        if not self.engine_process:
+            return self.engine.snapshot()
+        now = time.monotonic()
+        last = self._last_snapshot
+        if self.engine.error is None and (last is None or now - last[0] > 0.05):
+            try:
+                last = self._last_snapshot = (now, self.engine.snapshot())
+            except EngineUnavailableError:
+                last = self._last_snapshot
+        snapshot = dict(last[1]) if last is not None else {}
+        if self.engine.error is not None:
+            snapshot["engine_error"] = str(self.engine.error)
+        return snapshot
+
+    def describe(self) -> dict:
+        """What is loaded, as plain data: ``device``, ``dtype``, ``weight_bytes``, ``kv_bytes_per_token``,
+        ``vocab_size``, ``model_type``, ``async_scheduling``, and ``engine_process`` (whether the engine
+        core runs in its own process)."""
+        return {**self._describe, "engine_process": self.engine_process}
 
     def get_mm_embedding_cache_metrics(self) -> dict | None:
         """The vision encoder's embedding cache (None without a vision component): hits, misses,
         evictions, entries and bytes held now, max_bytes, and encoded_items (items run through the
         encoder, cache misses batched per step)."""
-        media = self.engine.runner.media
-        return None if media is None else media.metrics()
+        return self.engine.mm_embedding_cache_metrics()
 
     def speculative_metrics(self) -> dict | None:
         """The speculative configuration and its totals so far (None without speculative decoding)."""
-        spec = self.engine.speculative
-        if spec is None:
-            return None
-        totals = spec.stats
-        return {
-            **spec.config.to_dict(),
-            "steps": totals.steps,
-            "draft_tokens": totals.draft_tokens,
-            "accepted_tokens": totals.accepted_tokens,
-            "acceptance_rate": round(totals.acceptance_rate, 4),
-            "mean_accepted_length": round(totals.mean_accepted_length, 4),
-            "proposal_time": round(totals.proposal_time, 4),
-            "verification_time": round(totals.verification_time, 4),
-        }
+        return self.engine.speculative_metrics()
 
     def get_context_cache_metrics(self) -> ContextCacheMetrics:
         """Context reuse counters (a frozen ``ContextCacheMetrics``; ``.to_dict()`` for a dict):
@@ -477,35 +532,7 @@ class LLM:
         and recurrent_snapshot_pool_bytes; with a partial-block pool also partial_kv_snapshots (held
         now), partial_kv_snapshot_capacity, partial_kv_snapshot_evictions,
         partial_kv_snapshot_pool_bytes and partial_kv_reused_tokens (of reused_tokens)."""
-        blocks = self.engine.blocks
-        stats = blocks.stats
-        extra = {}
-        state = blocks.state
-        if state is not None:
-            extra = dict(
-                recurrent_snapshots=state.num_entries,
-                recurrent_snapshot_capacity=state.num_snapshots,
-                recurrent_snapshot_evictions=state.stats.evictions,
-                recurrent_snapshot_pool_bytes=state.num_snapshots * self.engine.runner.states.row_bytes,
-            )
-        partial = blocks.partial
-        if partial is not None:
-            extra.update(
-                partial_kv_snapshots=partial.num_held,
-                partial_kv_snapshot_capacity=partial.num_entries,
-                partial_kv_snapshot_evictions=partial.stats.evictions,
-                partial_kv_snapshot_pool_bytes=partial.num_entries
-                * self.engine.runner.partial_kv_bytes_per_snapshot,
-                partial_kv_reused_tokens=stats.partial_reused_tokens,
-            )
-        return ContextCacheMetrics(
-            lookups=stats.lookups,
-            hits=stats.hits,
-            reused_tokens=stats.reused_tokens,
-            records=blocks.num_records,
-            evictions=stats.evictions,
-            **extra,
-        )
+        return ContextCacheMetrics(**self.engine.context_cache_metrics())
 
     # ---- profiling ----------------------------------------------------------------------------
     def set_profiling_enabled(self, enabled: bool) -> None:
@@ -515,21 +542,21 @@ class LLM:
         while on. Independent of the per-request ``on_metrics`` figures."""
         if not isinstance(enabled, bool):
             raise TypeError(f"set_profiling_enabled takes true or false, got {enabled!r}")
-        self.engine.profiler.enabled = enabled
+        self.engine.set_profiling_enabled(enabled)
 
     def get_profiling_enabled(self) -> bool:
-        return self.engine.profiler.enabled
+        return self.engine.get_profiling_enabled()
 
     def get_profiling_metrics(self) -> ProfilingMetrics:
         """The totals since profiling was first enabled (or last reset), a frozen ``ProfilingMetrics``:
         ``prefill`` (total_runs, computed_tokens, reused_tokens, total_time), ``generation``
         (total_runs, generated_tokens: output tokens summed over sequences and runs, total_time) and
         ``stages`` (name -> runs, total_time, mean_time); ``.to_dict()`` for a dict."""
-        return self.engine.profiler.metrics()
+        return self.engine.get_profiling_metrics()
 
     def reset_profiling_metrics(self) -> None:
         """Set every profiling total back to zero (profiling stays on or off as it was)."""
-        self.engine.profiler.reset()
+        self.engine.reset_profiling_metrics()
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -579,25 +606,6 @@ def _engine_options(options: dict) -> dict:
     if extra:
         raise TypeError(f"unexpected argument(s): {', '.join(sorted(extra))}")
     return {k: v for k, v in options.items() if k in ("priority", "request_id")}
-
-
-def _ple_stats(model) -> dict:
-    """The per-layer embedding table's residency and pool counters (Gemma 3n / Gemma 4)."""
-    ple = getattr(model, "ple", None)
-    return {"ple_cache": ple.stats()} if ple is not None else {}
-
-
-def _state_stats(engine) -> dict:
-    """Recurrent-state slots of hybrid models (one per batch seat) and the bytes of the whole state
-    pool (slots, checkpoints, snapshots, draft-window rows), if the model has any."""
-    state = engine.blocks.state
-    if state is None:
-        return {}
-    return {
-        "state_slots_total": state.num_slots,
-        "state_slots_free": state.num_free_slots,
-        "recurrent_state_bytes": engine.runner.states.nbytes,
-    }
 
 
 __all__ = [

@@ -109,3 +109,49 @@ def test_scheduler_does_not_schedule_a_row_whose_in_flight_sample_ends_it():
         seq.token_ids.append(7)  # the first sample read back; the second is in flight
     # short: 1 token read + 1 in flight = max_tokens 2; full: 11 + 1 = max_seq_len 12: nothing to compute
     assert scheduler.schedule().is_empty
+
+
+class _EagerGraphs:
+    """Stands in for CUDA decode graphs on the CPU: logits for every row of a one-token-per-row step,
+    as the real graphs return them."""
+
+    def __init__(self, runner):
+        self.runner, self.calls = runner, 0
+
+    def fits(self, num_seqs: int) -> bool:
+        return True
+
+    def run(self, ids, positions, slots, tables, context_lens, fill=None, seq_ids=None):
+        self.calls += 1
+        n = len(ids)
+        logits, _ = self.runner.forward(
+            ids, positions, slots, [1] * n, context_lens, tables, list(range(n)), fill=fill
+        )
+        return logits
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_one_token_prefill_chunk_in_a_decode_graph_step_is_not_sampled(tiny, overlap):
+    """15 requests decode while a 16th prefills with the token budget's last token: a step of one-token
+    rows (the decode graphs' shape) in which one row is a prefill chunk short of its prompt's end. Its
+    logits must not be sampled (that once failed the step: 16 logits rows for 15 samples)."""
+    config = EngineConfig(
+        max_batch_size=16,
+        max_kv_cache_capacity=128,
+        max_num_batched_tokens=16,
+        enable_in_flight_batching=True,
+        async_scheduling=overlap,
+    )
+    params = SamplingParams(max_tokens=24, temperature=0.8, seed=3, ignore_eos=True)
+    # one-token prompts: every step is 15 one-token rows plus the 16th prompt's one-token chunk
+    prompts = [[5 + i] for i in range(15)] + [list(range(10, 50))]
+    engine = Engine(tiny.model, tiny.tokenizer, config)
+    engine.runner.graphs = graphs = _EagerGraphs(engine.runner)
+    try:
+        streams = [engine.submit(p, params) for p in prompts]
+        got = [[t for d in s for t in d.token_ids] for s in streams]
+    finally:
+        engine.shutdown()
+    assert graphs.calls > 0 and engine.stats.restarts == 0 and engine.stats.failed == 0
+    alone = [tiny.generate(p, params).token_ids for p in (prompts[0], prompts[-1])]
+    assert [got[0], got[-1]] == alone

@@ -294,7 +294,7 @@ class _RecordingGraphs:
     def fits(self, num_seqs: int) -> bool:
         return True
 
-    def run(self, ids, positions, slots, tables, context_lens, fill=None):
+    def run(self, ids, positions, slots, tables, context_lens, fill=None, seq_ids=None):
         assert isinstance(positions, list), "decode graphs got multimodal (3, T) positions"
         self.calls += 1
         n = len(ids)

@@ -142,16 +142,16 @@ def add_bandwidth(metrics: dict, requests: list[dict], llm, peak_gbs: float | No
     if not ok or decode_time <= 0:
         return
     tokens_per_s = sum(r["output_tokens"] - 1 for r in ok) / decode_time
-    kv = llm.engine.runner.kv  # (layers, 2, blocks, block_size, kv_heads, head_dim)
-    kv_per_token = kv.shape[0] * 2 * kv.shape[-2] * kv.shape[-1] * kv.element_size()
+    loaded = llm.describe()
+    kv_per_token = loaded["kv_bytes_per_token"]
     context = sum(r["prompt_tokens"] + r["output_tokens"] / 2 for r in ok) / len(ok)
     metrics["decode_tokens_per_s"] = tokens_per_s
-    metrics["weight_bytes"] = llm.model.weight_bytes
+    metrics["weight_bytes"] = loaded["weight_bytes"]
     metrics["kv_bytes_per_token"] = kv_per_token
     metrics["achieved_bandwidth_gbs"] = achieved_bandwidth(
-        llm.model.weight_bytes, kv_per_token, context, tokens_per_s
+        loaded["weight_bytes"], kv_per_token, context, tokens_per_s
     )
-    peak = peak_gbs or peak_bandwidth_gbs(device_name(llm.model.device))
+    peak = peak_gbs or peak_bandwidth_gbs(device_name(loaded["device"]))
     if peak:
         metrics["peak_bandwidth_gbs"] = peak
         metrics["bandwidth_utilization"] = metrics["achieved_bandwidth_gbs"] / peak
@@ -160,7 +160,7 @@ def add_bandwidth(metrics: dict, requests: list[dict], llm, peak_gbs: float | No
 def device_name(device) -> str:
     import torch
 
-    if getattr(device, "type", str(device)) == "cuda" and torch.cuda.is_available():
+    if str(device).startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(device)
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
@@ -177,7 +177,7 @@ def environment(llm=None) -> dict:
         "platform": platform.platform(),
     }
     if llm is not None:
-        env["device"] = device_name(llm.model.device)
+        env["device"] = device_name(llm.describe()["device"])
         env["model"] = llm.model_name
         env["fingerprint"] = getattr(llm.bundle, "key", None)
         env["profile"] = asdict(llm.config)

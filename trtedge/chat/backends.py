@@ -121,9 +121,8 @@ class LocalBackend:
     def describe(self) -> list[tuple[str, str]]:
         llm, cfg = self.llm, self.llm.config
         bundle = getattr(llm, "bundle", None)
-        model = getattr(llm, "model", None)
-        device = str(getattr(model, "device", "?"))
-        dtype = str(getattr(model, "dtype", "")).removeprefix("torch.")
+        loaded = llm.describe()
+        device, dtype = loaded["device"], loaded["dtype"]
         rows = [("model", self.model_name)]
         if bundle is not None and hasattr(bundle, "key"):
             rows.append(("bundle", f"{bundle.key} ({bundle.path})"))

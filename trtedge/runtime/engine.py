@@ -36,7 +36,7 @@ from trtedge.runtime.output import (
     StreamDelta,
 )
 from trtedge.runtime.profiling import MULTIMODAL, SCHEDULE, SPECULATIVE, Profiler
-from trtedge.runtime.sampling_params import SamplingParams
+from trtedge.runtime.sampling_params import SamplingParams, check_logit_bias
 from trtedge.runtime.speculative import SpeculativeConfig, build_decoder
 from trtedge.runtime.speculative.decoder import SpecStats, may_speculate
 from trtedge.runtime.structured import GuidedDecoding
@@ -234,11 +234,7 @@ class Engine:
                     "image and video input is not supported with speculative decoding or tensor parallelism yet"
                 )
             prompt_ids = mm.ids
-        vocab_size = self.runner.model.cfg.vocab_size
-        if params.logit_bias and max(params.logit_bias) >= vocab_size:
-            raise ValueError(
-                f"logit_bias token id {max(params.logit_bias)} is not below the vocabulary size {vocab_size}"
-            )
+        check_logit_bias(params, self.runner.model.cfg.vocab_size)
         params = self._resolve_cache_generated(params)
         grammar = self.guides.compile(params.guided_decoding) if params.guided_decoding else None
         seed = params.seed
@@ -307,6 +303,121 @@ class Engine:
     @property
     def num_active(self) -> int:
         return len(self._requests)
+
+    # ---- plain-data views (what a client, in this process or another, reads) ----------------------
+    def snapshot(self) -> dict:
+        """Counters and pool sizes now, for health endpoints and dashboards (any thread)."""
+        stats, blocks = self.stats, self.blocks
+        state = blocks.state
+        extra = {}
+        if state is not None:  # recurrent-state slots of hybrid models (one per batch seat)
+            extra = {
+                "state_slots_total": state.num_slots,
+                "state_slots_free": state.num_free_slots,
+                "recurrent_state_bytes": self.runner.states.nbytes,
+            }
+        snapshot = {
+            "active_requests": self.num_active,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_blocks_total": blocks.num_blocks,
+            "kv_blocks_free": blocks.num_free_blocks,
+            "kv_block_size": blocks.block_size,
+            "kv_cache_bytes": self.runner.kv_bytes,
+            "submitted": stats.submitted,
+            "completed": stats.completed,
+            "cancelled": stats.cancelled,
+            "failed": stats.failed,
+            "joined_mid_flight": stats.joined_mid_flight,
+            "preemptions": stats.preemptions,
+            "steps": stats.steps,
+            "restarts": stats.restarts,
+            "engine_error": None if self.error is None else str(self.error),
+            "speculative": self.speculative_metrics(),
+            **extra,
+        }
+        ple = getattr(self.runner.model, "ple", None)  # Gemma 3n / Gemma 4 per-layer embeddings
+        if ple is not None:
+            snapshot["ple_cache"] = ple.stats()
+        return snapshot
+
+    def describe(self) -> dict:
+        """What is loaded: device, dtype, weight bytes, KV bytes per token, vocabulary size."""
+        model, kv = self.runner.model, self.runner.kv
+        return {
+            "device": str(model.device),
+            "dtype": str(getattr(model, "dtype", "")).removeprefix("torch."),
+            "weight_bytes": int(getattr(model, "weight_bytes", 0)),
+            # kv: (layers, 2, blocks, block_size, kv_heads, head_dim)
+            "kv_bytes_per_token": kv.shape[0] * 2 * kv.shape[-2] * kv.shape[-1] * kv.element_size(),
+            "vocab_size": model.cfg.vocab_size,
+            "model_type": model.cfg.model_type,
+            "async_scheduling": self.async_scheduling,
+        }
+
+    def context_cache_metrics(self) -> dict:
+        """Context reuse counters (the fields of ``ContextCacheMetrics`` that apply)."""
+        blocks = self.blocks
+        stats, state, partial = blocks.stats, blocks.state, blocks.partial
+        out = {
+            "lookups": stats.lookups,
+            "hits": stats.hits,
+            "reused_tokens": stats.reused_tokens,
+            "records": blocks.num_records,
+            "evictions": stats.evictions,
+        }
+        if state is not None:
+            out.update(
+                recurrent_snapshots=state.num_entries,
+                recurrent_snapshot_capacity=state.num_snapshots,
+                recurrent_snapshot_evictions=state.stats.evictions,
+                recurrent_snapshot_pool_bytes=state.num_snapshots * self.runner.states.row_bytes,
+            )
+        if partial is not None:
+            out.update(
+                partial_kv_snapshots=partial.num_held,
+                partial_kv_snapshot_capacity=partial.num_entries,
+                partial_kv_snapshot_evictions=partial.stats.evictions,
+                partial_kv_snapshot_pool_bytes=partial.num_entries
+                * self.runner.partial_kv_bytes_per_snapshot,
+                partial_kv_reused_tokens=stats.partial_reused_tokens,
+            )
+        return out
+
+    def mm_embedding_cache_metrics(self) -> dict | None:
+        media = self.runner.media
+        return None if media is None else media.metrics()
+
+    def speculative_metrics(self) -> dict | None:
+        spec = self.speculative
+        if spec is None:
+            return None
+        totals = spec.stats
+        return {
+            **spec.config.to_dict(),
+            "steps": totals.steps,
+            "draft_tokens": totals.draft_tokens,
+            "accepted_tokens": totals.accepted_tokens,
+            "acceptance_rate": round(totals.acceptance_rate, 4),
+            "mean_accepted_length": round(totals.mean_accepted_length, 4),
+            "proposal_time": round(totals.proposal_time, 4),
+            "verification_time": round(totals.verification_time, 4),
+        }
+
+    def compile_guide(self, guide) -> None:
+        self.guides.compile(guide)
+
+    def set_profiling_enabled(self, enabled: bool) -> None:
+        self.profiler.enabled = enabled
+
+    def get_profiling_enabled(self) -> bool:
+        return self.profiler.enabled
+
+    def get_profiling_metrics(self):
+        return self.profiler.metrics()
+
+    def reset_profiling_metrics(self) -> None:
+        self.profiler.reset()
 
     # ---- the engine thread ------------------------------------------------------------------
     def _loop(self) -> None:

@@ -198,3 +198,10 @@ def _range(name, value, lo, hi, lo_open: bool = False) -> None:
         else:
             bounds = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ValueError(f"{name} must be {bounds}, got {value!r}")
+
+
+def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
+    if params.logit_bias and max(params.logit_bias) >= vocab_size:
+        raise ValueError(
+            f"logit_bias token id {max(params.logit_bias)} is not below the vocabulary size {vocab_size}"
+        )

@@ -19,6 +19,55 @@ def graph_batch_sizes(max_batch_size: int) -> list[int]:
     return sorted(set(sizes + [max_batch_size]))
 
 
+class BlockTableRows:
+    """Block tables kept on the device, one row per sequence (a seat), written only where a table
+    changed since the last step (a new block every ``block_size`` tokens; all of it after a
+    preemption), and gathered into the step's batch order on the device. Building a step's whole
+    table on the host from Python lists cost more than the step's kernels at batch 256."""
+
+    def __init__(self, num_seats: int, max_blocks: int, scratch_block: int, device: torch.device):
+        self.rows = torch.full((num_seats + 1, max_blocks), scratch_block, dtype=torch.int32, device=device)
+        self.pad_seat = num_seats  # all scratch: padding rows read it
+        self.device = device
+        self._pin = device.type == "cuda"  # staged in pinned memory: the copies do not wait for the queue
+        self._seat: dict[int, int] = {}  # seq_id -> seat
+        self._written: dict[int, list[int]] = {}  # seq_id -> the table as written there
+        self._free = list(range(num_seats - 1, -1, -1))
+
+    def seats(self, seq_ids: list[int], tables: list[list[int]], size: int) -> torch.Tensor:
+        """The seats of the step's rows (``size`` with padding) on the device, their rows up to date."""
+        seats, rows, cols, values = [], [], [], []
+        for sid, table in zip(seq_ids, tables):
+            seat = self._seat.get(sid)
+            if seat is None:
+                if not self._free:
+                    self._evict(set(seq_ids))
+                seat = self._seat[sid] = self._free.pop()
+                old: list[int] = []
+            else:
+                old = self._written[sid]
+            if table != old:
+                k = len(old) if len(table) >= len(old) and table[: len(old)] == old else 0
+                rows += [seat] * (len(table) - k)
+                cols += range(k, len(table))
+                values += table[k:]
+                self._written[sid] = table
+            seats.append(seat)
+        seats += [self.pad_seat] * (size - len(seats))
+        if values:
+            update = torch.tensor([rows, cols, values], dtype=torch.long, pin_memory=self._pin)
+            update = update.to(self.device, non_blocking=True)
+            self.rows.index_put_((update[0], update[1]), update[2].to(torch.int32))
+        return torch.tensor(seats, dtype=torch.long, pin_memory=self._pin).to(self.device, non_blocking=True)
+
+    def _evict(self, keep: set[int]) -> None:
+        for sid in [s for s in self._seat if s not in keep]:
+            self._free.append(self._seat.pop(sid))
+            del self._written[sid]
+        if not self._free:
+            raise RuntimeError("internal error: more sequences in a step than block-table seats")
+
+
 class DecodeGraphs:
     def __init__(
         self, model, kv_caches, max_batch_size: int, max_blocks: int, block_size: int, scratch_block: int
@@ -34,6 +83,7 @@ class DecodeGraphs:
         self.slots = torch.full((n,), scratch_block * block_size, dtype=torch.long, device=device)
         self.tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=device)
         self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.table_rows = BlockTableRows(2 * n, max_blocks, scratch_block, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         start = time.perf_counter()
@@ -80,19 +130,14 @@ class DecodeGraphs:
         tables: list[list[int]],
         context_lens: list[int],
         fill: tuple[torch.Tensor, torch.Tensor] | None = None,
+        seq_ids: list[int] | None = None,
     ) -> torch.Tensor:
         """Logits [len(ids), vocab] for one decode token per sequence. ``fill`` (rows, ids): input ids
-        still on the device (the last step's samples), written over the placeholders of ``ids``."""
+        still on the device (the last step's samples), written over the placeholders of ``ids``.
+        ``seq_ids``: the rows' sequences, whose block tables stay on the device between steps."""
         n = len(ids)
         size = next(s for s in self.sizes if s >= n)
-        width = max(len(t) for t in tables)
-        scratch = self.scratch_block
-        flat: list[int] = []  # one flat list: torch reads it far faster than a list of lists
-        for t in tables:
-            flat += t
-            flat += [scratch] * (width - len(t))
         pad = size - n
-        flat += [scratch] * (width * pad)
         host = torch.tensor(
             [
                 ids + [0] * pad,
@@ -101,6 +146,7 @@ class DecodeGraphs:
                 context_lens + [1] * pad,
             ],
             dtype=torch.long,
+            pin_memory=True,  # a copy from pageable memory would wait for the device's queue
         )
         staged = host.to(self.ids.device, non_blocking=True)
         self.ids[:size].copy_(staged[0])
@@ -109,7 +155,18 @@ class DecodeGraphs:
         self.positions[:size].copy_(staged[1])
         self.slots[:size].copy_(staged[2])
         self.context_lens[:size].copy_(staged[3])
-        table_rows = torch.tensor(flat, dtype=torch.int32).view(size, width)
-        self.tables[:size, :width].copy_(table_rows.to(self.tables.device, non_blocking=True))
+        if seq_ids is not None:
+            seats = self.table_rows.seats(seq_ids, tables, size)
+            torch.index_select(self.table_rows.rows, 0, seats, out=self.tables[:size])
+        else:
+            width = max(len(t) for t in tables)
+            scratch = self.scratch_block
+            flat: list[int] = []  # one flat list: torch reads it far faster than a list of lists
+            for t in tables:
+                flat += t
+                flat += [scratch] * (width - len(t))
+            flat += [scratch] * (width * pad)
+            table_rows = torch.tensor(flat, dtype=torch.int32, pin_memory=True).view(size, width)
+            self.tables[:size, :width].copy_(table_rows.to(self.tables.device, non_blocking=True))
         self.graphs[size].replay()
         return self.logits[size][:n]

@@ -312,7 +312,10 @@ class ModelRunner:
         graphs = decode and not score_rows and self.graphs is not None and self.graphs.fits(len(ids))
         prompt_scores = []
         if graphs and not self.model.aux_layers:
-            logits = self.graphs.run(ids, positions, slots, tables, context_lens, fill)
+            seq_ids = [seq.seq_id for seq in batch.seqs]
+            logits = self.graphs.run(ids, positions, slots, tables, context_lens, fill, seq_ids)
+            if len(last_rows) != len(ids):  # a one-token prefill chunk short of the prompt's end: no sample
+                logits = logits.index_select(0, _to_device(last_rows, logits.device))
         else:
             top = max((s.prompt_logprobs for s, _, _ in scoring), default=0)
             score = (score_rows, score_targets, top) if score_rows else None
@@ -423,9 +426,13 @@ class ModelRunner:
             )
         # One host-to-device copy per tensor, not one per sequence.
         width = max(len(t) for t in tables)
-        padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long).to(device)
+        flat: list[int] = []  # one flat list: torch reads it far faster than a list of lists
+        for t in tables:
+            flat += t
+            flat += [0] * (width - len(t))
+        padded = _to_device(flat, device).view(len(tables), width)
         attn = AttentionBatch(
-            slot_mapping=torch.tensor(slots, dtype=torch.long).to(device),
+            slot_mapping=_to_device(slots, device),
             query_lens=query_lens,
             context_lens=context_lens,
             block_tables=[padded[i, : len(t)] for i, t in enumerate(tables)],
@@ -433,13 +440,12 @@ class ModelRunner:
         )
         if decode:
             attn.tables_tensor = padded
-            attn.context_lens_tensor = torch.tensor(context_lens, dtype=torch.long).to(device)
+            attn.context_lens_tensor = _to_device(context_lens, device)
         elif triton_prefill.supported(self.model.cfg.head_dim):
             tiles, seqs = triton_prefill.plan_tiles(query_lens, context_lens)
             # the sequences' part starts 16-byte aligned, as Triton assumes of a pointer it specialised on
             split = len(tiles) + (-len(tiles)) % 4
-            plan = torch.tensor(tiles + [0] * (split - len(tiles)) + seqs, dtype=torch.int32)
-            plan = plan.to(device, non_blocking=True)
+            plan = _to_device(tiles + [0] * (split - len(tiles)) + seqs, device, torch.int32)
             attn.prefill_plan = (padded, plan[: len(tiles)].view(-1, 2), plan[split:].view(-1, 3))
         return attn
 
@@ -483,7 +489,9 @@ def _trim(infos: list[TokenLogprobs], seq: Sequence) -> list[TokenLogprobs]:
     return infos
 
 
-def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """Host ints as a long tensor on ``device``, without waiting for the kernels queued there."""
-    t = torch.tensor(values, dtype=torch.long)
-    return t if device.type == "cpu" else t.to(device, non_blocking=True)
+def _to_device(values: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """Host ints as a tensor on ``device``, without waiting for the kernels queued there: staged in
+    pinned memory (a copy from pageable memory waits for the device queue once it is past a few KiB)."""
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=dtype)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

@@ -129,8 +129,9 @@ def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
 def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small host list on the device without waiting for the device's queue (a plain
     ``torch.tensor(..., device=cuda)`` copy waits for every kernel queued before it)."""
-    t = torch.tensor(values, dtype=dtype)
-    return t if device.type == "cpu" else t.to(device, non_blocking=True)
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=dtype)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 def is_plain(p) -> bool:

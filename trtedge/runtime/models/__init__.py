@@ -96,12 +96,15 @@ def prepare_tensors(tensors, checkpoint, weights: str, native: bool, dtype: torc
 
 
 def dummy_tensors(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
-    """Random weights (std 0.02, norms 1) in HF names, made on the device: for benchmarking shapes."""
+    """Random weights (std 0.02, norms 1, seed 0) in HF names, made on the device: for benchmarking shapes."""
     h, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
     q = cfg.num_heads * cfg.head_dim
 
+    # seeded: the same weights in every process (an engine core process, a peer in the same benchmark)
+    generator = torch.Generator(device=device).manual_seed(0)
+
     def rand(*shape):
-        return torch.randn(*shape, dtype=dtype, device=device) * 0.02
+        return torch.randn(*shape, dtype=dtype, device=device, generator=generator) * 0.02
 
     if cfg.linear is not None:
         zeros = lambda n: torch.zeros(n, dtype=dtype, device=device)  # noqa: E731

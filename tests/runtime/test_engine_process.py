@@ -1,0 +1,123 @@
+"""The engine core in its own process (``LLM(engine_process=True)``, the CUDA default): the same
+outputs, streams, cancellation, errors and figures as in-process, through the message queue; and a
+core that dies fails its requests with a clear error instead of hanging them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from trtedge import LLM, SamplingParams
+from trtedge.runtime.engine import EngineUnavailableError
+from trtedge.runtime.output import LoopBatcher, LoopChannel
+
+PROMPTS = ["The capital of France is", "1, 2, 3,", "def fibonacci(n):"]
+
+
+@pytest.fixture(scope="module")
+def core(smollm):
+    from trtedge.runtime.artifacts.embedded import embedded_model_path
+
+    embedded_model_path()
+    llm = LLM(
+        engine_process=True,
+        max_kv_cache_capacity=2048,
+        max_input_len=1024,
+        max_batch_size=4,
+        enable_in_flight_batching=True,
+    )
+    yield llm
+    llm.close()
+
+
+def wait_idle(llm: LLM) -> dict:
+    for _ in range(200):
+        stats = llm.stats()
+        if stats["active_requests"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks_total"]:
+            return stats
+        time.sleep(0.05)
+    return stats
+
+
+def test_greedy_outputs_logprobs_and_metrics_equal_in_process(core, smollm):
+    params = SamplingParams(max_tokens=12, temperature=0, logprobs=2)
+    there = core.generate(PROMPTS, params)
+    here = smollm.generate(PROMPTS, params)
+    assert [o.token_ids for o in there] == [o.token_ids for o in here]
+    assert [o.text for o in there] == [o.text for o in here]
+    for a, b in zip(there, here):
+        assert [t.token_id for t in a.logprobs] == [t.token_id for t in b.logprobs]
+        assert [t.logprob for t in a.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-4)
+        assert a.metrics is not None and a.metrics.generated_tokens == 12 and a.metrics.finish_reason == "length"
+    assert core.describe()["engine_process"] is True and smollm.describe()["engine_process"] is False
+    assert core.describe()["vocab_size"] == smollm.describe()["vocab_size"]
+
+
+def test_n_choices_stop_strings_and_prompt_logprobs_cross_the_queue(core, smollm):
+    params = SamplingParams(max_tokens=10, temperature=0.8, seed=7, n=2, stop=["\n"], prompt_logprobs=1)
+    there, here = core.generate(PROMPTS[0], params), smollm.generate(PROMPTS[0], params)
+    assert [o.text for o in there.outputs] == [o.text for o in here.outputs]
+    assert len(there.prompt_logprobs) == there.prompt_tokens and there.prompt_logprobs[0] is None
+    assert [p.token_id for p in there.prompt_logprobs[1:]] == [p.token_id for p in here.prompt_logprobs[1:]]
+
+
+def test_cancel_mid_stream_frees_the_seat_and_blocks(core):
+    stream = core.generate_stream("Tell me a long story", SamplingParams(max_tokens=500, temperature=0))
+    deltas = []
+    for delta in stream:
+        deltas.append(delta)
+        if len(deltas) == 3:
+            stream.cancel()
+    assert deltas[-1].finish_reason == "cancelled" and len(deltas) < 50
+    stats = wait_idle(core)
+    assert stats["active_requests"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    assert stats["cancelled"] >= 1
+
+
+def test_loop_channel_gets_a_steps_deltas_on_its_event_loop(core):
+    async def main() -> list:
+        loop = asyncio.get_running_loop()
+        got, done = [], asyncio.Event()
+
+        def deliver(item):
+            got.append(item)
+            if getattr(item, "finish_reason", None) is not None:
+                done.set()
+
+        channel = LoopChannel(LoopBatcher(loop), deliver)
+        core.generate_stream(PROMPTS[1], SamplingParams(max_tokens=6, temperature=0), channel=channel)
+        await asyncio.wait_for(done.wait(), 120)
+        return got
+
+    got = asyncio.run(main())
+    assert sum(len(d.token_ids) for d in got) == 6 and got[-1].finish_reason == "length"
+
+
+def test_bad_input_is_refused_at_the_call_and_the_core_keeps_serving(core):
+    with pytest.raises(ValueError, match="logit_bias token id 99999999"):
+        core.generate("hi", SamplingParams(max_tokens=2, logit_bias={99999999: 1.0}))
+    with pytest.raises(ValueError):
+        core.compile_guide({"json": {"type": "object", "properties": 5}})
+    assert core.generate("hi", SamplingParams(max_tokens=2, temperature=0)).completion_tokens == 2
+    metrics = core.get_context_cache_metrics()
+    assert metrics.lookups >= 0 and core.get_profiling_metrics() is not None
+
+
+def test_a_dead_core_fails_open_requests_and_refuses_new_ones():
+    llm = LLM(engine_process=True, max_kv_cache_capacity=1024, max_input_len=512)
+    try:
+        stream = llm.generate_stream("Count to a thousand", SamplingParams(max_tokens=900, temperature=0))
+        next(stream)
+        os.kill(llm.engine._proc.pid, signal.SIGKILL)
+        with pytest.raises(EngineUnavailableError, match="engine core process exited"):
+            for _ in stream:
+                pass
+        with pytest.raises(EngineUnavailableError):
+            llm.generate("hi", SamplingParams(max_tokens=2))
+        assert "exited" in llm.stats()["engine_error"]
+    finally:
+        llm.close()
