@@ -54,12 +54,14 @@ def test_greedy_64_tokens_match_transformers_batched_and_cached_on_gpu(tiny):
         with torch.no_grad():
             logits = hf(torch.tensor([ids + out]).cuda()).logits[0]
         assert logits[len(ids) - 1 : -1].argmax(-1).tolist() == out
-    with cuda_llm(tiny, enable_in_flight_batching=True, max_batch_size=4) as llm:
+    # in this process (engine_process=False): the test reads the runner's graphs
+    with cuda_llm(tiny, enable_in_flight_batching=True, max_batch_size=4, engine_process=False) as llm:
         assert llm.engine.runner.graphs is not None  # resident PLE: decode steps replay CUDA graphs
         together = in_threads(lambda p: llm.generate(p, params).token_ids, prompts)
     assert together == alone
     cached = {"residency": "cached", "cache_slots": 17}
-    with cuda_llm(tiny, enable_in_flight_batching=True, max_batch_size=4, ple_config=cached) as llm:
+    options = dict(enable_in_flight_batching=True, max_batch_size=4, ple_config=cached, engine_process=False)
+    with cuda_llm(tiny, **options) as llm:
         assert llm.engine.runner.graphs is None
         got = in_threads(lambda p: llm.generate(p, params).token_ids, prompts)
         stats = llm.stats()["ple_cache"]
