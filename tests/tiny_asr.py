@@ -238,3 +238,48 @@ def make_tiny_qwen2_5_omni_full(directory: Path, seed: int = 0) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (directory / name).write_bytes((thinker / name).read_bytes())
     return directory
+
+
+QWEN3_OMNI_AUDIO = dict(AUDIO, conv_chunksize=500, max_source_positions=1500)
+QWEN3_OMNI_TEXT = dict(
+    TEXT,
+    moe_intermediate_size=32,
+    num_experts=4,
+    num_experts_per_tok=2,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [2, 3, 3],
+        "interleaved": True,
+    },
+)
+QWEN3_OMNI_VISION = dict(
+    depth=1,
+    hidden_size=16,
+    intermediate_size=32,
+    num_heads=2,
+    out_hidden_size=64,
+    deepstack_visual_indexes=[],
+)
+
+
+def make_tiny_qwen3_omni(directory: Path, seed: int = 0) -> Path:
+    """Save a random Qwen3-Omni thinker (Qwen3-ASR's tiny audio encoder, 2 MoE text layers of 4 experts,
+    top 2, a 1-block vision tower trtedge does not load) with the Omni-style template into ``directory``."""
+    import transformers
+
+    config = transformers.Qwen3OmniMoeThinkerConfig(
+        audio_config=QWEN3_OMNI_AUDIO,
+        vision_config=QWEN3_OMNI_VISION,
+        text_config=QWEN3_OMNI_TEXT,
+        audio_token_id=TOKEN_IDS["<|AUDIO|>"],
+        audio_start_token_id=TOKEN_IDS["<|audio_bos|>"],
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(config)
+    _randomize(model)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    _write_tokenizer(directory, OMNI_TEMPLATE)
+    return directory

@@ -1,6 +1,6 @@
 """Qwen3-ASR on CUDA: the audio encoder against the CPU reference, and greedy output with audio clips
 (Triton prefill cut inside the clips, fused decode, CUDA graphs, batched with a text request) against
-HF transformers; the same greedy check for Qwen2.5-Omni's thinker."""
+HF transformers; the same greedy check for the Qwen2.5-Omni and Qwen3-Omni thinkers."""
 
 from __future__ import annotations
 
@@ -77,3 +77,20 @@ def test_qwen2_5_omni_thinker_greedy_with_audio_matches_transformers_on_the_gpu(
         prompt = llm.encode_prompt(user("w3", a, "w4", b))
         out = [t for d in llm.generate_stream(prompt, SamplingParams(**GREEDY)) for t in d.token_ids]
     assert out == hf_greedy(model, prompt.ids, [a, b])
+
+
+def test_qwen3_omni_thinker_greedy_with_audio_matches_transformers_on_the_gpu(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tests.runtime.test_qwen3_omni import hf_greedy
+    from tests.tiny_asr import make_tiny_qwen3_omni
+    from trtedge import LLM, SamplingParams
+
+    path = make_tiny_qwen3_omni(tmp_path / "omni3")
+    hf = transformers.Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+    a, b = tone(1.6, seed=3), tone(0.8, seed=5, freq=600)
+    with LLM(
+        str(path), device="cuda", dtype="float32", max_kv_cache_capacity=512, max_num_batched_tokens=32
+    ) as llm:
+        prompt = llm.encode_prompt(user("w3", a, "w4", b))
+        out = [t for d in llm.generate_stream(prompt, SamplingParams(**GREEDY)) for t in d.token_ids]
+    assert out == hf_greedy(hf.eval(), prompt.ids, [a, b])

@@ -41,6 +41,8 @@ VISION_MODEL_TYPES = {
     "qwen3_asr": "audio_config",
     "qwen2_5_omni": "thinker_config",
     "qwen2_5_omni_thinker": "audio_config",
+    "qwen3_omni_moe": "thinker_config",
+    "qwen3_omni_moe_thinker": "audio_config",
 }
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4")

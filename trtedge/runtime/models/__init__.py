@@ -17,7 +17,7 @@ from trtedge.runtime.models.ple import find_ple_tensor
 from trtedge.runtime.models.qwen2_5_omni import Qwen25OmniModel
 from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel
 from trtedge.runtime.models.qwen3_5 import Qwen35Model, hybrid_dummy_tensors
-from trtedge.runtime.models.qwen3_asr import Qwen3ASRModel
+from trtedge.runtime.models.qwen3_asr import Qwen3ASRModel, Qwen3OmniModel
 from trtedge.runtime.models.qwen3_vl import Qwen3VLModel
 from trtedge.runtime.multimodal import is_encoder_tensor
 
@@ -42,6 +42,7 @@ ARCHITECTURES = {
     "qwen3_vl": Qwen3VLModel,
     "qwen3_asr": Qwen3ASRModel,
     "qwen2_5_omni": Qwen25OmniModel,
+    "qwen3_omni_moe": Qwen3OmniModel,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
 _QUANTIZED_ARCHITECTURES = {

@@ -19,10 +19,18 @@ SUPPORTED_MODEL_TYPES = (
 )
 SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 SUPPORTED_MODEL_TYPES += ("qwen2_5_vl", "qwen3_vl", "qwen3_asr", "qwen2_5_omni", "qwen2_5_omni_thinker")
+SUPPORTED_MODEL_TYPES += ("qwen3_omni_moe", "qwen3_omni_moe_thinker")
 SUPPORTED_MODEL_TYPES += ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text")
 # Gemma 3n / Gemma 4 (per-layer embeddings): the multimodal checkpoint -> its text model's type.
 _PLE_FAMILIES = {"gemma3n": "gemma3n_text", "gemma4": "gemma4_text"}
 PLE_MODEL_TYPES = ("gemma3n_text", "gemma4_text")
+# Omni checkpoints (whole, or their thinker alone) -> the family their thinker is served as.
+_OMNI = {
+    "qwen2_5_omni": "qwen2_5_omni",
+    "qwen2_5_omni_thinker": "qwen2_5_omni",
+    "qwen3_omni_moe": "qwen3_omni_moe",
+    "qwen3_omni_moe_thinker": "qwen3_omni_moe",
+}
 # Hybrid (Gated DeltaNet + gated attention) checkpoints, vision-language or text-only -> the text
 # model's family.
 _QWEN3_5 = {
@@ -167,17 +175,17 @@ class ModelConfig:
             cfg["tie_word_embeddings"] = top.get("tie_word_embeddings", True)
             cfg.setdefault("torch_dtype", top.get("torch_dtype") or top.get("dtype"))
             audio = {k: top[k] for k in ("audio_config", "audio_token_id") if k in top}
-        if model_type in ("qwen2_5_omni", "qwen2_5_omni_thinker"):  # the thinker: qwen2's text model
+        if model_type in _OMNI:  # the thinker: qwen2's (Qwen2.5-Omni) or qwen3_moe's (Qwen3-Omni) text model
             thinker = cfg.get("thinker_config") or cfg
             text = thinker.get("text_config") or {}
-            cfg = {**text, "model_type": "qwen2_5_omni"}
+            model_type = _OMNI[model_type]
+            cfg = {**text, "model_type": model_type}
             cfg["tie_word_embeddings"] = thinker.get(
                 "tie_word_embeddings", text.get("tie_word_embeddings", False)
             )
             cfg.setdefault("torch_dtype", thinker.get("torch_dtype") or thinker.get("dtype"))
             audio = {"audio_config": thinker.get("audio_config") or {}}
             audio["audio_token_id"] = thinker.get("audio_token_index", thinker.get("audio_token_id", 151646))
-            model_type = "qwen2_5_omni"
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -218,7 +226,8 @@ class ModelConfig:
                 or _qwen2_moe_bias(cfg),
                 o_bias=model_type in ("llama", "mistral") and attention_bias,
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
-                qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl", "qwen3_asr")
+                qk_norm=model_type
+                in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl", "qwen3_asr", "qwen3_omni_moe")
                 or model_type in _QWEN3_5
                 or ple,
                 torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
@@ -272,6 +281,7 @@ def _sliding_windows(cfg: dict, num_layers: int) -> tuple[int, ...]:
         "qwen2_5_vl",
         "qwen3_asr",
         "qwen2_5_omni",
+        "qwen3_omni_moe",
     )
     if not window or (qwen and not cfg.get("use_sliding_window")):
         return (0,) * num_layers
@@ -306,7 +316,7 @@ def _moe_fields(cfg: dict, model_type: str, num_layers: int) -> dict:
             norm_topk_prob=True,
             sparse_layers=(True,) * num_layers,
         )
-    if model_type not in ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_5_moe", "qwen3_next"):
+    if model_type not in ("qwen2_moe", "qwen3_moe", "mixtral", "qwen3_5_moe", "qwen3_next", "qwen3_omni_moe"):
         return {}
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if model_type == "mixtral":

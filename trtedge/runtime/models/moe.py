@@ -26,6 +26,7 @@ from trtedge.runtime.ops.linear import make_linear
 _NAMES = {
     "qwen2_moe": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "qwen3_moe": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
+    "qwen3_omni_moe": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),  # its thinker
     "mixtral": ("block_sparse_moe.", "gate", ("w1", "w3", "w2")),
     "qwen3_5_moe": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),
     "qwen3_next": ("mlp.", "gate", ("gate_proj", "up_proj", "down_proj")),

@@ -126,14 +126,15 @@ class Qwen25OmniModel(LlamaModel):
             self.audio = Qwen25OmniAudioEncoder(OmniAudioConfig.from_hf(cfg.audio), audio, dtype, device)
 
 
-def split_thinker(tensors: Iterable, audio: dict):
-    """The thinker's text tensors under the decoder's names; its audio tower's go into ``audio``; the
-    vision tower, the talker and the vocoder are left out."""
+def split_thinker(tensors: Iterable, audio: dict, audio_prefix: str = ""):
+    """The thinker's text tensors under the decoder's names; its audio tower's go into ``audio`` (their
+    names after the tower's, behind ``audio_prefix``); the vision tower, the talker and the vocoder are
+    left out."""
     for name, tensor in tensors:
         name = name.removeprefix("thinker.")
         for prefix in ("model.audio_tower.", "audio_tower."):
             if name.startswith(prefix):
-                audio[name[len(prefix) :]] = tensor
+                audio[audio_prefix + name[len(prefix) :]] = tensor
                 break
         else:
             name = name.replace("model.language_model.", "model.", 1)

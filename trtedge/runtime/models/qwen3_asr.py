@@ -1,5 +1,6 @@
 """Qwen3-ASR: its audio encoder (a Whisper-style transformer behind a convolutional downsampler) and
-projector, and the model that pairs them with the Qwen3 text decoder (plain 1D rotary).
+projector, and the model that pairs them with the Qwen3 text decoder (plain 1D rotary). Qwen3-Omni's
+thinker has the same encoder (its projector inside the tower) before a Qwen3-MoE decoder.
 
 The encoder reads each clip's log-mel frames (``runtime.multimodal.audio``) in chunks of
 2 x n_window frames (the last one zero-padded): three 3x3 stride-2 convolutions with GELU over
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 from trtedge.runtime.models.layers import ACTIVATIONS, rename_prefix, require
 from trtedge.runtime.models.llama import LlamaModel
+from trtedge.runtime.models.moe import MoeModel
 from trtedge.runtime.models.qwen2_5_vl import _Linear, _sub, segment_attention
 from trtedge.runtime.multimodal.audio import conv_length
 
@@ -120,17 +122,23 @@ class AudioLayer:
 class Qwen3ASRAudioEncoder:
     """Log-mel frames of a batch of clips -> one embedding per placeholder token, in clip order."""
 
-    def __init__(self, cfg: AudioConfig, tensors: dict[str, torch.Tensor], dtype, device):
+    def __init__(
+        self, cfg: AudioConfig, tensors: dict[str, torch.Tensor], dtype, device, pad_short_clips: bool = True
+    ):
         self.cfg = cfg
         self.dtype, self.device = dtype, device
+        self.pad_short_clips = pad_short_clips
         w = {k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}
         tower = _sub(w, "audio_tower.")
         self.convs = [(require(tower, f"conv2d{i}.weight"), tower.get(f"conv2d{i}.bias")) for i in (1, 2, 3)]
         self.conv_out = require(tower, "conv_out.weight")
         self.layers = [AudioLayer(cfg, _sub(tower, f"layers.{i}.")) for i in range(cfg.encoder_layers)]
         self.ln_post = _LayerNorm(tower, "ln_post")
-        proj = _sub(w, "multi_modal_projector.")
-        self.proj1, self.proj2 = _Linear(proj, "linear_1"), _Linear(proj, "linear_2")
+        if "multi_modal_projector.linear_1.weight" in w:  # Qwen3-ASR: the projector beside the tower
+            proj = _sub(w, "multi_modal_projector.")
+            self.proj1, self.proj2 = _Linear(proj, "linear_1"), _Linear(proj, "linear_2")
+        else:  # Qwen3-Omni: inside it
+            self.proj1, self.proj2 = _Linear(tower, "proj1"), _Linear(tower, "proj2")
         self.act = ACTIVATIONS[cfg.activation_function]
         self.positions = sinusoids(cfg.max_position_embeddings, cfg.d_model).to(device, dtype)
 
@@ -140,35 +148,60 @@ class Qwen3ASRAudioEncoder:
         tensors += [lin.weight for la in self.layers for lin in (la.q, la.k, la.v, la.out, la.fc1, la.fc2)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def _embed(self, chunks: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """(chunks, mel, width) -> the rows the chunks' real frames reach, positions added."""
+        x = chunks.unsqueeze(1)
+        for weight, bias in self.convs:
+            x = F.gelu(F.conv2d(x, weight, bias, stride=2, padding=1))
+        n, c, f, t = x.shape
+        x = F.linear(x.permute(0, 3, 1, 2).reshape(n, t, c * f), self.conv_out) + self.positions[:t]
+        keep = torch.arange(t)[None, :] < torch.tensor([conv_length(k) for k in lengths])[:, None]
+        return x.reshape(n * t, -1)[keep.flatten().nonzero().squeeze(-1).to(self.device)]
+
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
         """``features``: the clips' (frames, mel) rows one after another; ``grids``: (1, frames, mel)."""
         cfg = self.cfg
         chunk = 2 * cfg.n_window
         per_window = conv_length(chunk) * (cfg.n_window_infer // chunk)
-        chunks, lengths, windows = [], [], []
+        rows, windows = [], []
         for clip in features.to(self.device, self.dtype).split([g[1] for g in grids]):
             frames = clip.shape[0]
-            padded = F.pad(clip, (0, 0, 0, -frames % chunk))  # (chunks * chunk, mel)
-            chunks.append(padded.view(-1, chunk, clip.shape[1]).transpose(1, 2))
-            clip_lengths = [min(chunk, frames - i) for i in range(0, frames, chunk)]
-            lengths += clip_lengths
-            tokens = sum(conv_length(n) for n in clip_lengths)
+            # Qwen3-ASR's extractor pads every clip to whole chunks; Qwen3-Omni's leaves a clip shorter
+            # than one chunk as it is (the convolutions' padding then differs past its end)
+            width = chunk if self.pad_short_clips or frames >= chunk else frames
+            padded = F.pad(clip, (0, 0, 0, -frames % width))  # (chunks * width, mel)
+            lengths = [min(width, frames - i) for i in range(0, frames, width)]
+            rows.append(self._embed(padded.view(-1, width, clip.shape[1]).transpose(1, 2), lengths))
+            tokens = sum(conv_length(n) for n in lengths)
             windows += [per_window] * (tokens // per_window) + (
                 [tokens % per_window] if tokens % per_window else []
             )
-        x = torch.cat(chunks).unsqueeze(1)  # (chunks, 1, mel, chunk)
-        for weight, bias in self.convs:
-            x = F.gelu(F.conv2d(x, weight, bias, stride=2, padding=1))
-        n, c, f, t = x.shape
-        x = F.linear(x.permute(0, 3, 1, 2).reshape(n, t, c * f), self.conv_out)
-        x = x + self.positions[:t]
-        keep = torch.arange(t)[None, :] < torch.tensor([conv_length(n) for n in lengths])[:, None]
-        x = x.reshape(n * t, -1)[keep.flatten().nonzero().squeeze(-1).to(self.device)]
+        x = torch.cat(rows)
         for layer in self.layers:
             x = layer(x, windows)
         x = self.ln_post(x)
         return self.proj2(self.act(self.proj1(x)))
+
+
+class Qwen3OmniModel(MoeModel):
+    """Qwen3-Omni's thinker, served with audio: the Qwen3-MoE text decoder (text and audio take equal
+    M-RoPE positions on its three axes, so it runs as 1D rotary) and, when the weights include it, the
+    audio encoder as ``audio``; the vision tower, talker and vocoder are not loaded."""
+
+    def __init__(
+        self, cfg, tensors: Iterable, dtype, device, weight_format: str = "float", max_positions: int = 8192
+    ):
+        from trtedge.runtime.models.qwen2_5_omni import split_thinker
+
+        audio: dict[str, torch.Tensor] = {}
+        thinker = split_thinker(tensors, audio, "audio_tower.")
+        super().__init__(cfg, thinker, dtype, device, weight_format, max_positions)
+        self.vision = None
+        self.audio = None
+        if audio and cfg.audio is not None:
+            config = AudioConfig.from_hf(cfg.audio)
+            self.audio = Qwen3ASRAudioEncoder(config, audio, dtype, device, pad_short_clips=False)
 
 
 class Qwen3ASRModel(LlamaModel):

@@ -11,6 +11,7 @@ then (x + 4) / 4), and the number of placeholder tokens the encoder turns it int
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -181,7 +182,10 @@ def audio_processor(model_type: str, path: Path, audio_config: dict) -> AudioPro
     """The front end of a model family with an audio encoder."""
     if model_type == "qwen2_5_omni":
         return WhisperAudioProcessor.from_dir(path, audio_config)
-    return AudioProcessor.from_dir(path, audio_config)
+    processor = AudioProcessor.from_dir(path, audio_config)
+    if model_type == "qwen3_omni_moe":  # Whisper's extractor without padding: Qwen3-ASR's, less the minimum
+        return dataclasses.replace(processor, min_length=0, transcription="instruct")
+    return processor
 
 
 def conv_length(frames: int) -> int:
