@@ -46,7 +46,8 @@ def test_an_address_not_on_this_machine_exits_2_naming_the_host(tmp_path):
 
 @pytest.fixture
 def server(tmp_path_factory):
-    server = ServeProcess(tmp_path_factory, ["--max-kv-cache-capacity", "4096", "--log-level", "warning"])
+    # the default build profile: the bundle test_http_examples' server and one-shot chats use too
+    server = ServeProcess(tmp_path_factory, ["--log-level", "warning"])
     yield server
     server.stop()
 
