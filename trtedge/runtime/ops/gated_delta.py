@@ -21,23 +21,26 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def causal_conv(
-    x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor
+    x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal conv + silu over one sequence's new rows ``x`` [T, C], continuing from
-    ``state`` [K-1, C] (the previous K-1 inputs). Returns the outputs [T, C] and the padded input
-    [K-1+T, C], whose last K-1 rows (or any K-1 rows ending at a checkpoint) are the next state."""
+    """Depthwise causal conv (+ ``bias``, Mamba-2's) + silu over one sequence's new rows ``x`` [T, C],
+    continuing from ``state`` [K-1, C] (the previous K-1 inputs). Returns the outputs [T, C] and the
+    padded input [K-1+T, C], whose last K-1 rows (or any K-1 rows ending at a checkpoint) are the next
+    state."""
     padded = torch.cat([state.to(x.dtype), x], dim=0)
-    out = F.conv1d(padded.t().unsqueeze(0), weight.unsqueeze(1), groups=weight.shape[0])[0].t()
+    out = F.conv1d(padded.t().unsqueeze(0), weight.unsqueeze(1), bias, groups=weight.shape[0])[0].t()
     return F.silu(out), padded
 
 
 def causal_conv_step(
-    x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor
+    x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token for each of B sequences: ``x`` [B, C], ``states`` [B, K-1, C] -> outputs [B, C] and the
     new states [B, K-1, C]."""
     window = torch.cat([states.to(x.dtype), x.unsqueeze(1)], dim=1)  # [B, K, C]
     out = (window * weight.t().unsqueeze(0)).sum(dim=1)
+    if bias is not None:
+        out = out + bias
     return F.silu(out), window[:, 1:]
 
 
