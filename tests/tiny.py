@@ -286,3 +286,55 @@ def make_tiny_ple_checkpoint(directory: Path, family: str, seed: int = 0, **over
     model.save_pretrained(directory, safe_serialization=True)
     write_word_tokenizer(directory, PLE_VOCAB)
     return directory
+
+
+def make_tiny_nemotron_h_checkpoint(directory: Path, seed: int = 0) -> Path:
+    """A random 4-layer Nemotron-H with every layer type (Mamba-2, MoE, attention, MLP): hidden 64, a
+    16-token scan chunk (prompts longer than it run several chunks), 2 Mamba groups of 4 heads, 4
+    routed experts (top-2 in 2 groups, sigmoid router with a correction bias) beside a shared one."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.NemotronHConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        ssm_state_size=8,
+        n_groups=2,
+        conv_kernel=4,
+        chunk_size=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48,
+        routed_scaling_factor=2.5,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
+    model = transformers.NemotronHForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".D"):  # random, so that a wrong formula shows
+                p.normal_(1.0, 0.2)
+            elif name.endswith("A_log"):  # slow decay: the state remembers tens of tokens, not a few
+                p.uniform_(0.05, 0.5).log_()
+            elif name.endswith("e_score_correction_bias"):
+                p.normal_(0.0, 0.1)
+            elif name.endswith("conv1d.bias"):
+                p.normal_(0.0, 0.1)
+    model.eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    write_word_tokenizer(directory)
+    return directory

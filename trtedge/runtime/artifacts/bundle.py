@@ -357,6 +357,7 @@ class Bundle(BundleComponent):
                 with safe_open(str(file), framework="pt") as f:
                     names.update((quantized_name(n) or (n,))[0] for n in f.keys())
             embeddings = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
+            embeddings += ("backbone.embeddings.weight", "model.embeddings.weight")  # Nemotron-H
             if not names & {*embeddings, *(f"thinker.{e}" for e in embeddings)}:  # Qwen2.5-Omni: thinker.
                 raise BundleError(f"{component.path}: bundle weights lack model.embed_tokens.weight")
             component.model_config  # noqa: B018 - raises on an unsupported config

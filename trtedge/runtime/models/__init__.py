@@ -13,6 +13,7 @@ from trtedge.runtime.models.gemma3n import Gemma3nModel
 from trtedge.runtime.models.gemma4 import Gemma4Model, PleModel
 from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.models.moe import MoeModel, expert_names
+from trtedge.runtime.models.nemotron_h import NemotronHModel
 from trtedge.runtime.models.ple import find_ple_tensor
 from trtedge.runtime.models.qwen2_5_omni import Qwen25OmniModel
 from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel
@@ -43,6 +44,7 @@ ARCHITECTURES = {
     "qwen3_asr": Qwen3ASRModel,
     "qwen2_5_omni": Qwen25OmniModel,
     "qwen3_omni_moe": Qwen3OmniModel,
+    "nemotron_h": NemotronHModel,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
 _QUANTIZED_ARCHITECTURES = {

@@ -21,6 +21,7 @@ SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe
 SUPPORTED_MODEL_TYPES += ("qwen2_5_vl", "qwen3_vl", "qwen3_asr", "qwen2_5_omni", "qwen2_5_omni_thinker")
 SUPPORTED_MODEL_TYPES += ("qwen3_omni_moe", "qwen3_omni_moe_thinker")
 SUPPORTED_MODEL_TYPES += ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text")
+SUPPORTED_MODEL_TYPES += ("nemotron_h",)
 # Gemma 3n / Gemma 4 (per-layer embeddings): the multimodal checkpoint -> its text model's type.
 _PLE_FAMILIES = {"gemma3n": "gemma3n_text", "gemma4": "gemma4_text"}
 PLE_MODEL_TYPES = ("gemma3n_text", "gemma4_text")
@@ -124,6 +125,7 @@ class ModelConfig:
     audio: dict | None = None
     # Gemma 3n / Gemma 4: the text config.json fields the family reads itself (per-layer embeddings,
     # head sizes per layer, KV sharing, AltUp); num_kv_heads x head_dim is then the widest layer's.
+    # Nemotron-H: its layer types and Mamba-2 / MoE fields.
     text_config: dict | None = None
 
     def __post_init__(self):
@@ -201,6 +203,8 @@ class ModelConfig:
             model_type = cfg["model_type"]
         if model_type in PLE_MODEL_TYPES:
             cfg = _ple_text_config(cfg, source)
+        if model_type == "nemotron_h":
+            cfg = _nemotron_h_config(cfg, source)
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -246,7 +250,7 @@ class ModelConfig:
                 mrope_interleaved=model_type == "qwen3_vl",
                 vision=vision,
                 audio=audio,
-                text_config=cfg if ple else None,
+                text_config=cfg if ple or model_type == "nemotron_h" else None,
             )
         except KeyError as e:
             raise UnsupportedModelError(f"{source}: missing required field {e.args[0]!r}") from None
@@ -418,6 +422,44 @@ def _rope_config(cfg: dict, source: str, layer_type: str) -> RopeConfig:
 
 def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+# Nemotron-H's layer types (config.json: ``layers_block_type``, older ones ``hybrid_override_pattern``).
+NEMOTRON_H_LAYER_TYPES = ("linear_attention", "full_attention", "mlp", "moe")
+_NEMOTRON_H_LEGACY = {"mamba": "linear_attention", "attention": "full_attention"}
+_NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+
+
+def _nemotron_h_config(cfg: dict, source: str) -> dict:
+    """Nemotron-H with its layer types resolved (one per layer) and the fields ModelConfig reads under
+    their usual names; the family reads the Mamba-2 and MoE fields itself (``text_config``)."""
+    cfg = dict(cfg)
+    types = cfg.get("layers_block_type") or cfg.get("layer_types")
+    if types is None and cfg.get("hybrid_override_pattern"):
+        pattern = str(cfg["hybrid_override_pattern"])
+        unknown = sorted(set(pattern) - set(_NEMOTRON_H_PATTERN))
+        if unknown:
+            raise UnsupportedModelError(f"{source}: hybrid_override_pattern: unknown layer code(s) {unknown}")
+        types = [_NEMOTRON_H_PATTERN[ch] for ch in pattern]
+    if not types:
+        raise UnsupportedModelError(f"{source}: missing required field 'layers_block_type'")
+    types = [_NEMOTRON_H_LEGACY.get(t, t) for t in types]
+    unknown = sorted(set(types) - set(NEMOTRON_H_LAYER_TYPES))
+    if unknown:
+        raise UnsupportedModelError(
+            f"{source}: layers_block_type: unknown layer type(s) {unknown}; "
+            f"supported: {', '.join(NEMOTRON_H_LAYER_TYPES)}"
+        )
+    cfg["layers_block_type"] = types
+    cfg["num_hidden_layers"] = len(types)
+    cfg.setdefault("rms_norm_eps", cfg.get("layer_norm_epsilon", 1e-5))
+    cfg["hidden_act"] = cfg.get("mlp_hidden_act", "relu2")
+    cfg.setdefault("num_attention_heads", 32)
+    cfg.setdefault("num_key_value_heads", 8)
+    cfg.setdefault("head_dim", 128)
+    cfg.setdefault("intermediate_size", 21504)
+    cfg["attention_bias"] = False  # transformers' Nemotron-H projections have none (biases load if present)
+    return cfg
 
 
 def _ple_text_config(cfg: dict, source: str) -> dict:

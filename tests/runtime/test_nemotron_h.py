@@ -1,0 +1,150 @@
+"""Nemotron-H (Mamba-2 + attention + MLP + routed MoE layers) against HF transformers, and its
+recurrent state in the engine: slots per sequence, batched decode, preemption, context reuse,
+speculative rollback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.runtime.spec_helpers import generate, load, repetitive_prompts
+from tests.test_engine import in_threads
+from tests.tiny import make_tiny_nemotron_h_checkpoint
+from trtedge import LLM, ContextCacheConfig, SamplingParams
+from trtedge.runtime.engine import Engine, EngineConfig
+from trtedge.runtime.models.config import ModelConfig, UnsupportedModelError
+from trtedge.runtime.ops import ssd
+from trtedge.runtime.speculative import SpeculativeConfig
+
+transformers = pytest.importorskip("transformers")
+
+GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def nemotron(tmp_path_factory):
+    return make_tiny_nemotron_h_checkpoint(tmp_path_factory.mktemp("nemotron_h") / "m")
+
+
+def nemotron_llm(path, **options) -> LLM:
+    return LLM(
+        str(path), **{"dtype": "float32", "max_kv_cache_capacity": 512, "max_input_len": 256, **options}
+    )
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def hf_greedy_choices(hf, ids: list[int], output: list[int]) -> list[int]:
+    """HF's greedy pick after the prompt and after each of our tokens, in one forward pass: equal to
+    ``output`` exactly when HF's own greedy generation would produce ``output`` (by induction)."""
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids + output])).logits[0]
+    return logits[len(ids) - 1 : -1].argmax(-1).tolist()
+
+
+def test_greedy_64_tokens_match_transformers_with_every_layer_type(nemotron):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(nemotron, dtype=torch.float32).eval()
+    assert [b.block_type for b in hf.model.layers] == ["linear_attention", "moe", "full_attention", "mlp"]
+    # both longer than the 16-token scan chunk; the long one also prefills in 3 steps of 64 tokens
+    prompts = [prompt(24, 1), prompt(150, 2)]
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    with nemotron_llm(nemotron, max_num_batched_tokens=64) as llm:
+        got = [llm.generate(ids, params).token_ids for ids in prompts]
+    assert all(len(out) == 64 for out in got)
+    assert all(len(set(out)) > 4 for out in got)  # not one token repeated: the state carries information
+    assert [hf_greedy_choices(hf, ids, out) for ids, out in zip(prompts, got)] == got
+
+
+def test_chunked_scan_equals_the_recurrent_update_with_a_carried_state():
+    g = torch.Generator().manual_seed(0)
+    t, h, p, n = 70, 4, 8, 6
+    x, b, c = (torch.randn(t, h, d, generator=g) for d in (p, n, n))
+    dt, a = torch.rand(t, h, generator=g) * 0.5, -torch.rand(h, generator=g) - 0.1
+    state = torch.randn(h, p, n, generator=g)
+    out, final = ssd.chunk_scan(x, dt, a, b, c, state, chunk=16)
+    s, steps = state.unsqueeze(0), []
+    for i in range(t):
+        o, s = ssd.recurrent_step(x[i : i + 1], dt[i : i + 1], a, b[i : i + 1], c[i : i + 1], s)
+        steps.append(o[0])
+    assert torch.allclose(out, torch.stack(steps), atol=1e-4) and torch.allclose(final, s[0], atol=1e-4)
+
+
+def test_batched_decode_of_8_requests_equals_each_alone(nemotron):
+    prompts = [prompt(n, 10 + n) for n in (5, 17, 33, 64, 70, 9, 100, 41)]
+    with nemotron_llm(nemotron) as llm:
+        alone = [llm.generate(p, GREEDY).token_ids for p in prompts]
+    with nemotron_llm(nemotron, enable_in_flight_batching=True, max_batch_size=8) as llm:
+        together = in_threads(lambda p: llm.generate(p, GREEDY).token_ids, prompts)
+        stats = llm.stats()
+    assert together == alone
+    assert stats["steps"] < 8 * 16  # decoded together
+    assert stats["state_slots_total"] == 8 and stats["state_slots_free"] == 8
+
+
+def test_preemption_recomputes_and_frees_every_state_slot(nemotron):
+    prompts = [prompt(20, 40 + i) for i in range(6)]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    with nemotron_llm(nemotron) as llm:
+        expected = [llm.generate(p, params).token_ids for p in prompts]
+        config = EngineConfig(
+            max_batch_size=4, max_kv_cache_capacity=64, enable_in_flight_batching=True, num_blocks=6
+        )
+        engine = Engine(llm.model, llm.tokenizer, config)
+    try:
+        streams = [engine.submit(p, params) for p in prompts]
+        outs = [[t for d in s for t in d.token_ids] for s in streams]
+        assert engine.stats.preemptions > 0
+        assert outs == expected
+        assert engine.blocks.state.num_free_slots == 4 and engine.blocks.num_free_blocks == 6
+    finally:
+        engine.shutdown()
+
+
+def test_a_repeated_prompt_reuses_its_prefix_snapshot_with_unchanged_output(nemotron):
+    ids = prompt(70, 7)
+    reuse = ContextCacheConfig(enabled=True)
+    with nemotron_llm(nemotron, context_cache_config=reuse) as warm, nemotron_llm(nemotron) as cold:
+        first = warm.generate(ids, GREEDY)
+        again = warm.generate(ids + [5, 6, 7], GREEDY)
+        reference = cold.generate(ids + [5, 6, 7], GREEDY)
+        metrics = warm.get_context_cache_metrics()
+        assert warm.stats()["state_slots_free"] == warm.stats()["state_slots_total"]
+    assert first.metrics.reused_tokens == 0
+    assert again.metrics.reused_tokens == 64  # the prompt's last block-aligned prefix
+    assert again.token_ids == reference.token_ids
+    assert reference.metrics.reused_tokens == 0
+    assert metrics.recurrent_snapshots >= 1 and metrics.hits == 1
+
+
+def test_ngram_speculation_rolls_the_state_back_to_plain_greedy(nemotron):
+    model, tokenizer = load(nemotron)
+    prompts = repetitive_prompts(4)
+    plain, _ = generate(model, tokenizer, prompts, batch=1)
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
+    outs, engine = generate(model, tokenizer, prompts, speculative=spec, batch=4)
+    assert outs == plain
+    assert engine.speculative.stats.draft_tokens > 0
+    assert engine.blocks.state.num_free_slots == engine.blocks.state.num_slots
+
+
+def test_layer_types_are_read_from_the_pattern_or_legacy_names_and_unknown_ones_refused(nemotron):
+    base = {"model_type": "nemotron_h", "vocab_size": 512, "hidden_size": 64, "num_attention_heads": 4}
+    pattern = ModelConfig.from_hf({**base, "hybrid_override_pattern": "M-M*E"})
+    legacy = ModelConfig.from_hf({**base, "layers_block_type": ["mamba", "mlp", "mamba", "attention", "moe"]})
+    for cfg in (pattern, legacy):
+        assert cfg.num_layers == 5
+        assert cfg.text_config["layers_block_type"] == [
+            "linear_attention",
+            "mlp",
+            "linear_attention",
+            "full_attention",
+            "moe",
+        ]
+    with pytest.raises(UnsupportedModelError, match="layers_block_type: unknown layer type.*'conv'"):
+        ModelConfig.from_hf({**base, "layers_block_type": ["mamba", "conv"]})
+    with pytest.raises(UnsupportedModelError, match="hybrid_override_pattern: unknown layer code.*'X'"):
+        ModelConfig.from_hf({**base, "hybrid_override_pattern": "M-X"})
+    with pytest.raises(UnsupportedModelError, match="'layers_block_type'"):
+        ModelConfig.from_hf(base)
