@@ -148,3 +148,19 @@ def test_layer_types_are_read_from_the_pattern_or_legacy_names_and_unknown_ones_
         ModelConfig.from_hf({**base, "hybrid_override_pattern": "M-X"})
     with pytest.raises(UnsupportedModelError, match="'layers_block_type'"):
         ModelConfig.from_hf(base)
+
+
+def test_dummy_weights_load_for_benchmarks(nemotron):
+    with nemotron_llm(nemotron, load_format="dummy") as llm:
+        assert len(llm.generate([5, 6, 7], GREEDY).token_ids) == 16
+        assert llm.stats()["state_slots_free"] == llm.stats()["state_slots_total"]
+
+
+def test_a_nemotron_h_draft_model_is_refused_before_loading(nemotron):
+    import json
+
+    from trtedge.runtime.speculative import UnsupportedSpeculativeMethod, check_draft
+
+    cfg = ModelConfig.from_hf(json.loads((nemotron / "config.json").read_text()))
+    with pytest.raises(UnsupportedSpeculativeMethod, match="hybrid draft model \\(nemotron_h"):
+        check_draft(cfg)

@@ -13,7 +13,7 @@ from trtedge.runtime.models.gemma3n import Gemma3nModel
 from trtedge.runtime.models.gemma4 import Gemma4Model, PleModel
 from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.models.moe import MoeModel, expert_names
-from trtedge.runtime.models.nemotron_h import NemotronHModel
+from trtedge.runtime.models.nemotron_h import NemotronHModel, nemotron_h_dummy_tensors
 from trtedge.runtime.models.ple import find_ple_tensor
 from trtedge.runtime.models.qwen2_5_omni import Qwen25OmniModel
 from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel
@@ -112,6 +112,9 @@ def dummy_tensors(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
     if cfg.linear is not None:
         zeros = lambda n: torch.zeros(n, dtype=dtype, device=device)  # noqa: E731
         yield from hybrid_dummy_tensors(cfg, rand, zeros, _mlp_shapes)
+        return
+    if cfg.model_type == "nemotron_h":
+        yield from nemotron_h_dummy_tensors(cfg, rand, lambda n: torch.ones(n, dtype=dtype, device=device))
         return
 
     yield "model.embed_tokens.weight", rand(cfg.vocab_size, h)

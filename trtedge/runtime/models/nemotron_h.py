@@ -422,3 +422,64 @@ class NemotronHModel:
     @property
     def weight_bytes(self) -> int:
         return sum(m.nbytes for m in [self.lm_head] + [m for layer in self.layers for m in layer.linears])
+
+
+def nemotron_h_dummy_tensors(cfg: ModelConfig, rand, ones):
+    """Random weights in the checkpoint's names for ``dummy_tensors`` (norms and D 1, A_log 0, so
+    every Mamba head decays by exp(-dt) per token; router bias 0)."""
+    spec, h = NemotronHSpec.from_config(cfg), cfg.hidden_size
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    text = cfg.text_config or {}
+    yield "backbone.embeddings.weight", rand(cfg.vocab_size, h)
+    yield "backbone.norm_f.weight", ones(h)
+    if not cfg.tie_word_embeddings:
+        yield "lm_head.weight", rand(cfg.vocab_size, h)
+    for i, kind in enumerate(spec.layer_types):
+        p = f"backbone.layers.{i}."
+        yield p + "norm.weight", ones(h)
+        if kind == "linear_attention":
+            shapes = {
+                "in_proj.weight": (spec.inner_size + spec.conv_dim + spec.num_heads, h),
+                "conv1d.weight": (spec.conv_dim, 1, spec.conv_kernel),
+                "out_proj.weight": (h, spec.inner_size),
+            }
+            vectors = {
+                "conv1d.bias": spec.conv_dim,
+                "dt_bias": spec.num_heads,
+                "norm.weight": spec.inner_size,
+            }
+            yield p + "mixer.A_log", ones(spec.num_heads) - 1
+            yield p + "mixer.D", ones(spec.num_heads)
+        elif kind == "full_attention":
+            shapes = {
+                "q_proj.weight": (q, h),
+                "k_proj.weight": (kv, h),
+                "v_proj.weight": (kv, h),
+                "o_proj.weight": (h, q),
+            }
+            vectors = {}
+        elif kind == "mlp":
+            n = cfg.intermediate_size
+            shapes, vectors = {"up_proj.weight": (n, h), "down_proj.weight": (h, n)}, {}
+        else:
+            n, shared = (
+                int(text.get("moe_intermediate_size", 0)),
+                int(text.get("moe_shared_expert_intermediate_size", 0)),
+            )
+            width = int(text.get("moe_latent_size") or h)
+            shapes = {"gate.weight": (spec.num_experts, h)}
+            shapes.update(
+                {"shared_experts.up_proj.weight": (shared, h), "shared_experts.down_proj.weight": (h, shared)}
+            )
+            for e in range(spec.num_experts):
+                shapes.update(
+                    {f"experts.{e}.up_proj.weight": (n, width), f"experts.{e}.down_proj.weight": (width, n)}
+                )
+            if width != h:
+                shapes.update({"fc1_latent_proj.weight": (width, h), "fc2_latent_proj.weight": (h, width)})
+            vectors = {}
+            yield p + "mixer.gate.e_score_correction_bias", ones(spec.num_experts) - 1
+        for name, shape in shapes.items():
+            yield p + "mixer." + name, rand(*shape)
+        for name, n in vectors.items():
+            yield p + "mixer." + name, ones(n) if name == "norm.weight" else rand(n)

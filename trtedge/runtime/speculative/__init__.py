@@ -34,7 +34,7 @@ def check_supported(config: SpeculativeConfig, model_type: str | None = None, hy
 def check_draft(cfg) -> None:
     """Refuse a draft model with recurrent layers from its config, before its weights load: its own
     state would need the rollback the target's gets (drafts are rejected token by token)."""
-    if getattr(cfg, "linear", None) is not None:
+    if getattr(cfg, "linear", None) is not None or getattr(cfg, "model_type", None) == "nemotron_h":
         raise UnsupportedSpeculativeMethod(
             f"speculative_config.model (--speculative-config model): a hybrid draft model ({cfg.model_type}, "
             "recurrent layers) is not supported; use a transformer draft (llama, qwen2, qwen3, ...) or method ngram"
