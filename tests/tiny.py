@@ -288,14 +288,15 @@ def make_tiny_ple_checkpoint(directory: Path, family: str, seed: int = 0, **over
     return directory
 
 
-def make_tiny_nemotron_h_checkpoint(directory: Path, seed: int = 0) -> Path:
+def make_tiny_nemotron_h_checkpoint(directory: Path, seed: int = 0, **overrides) -> Path:
     """A random 4-layer Nemotron-H with every layer type (Mamba-2, MoE, attention, MLP): hidden 64, a
     16-token scan chunk (prompts longer than it run several chunks), 2 Mamba groups of 4 heads, 4
-    routed experts (top-2 in 2 groups, sigmoid router with a correction bias) beside a shared one."""
+    routed experts (top-2 in 2 groups, sigmoid router with a correction bias) beside a shared one.
+    ``overrides``: NemotronHConfig fields (``moe_latent_size``, ``layers_block_type``, ...)."""
     import transformers
 
     torch.manual_seed(seed)
-    config = transformers.NemotronHConfig(
+    fields = dict(
         vocab_size=VOCAB,
         hidden_size=64,
         layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
@@ -322,6 +323,7 @@ def make_tiny_nemotron_h_checkpoint(directory: Path, seed: int = 0) -> Path:
         bos_token_id=1,
         pad_token_id=0,
     )
+    config = transformers.NemotronHConfig(**{**fields, **overrides})
     model = transformers.NemotronHForCausalLM(config)
     with torch.no_grad():
         for name, p in model.named_parameters():

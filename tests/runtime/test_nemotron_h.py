@@ -164,3 +164,25 @@ def test_a_nemotron_h_draft_model_is_refused_before_loading(nemotron):
     cfg = ModelConfig.from_hf(json.loads((nemotron / "config.json").read_text()))
     with pytest.raises(UnsupportedSpeculativeMethod, match="hybrid draft model \\(nemotron_h"):
         check_draft(cfg)
+
+
+def test_latent_experts_and_mtp_weights_load_and_match_transformers(tmp_path, caplog):
+    """Nemotron-3-Super's shape: experts in a latent space (fc1/fc2 latent projections around them);
+    its multi-token-prediction layers (``mtp.*``) are skipped with a log line."""
+    from safetensors.torch import load_file, save_file
+
+    path = make_tiny_nemotron_h_checkpoint(
+        tmp_path / "m",
+        moe_latent_size=32,
+        layers_block_type=["linear_attention", "moe", "full_attention", "moe"],
+    )
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    weights = load_file(path / "model.safetensors")
+    assert "backbone.layers.1.mixer.fc1_latent_proj.weight" in weights
+    save_file({**weights, "mtp.layers.0.norm.weight": torch.ones(64)}, path / "model.safetensors")
+    ids = prompt(40, 3)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    with caplog.at_level("INFO", logger="trtedge"), nemotron_llm(path) as llm:
+        out = llm.generate(ids, params).token_ids
+    assert hf_greedy_choices(hf, ids, out) == out
+    assert "skipped 1 multi-token-prediction tensors" in caplog.text
