@@ -79,7 +79,7 @@ def prompts(prompt_tokens: int) -> tuple[list[int], list[int]]:
 class Trtedge:
     def __init__(self, weights: str, max_input: int):
         self.llm = LLM(weights=weights, max_kv_cache_capacity=2048, max_input_len=max_input + 8)
-        self.bytes = self.llm.model.weight_bytes
+        self.bytes = self.llm.describe()["weight_bytes"]
 
     def decode(self, ids: list[int], n: int) -> float:
         metrics: list = []

@@ -42,7 +42,7 @@ def trtedge_decode(directory: Path, prompt: list[int], new_tokens: int) -> tuple
         llm.generate(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))  # warm-up
         metrics = []
         llm.generate(prompt, params, on_metrics=metrics.append)
-        return metrics[0].decode_tokens_per_second, llm.model.weight_bytes
+        return metrics[0].decode_tokens_per_second, llm.describe()["weight_bytes"]
 
 
 def trtedge_prefill(directory: Path, length: int) -> float:

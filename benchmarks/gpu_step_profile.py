@@ -34,6 +34,7 @@ def main() -> None:
             device="cuda",
             max_kv_cache_capacity=1024,
             max_input_len=512,
+            engine_process=False,  # in this process: the profile replays the runner's graphs
         ) as llm:
             prompt = list(range(100, 228))
             metrics = []

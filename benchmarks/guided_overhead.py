@@ -55,7 +55,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    llm = LLM(max_kv_cache_capacity=2048, max_input_len=512)
+    # in this process: the run switches the guides' overlap on the engine itself
+    llm = LLM(max_kv_cache_capacity=2048, max_input_len=512, engine_process=False)
     guide = {"json": schema(args.items)}
     guided = SamplingParams(max_tokens=1500, temperature=0, guided_decoding=guide)
     jump = SamplingParams(max_tokens=1500, temperature=0, guided_decoding={**guide, "jump_forward": True})

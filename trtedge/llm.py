@@ -144,12 +144,18 @@ class LLM:
                 self.engine = self._start_core_process(spec, load, load_format, engine_config)
             else:
                 self.engine = self._start_in_process(spec, load, load_format, engine_config)
+            self._describe = self.engine.describe()
+            self._last: dict[str, tuple[float, object]] = {}  # engine process: the last answer per view
+            if self.engine_process:  # a dead core still has figures to report
+                for name in ("snapshot", "context_cache_metrics", "get_profiling_metrics"):
+                    self._last[name] = (time.monotonic(), self.engine.call(name))
         except BaseException:
+            engine = getattr(self, "engine", None)
+            if engine is not None:
+                engine.shutdown()
             if self.bundle is not None:
                 self.bundle.release()
             raise
-        self._describe = self.engine.describe()
-        self._last_snapshot = (time.monotonic(), self.engine.snapshot()) if self.engine_process else None
         self._closed = False
         self._close_lock = threading.Lock()
 
@@ -493,21 +499,30 @@ class LLM:
         return stats
 
     def _snapshot(self) -> dict:
-        """The engine's counters; from another process at most one call per 50 ms (a metrics scrape
-        reads them a dozen times), and the last one known once that process is gone."""
-        if not self.engine_process:
-            return self.engine.snapshot()
-        now = time.monotonic()
-        last = self._last_snapshot
-        if self.engine.error is None and (last is None or now - last[0] > 0.05):
-            try:
-                last = self._last_snapshot = (now, self.engine.snapshot())
-            except EngineUnavailableError:
-                last = self._last_snapshot
-        snapshot = dict(last[1]) if last is not None else {}
-        if self.engine.error is not None:
+        snapshot = dict(self._view("snapshot", max_age=0.05))
+        if self.engine_process and self.engine.error is not None:
             snapshot["engine_error"] = str(self.engine.error)
         return snapshot
+
+    def _view(self, name: str, max_age: float = 0.0):
+        """One of the engine's plain-data views. From another process: reused for ``max_age`` seconds
+        (a metrics scrape reads the counters a dozen times), waited for 5 s at most (a health check
+        runs on the server's event loop), and the last answer kept once that process is gone."""
+        if not self.engine_process:
+            return getattr(self.engine, name)()
+        now = time.monotonic()
+        last = self._last.get(name)
+        if self.engine.error is None and (last is None or now - last[0] > max_age):
+            from trtedge.runtime.client import CallbackCallError
+
+            try:
+                last = self._last[name] = (now, self.engine.call(name, timeout=5.0))
+            except (EngineUnavailableError, CallbackCallError):  # the last answer will do
+                if last is None:
+                    raise
+        if last is None:
+            raise EngineUnavailableError(f"engine failed: {self.engine.error}")
+        return last[1]
 
     def describe(self) -> dict:
         """What is loaded, as plain data: ``device``, ``dtype``, ``weight_bytes``, ``kv_bytes_per_token``,
@@ -532,7 +547,7 @@ class LLM:
         and recurrent_snapshot_pool_bytes; with a partial-block pool also partial_kv_snapshots (held
         now), partial_kv_snapshot_capacity, partial_kv_snapshot_evictions,
         partial_kv_snapshot_pool_bytes and partial_kv_reused_tokens (of reused_tokens)."""
-        return ContextCacheMetrics(**self.engine.context_cache_metrics())
+        return ContextCacheMetrics(**self._view("context_cache_metrics"))
 
     # ---- profiling ----------------------------------------------------------------------------
     def set_profiling_enabled(self, enabled: bool) -> None:
@@ -552,7 +567,7 @@ class LLM:
         ``prefill`` (total_runs, computed_tokens, reused_tokens, total_time), ``generation``
         (total_runs, generated_tokens: output tokens summed over sequences and runs, total_time) and
         ``stages`` (name -> runs, total_time, mean_time); ``.to_dict()`` for a dict."""
-        return self.engine.get_profiling_metrics()
+        return self._view("get_profiling_metrics")
 
     def reset_profiling_metrics(self) -> None:
         """Set every profiling total back to zero (profiling stays on or off as it was)."""

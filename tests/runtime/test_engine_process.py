@@ -52,7 +52,9 @@ def test_greedy_outputs_logprobs_and_metrics_equal_in_process(core, smollm):
     for a, b in zip(there, here):
         assert [t.token_id for t in a.logprobs] == [t.token_id for t in b.logprobs]
         assert [t.logprob for t in a.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-4)
-        assert a.metrics is not None and a.metrics.generated_tokens == 12 and a.metrics.finish_reason == "length"
+        assert (
+            a.metrics is not None and a.metrics.generated_tokens == 12 and a.metrics.finish_reason == "length"
+        )
     assert core.describe()["engine_process"] is True and smollm.describe()["engine_process"] is False
     assert core.describe()["vocab_size"] == smollm.describe()["vocab_size"]
 
@@ -102,6 +104,9 @@ def test_bad_input_is_refused_at_the_call_and_the_core_keeps_serving(core):
         core.generate("hi", SamplingParams(max_tokens=2, logit_bias={99999999: 1.0}))
     with pytest.raises(ValueError):
         core.compile_guide({"json": {"type": "object", "properties": 5}})
+    bad_guide = SamplingParams(max_tokens=2, guided_decoding={"json": {"type": "object", "properties": 5}})
+    with pytest.raises(ValueError):  # at the call, as in-process: not an engine error in the stream
+        core.generate("hi", bad_guide)
     assert core.generate("hi", SamplingParams(max_tokens=2, temperature=0)).completion_tokens == 2
     metrics = core.get_context_cache_metrics()
     assert metrics.lookups >= 0 and core.get_profiling_metrics() is not None
@@ -121,3 +126,14 @@ def test_a_dead_core_fails_open_requests_and_refuses_new_ones():
         assert "exited" in llm.stats()["engine_error"]
     finally:
         llm.close()
+
+
+def test_a_metrics_callback_may_call_back_into_the_llm(core):
+    """on_metrics runs on the client's output thread: calling the LLM from it must not deadlock."""
+    seen = []
+    out = core.generate(
+        "hi",
+        SamplingParams(max_tokens=3, temperature=0),
+        on_metrics=lambda m: seen.append((m.generated_tokens, core.stats()["submitted"])),
+    )
+    assert out.completion_tokens == 3 and seen and seen[0][0] == 3 and seen[0][1] >= 1

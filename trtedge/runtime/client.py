@@ -118,30 +118,32 @@ class CoreProcess:
     """An ``Engine`` in a child process, with the part of ``Engine``'s interface that ``LLM`` uses."""
 
     def __init__(self, launch: CoreLaunch):
-        self._dir = tempfile.mkdtemp(prefix="trtedge-core-")
-        os.chmod(self._dir, 0o700)  # only this user reaches the sockets
+        self._dir = tempfile.mkdtemp(prefix="trtedge-core-")  # 0700: only this user reaches the sockets
         self._zmq = zmq.Context()
-        self._in = self._zmq.socket(zmq.PUSH)
-        self._in.setsockopt(zmq.LINGER, 0)
-        self._in.setsockopt(zmq.SNDTIMEO, 10_000)  # a PUSH with no live peer would block for good
-        self._in.bind(f"ipc://{self._dir}/in")
-        self._out = self._zmq.socket(zmq.PULL)
-        self._out.setsockopt(zmq.LINGER, 0)
-        self._out.bind(f"ipc://{self._dir}/out")
+        self._in = self._out = self._proc = None
         self._send_lock = threading.Lock()
-        self._lock = threading.Lock()  # guards _open, _calls, _next
+        self._lock = threading.Lock()  # guards _open, _calls, _next, error
         self._open: dict[int, _Open] = {}
         self._calls: dict[int, list] = {}
         self._next = 0
         self.error: BaseException | None = None
         self._stopped = False
-        # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's __main__: a
-        # script without a main guard would start a second LLM); the launch goes through a private file.
-        with open(os.path.join(self._dir, "launch"), "wb") as f:
-            pickle.dump(launch, f, protocol=pickle.HIGHEST_PROTOCOL)
-        command = [sys.executable, "-m", "trtedge.runtime.client", self._dir, str(os.getpid())]
-        self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL)
         try:
+            self._in = self._zmq.socket(zmq.PUSH)
+            self._in.setsockopt(zmq.LINGER, 0)
+            self._in.setsockopt(zmq.SNDTIMEO, 10_000)  # a PUSH with no live peer would block for good
+            self._in.bind(f"ipc://{self._dir}/in")
+            self._out = self._zmq.socket(zmq.PULL)
+            self._out.setsockopt(zmq.LINGER, 0)
+            self._out.bind(f"ipc://{self._dir}/out")
+            # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's __main__: a
+            # script without a main guard would start a second LLM); the launch goes through a private file.
+            with open(os.path.join(self._dir, "launch"), "wb") as f:
+                pickle.dump(launch, f, protocol=pickle.HIGHEST_PROTOCOL)
+            command = [sys.executable, "-m", "trtedge.runtime.client", self._dir, str(os.getpid())]
+            # the child finds trtedge (and what it imports) where this process does
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
             self.info = self._wait_ready()
         except BaseException:
             self._kill()
@@ -150,6 +152,9 @@ class CoreProcess:
         self._decoder = msgspec.msgpack.Decoder(_Step)
         self._thread = threading.Thread(target=self._receive, name="trtedge-core-output", daemon=True)
         self._thread.start()
+
+    def describe(self) -> dict:
+        return dict(self.info["describe"])
 
     def _wait_ready(self) -> dict:
         waited = 0.0
@@ -178,20 +183,27 @@ class CoreProcess:
         request_id: str | None = None,
         channel: LoopChannel | None = None,
     ) -> CancellableIterator | RequestHandle:
-        self._raise_if_down()
+        if params.guided_decoding is not None:  # a bad guide is refused here, as in-process (cached there)
+            self.call("compile_guide", params.guided_decoding)
         box = _Open(channel or queue.Queue(), params.n, on_metrics, channel.batcher if channel else None)
         with self._lock:
+            self._raise_if_down()  # under the lock: _died cannot empty _open between check and entry
             rid = self._next = self._next + 1
             self._open[rid] = box
-        self._send(("add", rid, prompt_ids, params, priority, request_id, on_metrics is not None))
+        try:
+            self._send(("add", rid, prompt_ids, params, priority, request_id, on_metrics is not None))
+        except BaseException:
+            with self._lock:
+                self._open.pop(rid, None)
+            raise
         if channel is not None:
             return RequestHandle(lambda: self._cancel(rid))
         return CancellableIterator(box.channel, lambda: self._cancel(rid), params.n)
 
     def _cancel(self, rid: int) -> None:
-        with self._lock:
-            if rid not in self._open:
-                return
+        # no lock: this may run from a garbage-collected iterator on the output thread, mid-delivery
+        if rid not in self._open:
+            return
         try:
             self._send(("cancel", rid))
         except Exception:  # shut down meanwhile: the request is failed already
@@ -218,18 +230,27 @@ class CoreProcess:
             raise _unavailable("the engine is shut down")
 
     # ---- calls (anything but the hot path) ---------------------------------------------------
-    def call(self, name: str, *args):
-        self._raise_if_down()
+    def call(self, name: str, *args, timeout: float = CALL_TIMEOUT_S):
+        if threading.current_thread() is getattr(self, "_thread", None):
+            # a metrics callback or channel calling back on the output thread: the reply would come in
+            # through this very thread
+            raise CallbackCallError(f"{name} cannot be asked of the engine core from its output thread")
         done = threading.Event()
         slot = [done, None, None]
         with self._lock:
+            self._raise_if_down()
             cid = self._next = self._next + 1
             self._calls[cid] = slot
-        self._send(("call", cid, name, args))
-        if not done.wait(CALL_TIMEOUT_S):
+        try:
+            self._send(("call", cid, name, args))
+        except BaseException:
             with self._lock:
                 self._calls.pop(cid, None)
-            raise RuntimeError(f"the engine core did not answer {name} within {CALL_TIMEOUT_S:.0f} s")
+            raise
+        if not done.wait(timeout):
+            with self._lock:
+                self._calls.pop(cid, None)
+            raise _unavailable(f"engine busy: the engine core did not answer {name} within {timeout:.0f} s")
         if slot[2] is not None:
             raise slot[2]
         return slot[1]
@@ -256,71 +277,87 @@ class CoreProcess:
                 kind, payload = self._out.recv_multipart()
             except zmq.ZMQError:  # closed at shutdown
                 return
-            if kind == _STEP:
-                self._deliver(self._decoder.decode(payload))
-            elif kind == _REPLY:
-                cid, value, error = pickle.loads(payload)
-                with self._lock:
-                    slot = self._calls.pop(cid, None)
-                if slot is not None:
-                    slot[1], slot[2] = value, error
-                    slot[0].set()
-            elif kind == _DEAD:
-                self._died(str(pickle.loads(payload)))
+            try:
+                if kind == _STEP:
+                    self._deliver(self._decoder.decode(payload))
+                elif kind == _REPLY:
+                    cid, value, error = pickle.loads(payload)
+                    with self._lock:
+                        slot = self._calls.pop(cid, None)
+                    if slot is not None:
+                        slot[1], slot[2] = value, error
+                        slot[0].set()
+                elif kind == _DEAD:
+                    self._died(str(pickle.loads(payload)).removeprefix("engine failed: "))
+                    return
+            except Exception as e:  # a message this side cannot read: fail loudly, never hang the streams
+                log.exception("engine core: unreadable output message")
+                self._died(f"unreadable output from the engine core ({type(e).__name__}: {e})")
                 return
 
     def _deliver(self, step: _Step) -> None:
-        batchers: set[LoopBatcher] = set()
+        """Hand out one step's outputs. Nothing is called out under the lock: a metrics callback or a
+        channel may call back into this client."""
+        metrics, items = [], []
         with self._lock:
             boxes = self._open
             for m in step.metrics:  # before the final deltas: a reader that sees the end has them
                 box = boxes.get(m.rid)
                 if box is not None and box.on_metrics is not None:
-                    try:
-                        box.on_metrics(GenerationMetrics(**m.fields))
-                    except Exception:
-                        log.exception("on_metrics callback raised")
+                    metrics.append((box.on_metrics, m.fields))
             for d in step.deltas:
                 box = boxes.get(d.rid)
                 if box is None:
                     continue
-                delta = StreamDelta(
-                    d.text,
-                    d.token_ids,
-                    d.finish_reason,
-                    _unpack_logprobs(d.logprobs),
-                    d.prompt_tokens,
-                    d.completion_tokens,
-                    d.index,
-                    d.cached_tokens,
-                    _unpack_logprobs(d.prompt_logprobs),
-                )
-                box.channel.put(delta)
-                if box.batcher is not None:
-                    batchers.add(box.batcher)
+                items.append((box, d))
                 if d.finish_reason is not None:
                     box.num_open -= 1
                     if box.num_open == 0:
                         del boxes[d.rid]
-            for f in step.failures:
-                box = boxes.pop(f.rid, None)
-                if box is not None:
-                    box.channel.put(_error(f.kind, f.message))
-                    if box.batcher is not None:
-                        batchers.add(box.batcher)
+            failed = [(box, f) for f in step.failures if (box := boxes.pop(f.rid, None)) is not None]
+        for callback, fields in metrics:
+            try:
+                callback(GenerationMetrics(**fields))
+            except Exception:
+                log.exception("on_metrics callback raised")
+        batchers: set[LoopBatcher] = set()
+        for box, d in items:
+            delta = StreamDelta(
+                d.text,
+                d.token_ids,
+                d.finish_reason,
+                _unpack_logprobs(d.logprobs),
+                d.prompt_tokens,
+                d.completion_tokens,
+                d.index,
+                d.cached_tokens,
+                _unpack_logprobs(d.prompt_logprobs),
+            )
+            box.channel.put(delta)
+            if box.batcher is not None:
+                batchers.add(box.batcher)
+        for box, f in failed:
+            box.channel.put(_error(f.kind, f.message))
+            if box.batcher is not None:
+                batchers.add(box.batcher)
         for batcher in batchers:
             batcher.flush()
 
     def _died(self, reason: str) -> None:
         """The core is gone: every open request and call fails, new ones are refused."""
-        if self.error is None and not self._stopped:
-            log.error("engine core: %s", reason)
-            self.error = RuntimeError(reason)
         with self._lock:
+            if self.error is None and not self._stopped:
+                log.error("engine core: %s", reason)
+                self.error = RuntimeError(reason)
             boxes, self._open = self._open, {}
             calls, self._calls = self._calls, {}
         batchers = set()
         for box in boxes.values():
+            if box.on_metrics is not None:  # called once per request, by an error too (as in-process)
+                try:
+                    box.on_metrics(GenerationMetrics(finish_reason="error"))
+                except Exception:
+                    log.exception("on_metrics callback raised")
             box.channel.put(_unavailable(f"engine failed: {reason}"))
             if box.batcher is not None:
                 batchers.add(box.batcher)
@@ -351,18 +388,18 @@ class CoreProcess:
         self._died("the engine is shut down")
 
     def _kill(self) -> None:
-        if self._proc.poll() is None:
+        if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait(timeout=10)
-        self._in.close()
-        self._out.close()
+        for socket in (self._in, self._out):
+            if socket is not None:
+                socket.close()
         self._zmq.term()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
 _CALLS = {
     "snapshot",
-    "describe",
     "context_cache_metrics",
     "mm_embedding_cache_metrics",
     "speculative_metrics",
@@ -374,18 +411,35 @@ _CALLS = {
 }
 
 
+class CallbackCallError(RuntimeError):
+    """A call to the engine core from the thread that delivers its outputs (it would wait on itself)."""
+
+
 def _unavailable(message: str) -> BaseException:
     from trtedge.runtime.engine import EngineUnavailableError
 
     return EngineUnavailableError(message)
 
 
+def _kind(error: BaseException) -> str:
+    """The class a failure is raised as on the caller's side (its meaning, not its exact type)."""
+    from trtedge.runtime import engine
+    from trtedge.runtime.structured import GuidedUnavailableError
+
+    for cls in (engine.EngineUnavailableError, engine.EngineError, GuidedUnavailableError, ValueError):
+        if isinstance(error, cls):
+            return cls.__name__
+    return "EngineError"
+
+
 def _error(kind: str, message: str) -> BaseException:
     from trtedge.runtime import engine
+    from trtedge.runtime.structured import GuidedUnavailableError
 
     cls = {
         "EngineError": engine.EngineError,
         "EngineUnavailableError": engine.EngineUnavailableError,
+        "GuidedUnavailableError": GuidedUnavailableError,
         "ValueError": ValueError,
     }.get(kind, engine.EngineError)
     return cls(message)
@@ -414,7 +468,7 @@ class _StepSink:
     def put(self, rid: int, item) -> None:
         with self._lock:
             if isinstance(item, BaseException):
-                self._step.failures.append(_Failure(rid, type(item).__name__, str(item)))
+                self._step.failures.append(_Failure(rid, _kind(item), str(item)))
             else:
                 self._step.deltas.append(
                     _Delta(
@@ -494,7 +548,7 @@ def _core_main(directory: str, parent_pid: int) -> None:  # pragma: no cover - r
                 if os.getppid() != parent_pid:  # the parent died: nobody reads our outputs
                     break
                 if engine.error is not None and not engine._thread.is_alive():
-                    send(_DEAD, f"engine failed: {engine.error}")
+                    send(_DEAD, str(engine.error))
                     break
                 continue
             message = pickle.loads(inbound.recv())
@@ -506,9 +560,10 @@ def _core_main(directory: str, parent_pid: int) -> None:  # pragma: no cover - r
                 try:
                     channel.handle = engine.submit(prompt, params, priority, on_metrics, request_id, channel)
                     handles[rid] = channel
-                except Exception as e:
-                    sink.put(rid, e)
-                    sink.flush()
+                except Exception as e:  # its own message: the step being built belongs to the engine thread
+                    failure = _Step([], [_Failure(rid, _kind(e), str(e))], [])
+                    with send_lock:
+                        outbound.send_multipart([_STEP, msgspec.msgpack.encode(failure)])
             elif kind == "cancel":
                 channel = handles.pop(message[1], None)
                 if channel is not None and channel.handle is not None:
@@ -529,6 +584,7 @@ def _core_main(directory: str, parent_pid: int) -> None:  # pragma: no cover - r
         inbound.close()
         outbound.close()
         ctx.term()
+        shutil.rmtree(directory, ignore_errors=True)  # the parent may be gone: leave nothing behind
 
 
 def _portable(error: BaseException) -> BaseException:
