@@ -22,6 +22,8 @@ from gguf import GGMLQuantizationType as QType
 from gguf import GGUFValueType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from trtedge.runtime.artifacts import gguf_nemotron_h as nemotron_h
+
 log = logging.getLogger(__name__)
 
 # GGUF architecture -> (HF model_type, HF architecture class)
@@ -33,6 +35,7 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
     "gemma3n": ("gemma3n_text", "Gemma3nForCausalLM"),
     "gemma4": ("gemma4_text", "Gemma4ForCausalLM"),
+    **nemotron_h.ARCHITECTURES,
 }
 _PLE_ARCHITECTURES = {"gemma3n", "gemma4"}  # per-layer embeddings: norms stored as they are
 # llama.cpp's converter permutes q/k rows for these (GGML "normal" rope); qwen2/qwen3 use NEOX rope, unpermuted.
@@ -234,6 +237,8 @@ class _GGUF:
         kv = self.hparam("attention.head_count_kv", n_head)
         if self.arch == "gemma4" and isinstance(kv, list):  # per layer: sliding and global layers differ
             return n_head, int(kv[0])
+        if self.arch in nemotron_h.ARCHITECTURES:  # per layer: 0 for the Mamba-2, MLP and MoE layers
+            return n_head, nemotron_h.num_kv_heads(self)
         return n_head, _uniform(self, "attention.head_count_kv", kv)
 
 
@@ -283,6 +288,8 @@ def _iter_tensors(
             continue
         if norm_shift and name.endswith("norm.weight"):
             tensor = tensor - norm_shift
+        if model.arch in nemotron_h.ARCHITECTURES:
+            tensor = nemotron_h.to_hf_layout(name, tensor)
         if permuted and ".self_attn.q_proj." in name:
             tensor = _unpermute_rows(tensor, n_head)
         elif permuted and ".self_attn.k_proj." in name:
@@ -294,6 +301,8 @@ def _hf_tensor_name(model: _GGUF, gguf_name: str) -> str | None:
     """HF name of a GGUF tensor, None for tensors HF does not store (rope_freqs)."""
     if gguf_name in _IGNORED_TENSORS:
         return None
+    if model.arch in nemotron_h.ARCHITECTURES:
+        return nemotron_h.hf_tensor_name(model, gguf_name)
     if m := _LAYER_TENSOR_RE.fullmatch(gguf_name):
         layer, part, kind = m.groups()
         names = {
@@ -363,8 +372,8 @@ def _build_config(model: _GGUF, names: dict[str, str | None], tokens: list[str])
         "intermediate_size": _uniform(
             model, "feed_forward_length", model.require_hparam("feed_forward_length")
         )
-        if model_type not in ("gemma3n_text", "gemma4_text")
-        else model.require_hparam("feed_forward_length"),  # per layer
+        if model_type not in ("gemma3n_text", "gemma4_text", "nemotron_h")
+        else model.require_hparam("feed_forward_length"),  # per layer (Nemotron-H: replaced below)
         "num_hidden_layers": model.require_hparam("block_count"),
         "num_attention_heads": n_head,
         "num_key_value_heads": n_head_kv,
@@ -392,6 +401,8 @@ def _build_config(model: _GGUF, names: dict[str, str | None], tokens: list[str])
         config.update(_gemma3n_config(model, rope_theta))
     if model_type == "gemma4_text":
         config.update(_gemma4_config(model, rope_theta))
+    if model_type == "nemotron_h":
+        config.update(nemotron_h.config_fields(model), layer_norm_epsilon=config["rms_norm_eps"])
     return config
 
 
