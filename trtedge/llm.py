@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -146,6 +147,9 @@ class LLM:
                 self.engine = self._start_in_process(spec, load, load_format, engine_config)
             self._describe = self.engine.describe()
             self._last: dict[str, tuple[float, object]] = {}  # engine process: the last answer per view
+            if self.engine_process:
+                # an LLM dropped without close() still stops its engine core process (and its folder)
+                weakref.finalize(self, self.engine.shutdown)
             if self.engine_process:  # a dead core still has figures to report
                 for name in ("snapshot", "context_cache_metrics", "get_profiling_metrics"):
                     self._last[name] = (time.monotonic(), self.engine.call(name))

@@ -137,3 +137,14 @@ def test_a_metrics_callback_may_call_back_into_the_llm(core):
         on_metrics=lambda m: seen.append((m.generated_tokens, core.stats()["submitted"])),
     )
     assert out.completion_tokens == 3 and seen and seen[0][0] == 3 and seen[0][1] >= 1
+
+
+def test_an_llm_dropped_without_close_stops_its_core_process():
+    import gc
+
+    llm = LLM(engine_process=True, max_kv_cache_capacity=512, max_input_len=256)
+    proc, folder = llm.engine._proc, llm.engine._dir
+    assert llm.generate("hi", SamplingParams(max_tokens=2, temperature=0)).completion_tokens == 2
+    del llm
+    gc.collect()
+    assert proc.wait(timeout=60) is not None and not os.path.exists(folder)
