@@ -584,11 +584,6 @@ class LLM:
         if self.tp is not None and self.tp.error is not None:
             raise RuntimeError(f"engine failed: {self.tp.error}")
 
-    def _engine_error(self) -> str | None:
-        if self.engine.error is not None:
-            return str(self.engine.error)
-        return None if self.tp is None else self.tp.error
-
     def close(self) -> None:
         with self._close_lock:
             if not self._closed:

@@ -148,7 +148,6 @@ class CoreProcess:
         except BaseException:
             self._kill()
             raise
-        self.async_scheduling = self.info["describe"]["async_scheduling"]
         self._decoder = msgspec.msgpack.Decoder(_Step)
         self._thread = threading.Thread(target=self._receive, name="trtedge-core-output", daemon=True)
         self._thread.start()

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.ops.attention import AttentionBatch
 
 log = logging.getLogger("trtedge")
@@ -29,7 +30,6 @@ class BlockTableRows:
         self.rows = torch.full((num_seats + 1, max_blocks), scratch_block, dtype=torch.int32, device=device)
         self.pad_seat = num_seats  # all scratch: padding rows read it
         self.device = device
-        self._pin = device.type == "cuda"  # staged in pinned memory: the copies do not wait for the queue
         self._seat: dict[int, int] = {}  # seq_id -> seat
         self._written: dict[int, list[int]] = {}  # seq_id -> the table as written there
         self._free = list(range(num_seats - 1, -1, -1))
@@ -55,10 +55,9 @@ class BlockTableRows:
             seats.append(seat)
         seats += [self.pad_seat] * (size - len(seats))
         if values:
-            update = torch.tensor([rows, cols, values], dtype=torch.long, pin_memory=self._pin)
-            update = update.to(self.device, non_blocking=True)
+            update = to_device([rows, cols, values], torch.long, self.device)
             self.rows.index_put_((update[0], update[1]), update[2].to(torch.int32))
-        return torch.tensor(seats, dtype=torch.long, pin_memory=self._pin).to(self.device, non_blocking=True)
+        return to_device(seats, torch.long, self.device)
 
     def _evict(self, keep: set[int]) -> None:
         for sid in [s for s in self._seat if s not in keep]:
@@ -129,8 +128,8 @@ class DecodeGraphs:
         slots: list[int],
         tables: list[list[int]],
         context_lens: list[int],
-        fill: tuple[torch.Tensor, torch.Tensor] | None = None,
-        seq_ids: list[int] | None = None,
+        fill: tuple[torch.Tensor, torch.Tensor] | None,
+        seq_ids: list[int],
     ) -> torch.Tensor:
         """Logits [len(ids), vocab] for one decode token per sequence. ``fill`` (rows, ids): input ids
         still on the device (the last step's samples), written over the placeholders of ``ids``.
@@ -155,18 +154,7 @@ class DecodeGraphs:
         self.positions[:size].copy_(staged[1])
         self.slots[:size].copy_(staged[2])
         self.context_lens[:size].copy_(staged[3])
-        if seq_ids is not None:
-            seats = self.table_rows.seats(seq_ids, tables, size)
-            torch.index_select(self.table_rows.rows, 0, seats, out=self.tables[:size])
-        else:
-            width = max(len(t) for t in tables)
-            scratch = self.scratch_block
-            flat: list[int] = []  # one flat list: torch reads it far faster than a list of lists
-            for t in tables:
-                flat += t
-                flat += [scratch] * (width - len(t))
-            flat += [scratch] * (width * pad)
-            table_rows = torch.tensor(flat, dtype=torch.int32, pin_memory=True).view(size, width)
-            self.tables[:size, :width].copy_(table_rows.to(self.tables.device, non_blocking=True))
+        seats = self.table_rows.seats(seq_ids, tables, size)
+        torch.index_select(self.table_rows.rows, 0, seats, out=self.tables[:size])
         self.graphs[size].replay()
         return self.logits[size][:n]

@@ -11,7 +11,7 @@ import torch
 from trtedge.runtime.core.hybrid_state import HybridStateCache
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.core.scheduler import ScheduledBatch
-from trtedge.runtime.executor.sampler import Sampler, SampleResult, TokenLogprobs
+from trtedge.runtime.executor.sampler import Sampler, SampleResult, TokenLogprobs, to_device
 from trtedge.runtime.executor.state_pool import RecurrentBatch, RecurrentStatePool, plan_windows
 from trtedge.runtime.multimodal.inputs import MediaInputs, media_inputs
 from trtedge.runtime.ops import triton_attention, triton_prefill
@@ -490,8 +490,4 @@ def _trim(infos: list[TokenLogprobs], seq: Sequence) -> list[TokenLogprobs]:
 
 
 def _to_device(values: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """Host ints as a tensor on ``device``, without waiting for the kernels queued there: staged in
-    pinned memory (a copy from pageable memory waits for the device queue once it is past a few KiB)."""
-    if device.type == "cpu":
-        return torch.tensor(values, dtype=dtype)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+    return to_device(values, dtype, device)

@@ -65,7 +65,7 @@ class Sampler:
             if len(sampled) == len(seqs):
                 choice = _sample_rows(logits, rows, positions)
             else:
-                index = _to_device(sampled, torch.long, logits.device)
+                index = to_device(sampled, torch.long, logits.device)
                 drawn = _sample_rows(logits.index_select(0, index), rows, [positions[r] for r in sampled])
                 choice.index_copy_(0, index, drawn)
         ks = [s.params.logprobs for s in seqs]
@@ -126,9 +126,10 @@ def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small host list on the device without waiting for the device's queue (a plain
-    ``torch.tensor(..., device=cuda)`` copy waits for every kernel queued before it)."""
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on the device without waiting for the device's queue: staged in pinned memory
+    (a plain ``torch.tensor(..., device=cuda)`` copy, or one from pageable memory past a few KiB, waits
+    for every kernel queued before it)."""
     if device.type == "cpu":
         return torch.tensor(values, dtype=dtype)
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
@@ -167,7 +168,7 @@ def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], positions: list[int
     probs = sampling_probs(logits, seqs)
     keys = [mix_seed(s.seed, pos) for s, pos in zip(seqs, positions)]
     if triton_sampling.supported(probs):  # the same race in one pass (the torch lines are its reference)
-        return triton_sampling.race(probs, _to_device(split_keys(keys), torch.long, probs.device))
+        return triton_sampling.race(probs, to_device(split_keys(keys), torch.long, probs.device))
     return (probs / exponential_noise(keys, logits.shape[-1], logits.device)).argmax(dim=-1)
 
 
@@ -176,25 +177,23 @@ def sampling_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     unnormalised after min-p."""
     device, vocab = logits.device, logits.shape[-1]
     params = [s.params for s in seqs]
-    temperature = _to_device([p.temperature for p in params], torch.float32, device)
+    temperature = to_device([p.temperature for p in params], torch.float32, device)
     scores = logits / temperature[:, None]
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
         sorted_scores, order = scores.sort(dim=-1, descending=True)
-        top_k = _to_device(
-            [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], torch.long, device
-        )
+        top_k = to_device([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], torch.long, device)
         ranks = torch.arange(vocab, device=device)
         sorted_probs = torch.softmax(
             sorted_scores.masked_fill(ranks >= top_k[:, None], float("-inf")), dim=-1
         )
-        top_p = _to_device([p.top_p for p in params], torch.float32, device)
+        top_p = to_device([p.top_p for p in params], torch.float32, device)
         # keep the smallest prefix whose mass reaches top_p
         sorted_probs = sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs > top_p[:, None], 0.0)
         probs = torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)
     else:
         probs = torch.softmax(scores, dim=-1)
     if any(p.min_p > 0.0 for p in params):
-        min_p = _to_device([p.min_p for p in params], torch.float32, device)
+        min_p = to_device([p.min_p for p in params], torch.float32, device)
         probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), 0.0)
     return probs
 
@@ -219,7 +218,7 @@ def split_keys(keys: list[int]) -> list[list[int]]:
 def exponential_noise(keys: list[int], vocab: int, device: torch.device) -> torch.Tensor:
     """Exp(1) noise [len(keys), vocab], a pure function of (key, token id): argmax(p / noise) draws
     from p, and a row's draw never depends on the other rows of the batch."""
-    k = _to_device(split_keys(keys), torch.long, device)
+    k = to_device(split_keys(keys), torch.long, device)
     ids = torch.arange(vocab, dtype=torch.long, device=device)
     h = _fmix32(_fmix32(ids[None, :] ^ k[:, :1]) ^ k[:, 1:])
     u = ((h >> 8).float() + 0.5) / 16777216.0

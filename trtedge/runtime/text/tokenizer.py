@@ -299,9 +299,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
 @functools.cache
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = _Sandbox(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag]
-    )
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
