@@ -23,6 +23,7 @@ from gguf import GGUFValueType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from trtedge.runtime.artifacts import gguf_nemotron_h as nemotron_h
+from trtedge.runtime.text.byte_level import BYTE_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -649,12 +650,12 @@ def _build_tokenizer(model: _GGUF, tokens: list[str]) -> tuple[Tokenizer, dict]:
 
 
 def _byte_level_tokenizer(model: _GGUF, tokens: list[str], types: list[int]) -> Tokenizer:
-    alphabet = set(_BYTE_CHARS.values())
+    alphabet = set(BYTE_CHARS.values())
     vocab: dict[str, int] = {}
     for i, (token, kind) in enumerate(zip(tokens, types, strict=True)):
         # Added tokens (control, user-defined) keep their text; a plain token outside the byte alphabet is respelled.
         if kind == 1 and not set(token) <= alphabet:
-            token = "".join(_BYTE_CHARS[b] for b in token.encode("utf-8"))
+            token = "".join(BYTE_CHARS[b] for b in token.encode("utf-8"))
         vocab.setdefault(token, i)
     merges = _usable_merges(model, vocab, model.require("tokenizer.ggml.merges"))
     pre = model.get("tokenizer.ggml.pre")
@@ -809,19 +810,3 @@ def _scalar(value: np.generic) -> Any:
 def _one_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__
-
-
-def _byte_chars() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (the alphabet of byte-level BPE vocabularies)."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    table = {b: chr(b) for b in printable}
-    extra = (b for b in range(256) if b not in table)
-    table.update({b: chr(256 + n) for n, b in enumerate(extra)})
-    return table
-
-
-_BYTE_CHARS = _byte_chars()

@@ -13,6 +13,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _BackendTokenizer
 
+from trtedge.runtime.text.byte_level import piece_bytes
+
 _SPECIAL_TOKEN_KEYS = (
     "bos_token",
     "eos_token",
@@ -98,6 +100,12 @@ class Tokenizer:
 
     def id_to_token(self, i: int) -> str | None:
         return self._backend.id_to_token(int(i)) if int(i) >= 0 else None
+
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes token ``i`` stands for: its byte-level BPE spelling undone, else the UTF-8 of its
+        text (a special token, a SentencePiece piece)."""
+        raw = piece_bytes(self.id_to_token(i) or "")
+        return raw if raw is not None else self.decode([i], skip_special_tokens=False).encode()
 
     def token_to_id(self, t: str) -> int | None:
         return self._backend.token_to_id(t)
