@@ -12,6 +12,7 @@ from pathlib import Path
 
 from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig, PleRuntimeConfig
 from trtedge.llm_metrics import ContextCacheMetrics
+from trtedge.llm_views import EngineStats, ModelInfo, RenderedChat, TokenizerInfo
 from trtedge.runtime.artifacts.bundle import BuildProfile, prepare_bundle
 from trtedge.runtime.artifacts.checkpoint import config_only_checkpoint, resolve_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig, EngineError, EngineUnavailableError
@@ -33,6 +34,7 @@ from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig, check_draft
 from trtedge.runtime.structured import GuidedUnavailableError
 from trtedge.runtime.structured import available as structured_output_available
+from trtedge.runtime.text.tokenizer import TemplateError
 
 log = logging.getLogger("trtedge")
 
@@ -360,6 +362,56 @@ class LLM:
             return ids
         return expand_placeholders(ids, items, placeholder_tokens(self.model.cfg, self.tokenizer))
 
+    # ---- text: the tokenizer and chat template, for the front doors ----------------------------
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size: token ids (and logit_bias keys) are below it."""
+        return self._describe["vocab_size"]
+
+    def tokenizer_info(self) -> TokenizerInfo:
+        t = self.tokenizer
+        return TokenizerInfo(
+            t.bos_token_id,
+            t.eos_token_ids,
+            dict(t.special_tokens),
+            t.add_bos_token,
+            t.vocab_size,
+            t.chat_template,
+            dict(t.chat_templates),
+        )
+
+    def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` prepends BOS when the model wants it."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def detokenize(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_piece(self, token_id: int) -> str | None:
+        """The vocabulary's spelling of a token (byte-level pieces as they are), None outside it."""
+        return self.tokenizer.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for (logprobs report them: a token may be part of a character)."""
+        return self.tokenizer.token_bytes(token_id)
+
+    def apply_chat_template(self, messages: Messages, **options) -> str:
+        """The text of a text-only conversation through the chat template (``encode_prompt``'s options)."""
+        return self.tokenizer.apply_chat_template(messages, **options)
+
+    def render_chat(self, messages: Messages, **options) -> RenderedChat:
+        """A conversation through the chat template: its text, token ids and the prompt to generate
+        from; media parts (decoded images, videos, audio) are processed into a ``MultimodalPrompt``.
+        Raises ``TemplateError`` when the template refuses the messages, ``ValueError`` for media
+        the model cannot take."""
+        if media_kinds(messages):
+            prompt = self.encode_prompt(messages, **options)
+            ids = list(prompt.ids)
+            return RenderedChat(self.detokenize(ids, skip_special_tokens=False), ids, prompt)
+        text = self.apply_chat_template(messages, **options)
+        ids = self.tokenize(text, add_special_tokens=False)
+        return RenderedChat(text, ids, ids)
+
     def check_lengths(self, num_prompt_tokens: int, max_tokens: int) -> None:
         cfg = self.config
         if num_prompt_tokens == 0:
@@ -493,14 +545,14 @@ class LLM:
         )
 
     # ---- introspection -------------------------------------------------------------------------
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
         """A snapshot for health endpoints and dashboards (safe to call from any thread)."""
         engine = self._snapshot()
         error = engine.pop("engine_error", None) or (None if self.tp is None else self.tp.error)
         stats = {"model": self.model_name, **engine, "engine_error": error}
         if self.vision or self.audio:
             stats["mm_embedding_cache"] = self.get_mm_embedding_cache_metrics()
-        return stats
+        return EngineStats.from_dict(stats)
 
     def _snapshot(self) -> dict:
         snapshot = dict(self._view("snapshot", max_age=0.05))
@@ -528,11 +580,18 @@ class LLM:
             raise EngineUnavailableError(f"engine failed: {self.engine.error}")
         return last[1]
 
-    def describe(self) -> dict:
+    def describe(self) -> ModelInfo:
         """What is loaded, as plain data: ``device``, ``dtype``, ``weight_bytes``, ``kv_bytes_per_token``,
         ``vocab_size``, ``model_type``, ``async_scheduling``, and ``engine_process`` (whether the engine
         core runs in its own process)."""
-        return {**self._describe, "engine_process": self.engine_process}
+        bundle = self.bundle
+        return ModelInfo.from_dict(
+            self._describe,
+            engine_process=self.engine_process,
+            bundle_key=None if bundle is None else bundle.key,
+            loaded_from=str(self.checkpoint.path),
+            bundle_built=bundle is not None and bundle.built,
+        )
 
     def get_mm_embedding_cache_metrics(self) -> dict | None:
         """The vision encoder's embedding cache (None without a vision component): hits, misses,
@@ -626,10 +685,15 @@ __all__ = [
     "LLM",
     "ConfigError",
     "ContextCacheMetrics",
+    "EngineStats",
+    "ModelInfo",
     "ProfilingMetrics",
+    "RenderedChat",
+    "TokenizerInfo",
     "EngineError",
     "EngineUnavailableError",
     "GuidedUnavailableError",
     "PromptTooLongError",
+    "TemplateError",
     "structured_output_available",
 ]

@@ -1,6 +1,7 @@
 """DESIGN.md's boundary: the front doors (server, commands, chat, bench) use `LLM`'s client interface
-(generate, describe(), stats(), ...), never the engine core behind it, its runner or its model, which
-may live in another process (`LLM(engine_process=True)`, the CUDA default)."""
+(generate, render_chat, tokenize, describe(), stats(), ...), never the engine core behind it, its runner,
+its model or its tokenizer, which may live in another process (`LLM(engine_process=True)`, the CUDA
+default); nor do they import the engine's side of the runtime."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "trtedge"
-INTERNALS = {"engine", "model", "draft", "tp"}  # LLM attributes that are the runtime's, not the client's
+# LLM attributes that are the runtime's, not the client's
+INTERNALS = {"engine", "model", "draft", "tp", "tokenizer", "checkpoint", "bundle"}
+# the engine's side of the runtime: its core, device code and models
+ENGINE_SIDE = ("engine", "client", "core", "executor", "models", "ops", "speculative", "structured")
+FRONT_DOORS = ("server/", "commands/", "chat/", "bench/", "cli.py")
 
 
 def _is_llm(node: ast.AST) -> bool:
@@ -17,17 +22,31 @@ def _is_llm(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and node.attr in ("llm", "_llm")
 
 
+def _engine_side(module: str) -> bool:
+    parts = module.split(".")
+    return parts[:2] == ["trtedge", "runtime"] and len(parts) > 2 and parts[2] in ENGINE_SIDE
+
+
 def front_door_reaches() -> list[str]:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith("runtime/") or rel == "llm.py":
+        if rel.startswith("runtime/") or rel in ("llm.py", "llm_views.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text(), rel)):
-            if not isinstance(node, ast.Attribute):
+            if isinstance(node, ast.Attribute):
+                if node.attr == "runner" or (node.attr in INTERNALS and _is_llm(node.value)):
+                    found.append(f"trtedge/{rel}:{node.lineno}: .{node.attr}")
+            elif not rel.startswith(FRONT_DOORS):
                 continue
-            if node.attr == "runner" or (node.attr in INTERNALS and _is_llm(node.value)):
-                found.append(f"trtedge/{rel}:{node.lineno}: .{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and _engine_side(node.module or ""):
+                found.append(f"trtedge/{rel}:{node.lineno}: import {node.module}")
+            elif isinstance(node, ast.Import):
+                found += [
+                    f"trtedge/{rel}:{node.lineno}: import {a.name}"
+                    for a in node.names
+                    if _engine_side(a.name)
+                ]
     return found
 
 
@@ -37,6 +56,15 @@ def test_front_doors_do_not_reach_past_the_llm_client_interface():
 
 def test_the_check_sees_a_reach(tmp_path, monkeypatch):
     (tmp_path / "server").mkdir()
-    (tmp_path / "server" / "bad.py").write_text("def f(llm):\n    return llm.engine.runner.kv\n")
+    (tmp_path / "server" / "bad.py").write_text(
+        "from trtedge.runtime.executor.sampler import TokenLogprobs\n"
+        "def f(llm, serving):\n"
+        "    return llm.engine.runner.kv, serving.llm.tokenizer.decode([1])\n"
+    )
     monkeypatch.setattr(f"{__name__}.PACKAGE", tmp_path)
-    assert front_door_reaches() == ["trtedge/server/bad.py:2: .runner", "trtedge/server/bad.py:2: .engine"]
+    assert sorted(front_door_reaches()) == [
+        "trtedge/server/bad.py:1: import trtedge.runtime.executor.sampler",
+        "trtedge/server/bad.py:3: .engine",
+        "trtedge/server/bad.py:3: .runner",
+        "trtedge/server/bad.py:3: .tokenizer",
+    ]

@@ -143,15 +143,15 @@ def add_bandwidth(metrics: dict, requests: list[dict], llm, peak_gbs: float | No
         return
     tokens_per_s = sum(r["output_tokens"] - 1 for r in ok) / decode_time
     loaded = llm.describe()
-    kv_per_token = loaded["kv_bytes_per_token"]
+    kv_per_token = loaded.kv_bytes_per_token
     context = sum(r["prompt_tokens"] + r["output_tokens"] / 2 for r in ok) / len(ok)
     metrics["decode_tokens_per_s"] = tokens_per_s
-    metrics["weight_bytes"] = loaded["weight_bytes"]
+    metrics["weight_bytes"] = loaded.weight_bytes
     metrics["kv_bytes_per_token"] = kv_per_token
     metrics["achieved_bandwidth_gbs"] = achieved_bandwidth(
-        loaded["weight_bytes"], kv_per_token, context, tokens_per_s
+        loaded.weight_bytes, kv_per_token, context, tokens_per_s
     )
-    peak = peak_gbs or peak_bandwidth_gbs(device_name(loaded["device"]))
+    peak = peak_gbs or peak_bandwidth_gbs(device_name(loaded.device))
     if peak:
         metrics["peak_bandwidth_gbs"] = peak
         metrics["bandwidth_utilization"] = metrics["achieved_bandwidth_gbs"] / peak
@@ -177,8 +177,9 @@ def environment(llm=None) -> dict:
         "platform": platform.platform(),
     }
     if llm is not None:
-        env["device"] = device_name(llm.describe()["device"])
+        loaded = llm.describe()
+        env["device"] = device_name(loaded.device)
         env["model"] = llm.model_name
-        env["fingerprint"] = getattr(llm.bundle, "key", None)
+        env["fingerprint"] = loaded.bundle_key
         env["profile"] = asdict(llm.config)
     return env

@@ -119,13 +119,12 @@ class LocalBackend:
         return _LocalStream(llm, ids, params)
 
     def describe(self) -> list[tuple[str, str]]:
-        llm, cfg = self.llm, self.llm.config
-        bundle = getattr(llm, "bundle", None)
-        loaded = llm.describe()
-        device, dtype = loaded["device"], loaded["dtype"]
+        cfg = self.llm.config
+        loaded = self.llm.describe()
+        device, dtype = loaded.device, loaded.dtype
         rows = [("model", self.model_name)]
-        if bundle is not None and hasattr(bundle, "key"):
-            rows.append(("bundle", f"{bundle.key} ({bundle.path})"))
+        if loaded.bundle_key is not None:
+            rows.append(("bundle", f"{loaded.bundle_key} ({loaded.loaded_from})"))
         rows += [
             ("device", f"{device}, {dtype}" if dtype else device),
             ("context", f"{cfg.max_kv_cache_capacity} tokens (max input {cfg.max_input_len})"),
@@ -146,7 +145,7 @@ def _decoded(messages: list[dict], llm) -> list[dict]:
         if isinstance(content, list) and any(p.get("type") == "input_audio" for p in content):
             from trtedge.runtime.multimodal.audio_file import SAMPLE_RATE, decode_audio_file
 
-            rate = llm.audio.sampling_rate if getattr(llm, "audio", None) is not None else SAMPLE_RATE
+            rate = llm.audio.sampling_rate if llm.audio is not None else SAMPLE_RATE
             content = [
                 {
                     "type": "audio",

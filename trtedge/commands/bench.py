@@ -186,7 +186,7 @@ def run(
 
             backend = OfflineBackend(llm, sampling)
             env = suite.environment(llm)
-            vocab = vocab_size or llm.describe()["vocab_size"]
+            vocab = vocab_size or llm.vocab_size
         requests = suite.make_requests(config, vocab)
         result = _run_with_progress(config, backend.send, requests, console)
         title = f"trtedge bench: {env.get('model')} ({'--url ' + url if url else 'offline'})"

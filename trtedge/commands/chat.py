@@ -198,7 +198,7 @@ def _load_showing_the_build(LLM, model, llm_kwargs: dict):
             )
 
         llm = LLM(model, **llm_kwargs, build_progress=progress)
-    if llm.bundle is not None and llm.bundle.built:
+    if llm.describe().bundle_built:
         console.print(
             f"built the bundle once in {time.perf_counter() - start:.1f} s; later launches of this model "
             "load it from the cache",

@@ -387,12 +387,7 @@ async def _announce(server, app, llm, config) -> None:
             port = sock.getsockname()[1]
     stats = llm.stats()
     tokens = stats["kv_blocks_total"] * stats["kv_block_size"]
-    bundle = getattr(llm, "bundle", None)
-    where = (
-        f"bundle {bundle.key} ({bundle.path})"
-        if hasattr(bundle, "key")
-        else f"checkpoint {llm.checkpoint.path}"
-    )
+    where = llm.describe().source
     host = f"[{config.host}]" if ":" in config.host else config.host
     lines = [
         f"model   {app.state.serving.model_name}",

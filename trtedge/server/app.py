@@ -182,8 +182,8 @@ def health_body(llm: LLM, config: ServeConfig, admission: Admission, model_name:
             "context_reuse": launch.context_cache.enabled,
             "speculative": stats["speculative"],
             "structured_output": structured_output_available(),
-            "vision": getattr(llm, "vision", None) is not None,
-            "audio": getattr(llm, "audio", None) is not None,
+            "vision": llm.vision is not None,
+            "audio": llm.audio is not None,
         },
     }
     if stats["engine_error"] is not None:

@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from trtedge.llm import TemplateError
 from trtedge.runtime.output import StreamDelta
-from trtedge.runtime.text.tokenizer import TemplateError
 from trtedge.server.errors import bad_request, not_supported
 from trtedge.server.generation import Choice
 from trtedge.server.multimodal import MEDIA_PARTS, Media, in_media_thread, load_media
@@ -120,20 +120,17 @@ def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest, media: Med
     """Validate tools and tool_choice and render the conversation into prompt tokens; ``media`` holds
     the decoded media parts (see ``load_media``)."""
     llm = serving.llm
-    tokenizer = llm.tokenizer
     tools = _tools(req)
     choice = _tool_choice(req, tools)
-    template = (
-        tokenizer.chat_templates.get("tool_use" if tools else "default") or tokenizer.chat_template or ""
-    )
+    template = serving.tokenizer_info.template_for(bool(tools))
     messages = _template_messages(req, media or {})
     tool_prompt = bool(
-        tools and req.apply_chat_template and not renders_tools(tokenizer.apply_chat_template, template)
+        tools and req.apply_chat_template and not renders_tools(llm.apply_chat_template, template)
     )
     if tool_prompt:
         log.debug("the chat template renders no tools: %d tools go into the system prompt", len(tools))
         messages = with_tool_prompt(messages, tools)
-    if req.apply_chat_template and not renders_system_turns(tokenizer.apply_chat_template, template):
+    if req.apply_chat_template and not renders_system_turns(llm.apply_chat_template, template):
         messages = fold_system_messages(messages)
     options = dict(
         add_generation_prompt=req.add_generation_prompt,
@@ -146,18 +143,18 @@ def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest, media: Med
     def render(messages: list[dict]) -> tuple[str, list[int], Any]:
         if not req.apply_chat_template:
             text = "\n".join(m.get("content") or "" for m in messages)
-            return text, tokenizer.encode(text, add_special_tokens=True) or serving.empty_prompt(), None
-        if media:
-            try:
-                engine_prompt = llm.encode_prompt(messages, **options)
-            except TemplateError:
-                raise
-            except ValueError as e:  # the vision processor refused a picture
-                raise bad_request(str(e), param="messages", code="invalid_media") from None
-            ids = list(engine_prompt.ids)
-            return tokenizer.decode(ids, skip_special_tokens=False), ids, engine_prompt
-        text = tokenizer.apply_chat_template(messages, **options)
-        return text, tokenizer.encode(text, add_special_tokens=False), None
+            return text, llm.tokenize(text) or serving.empty_prompt(), None
+        if not media:
+            rendered = llm.render_chat(messages, **options)
+            return rendered.text, rendered.ids, None
+        try:
+            engine_prompt = llm.encode_prompt(messages, **options)
+        except TemplateError:
+            raise
+        except ValueError as e:  # the vision processor refused a picture
+            raise bad_request(str(e), param="messages", code="invalid_media") from None
+        ids = list(engine_prompt.ids)
+        return llm.detokenize(ids, skip_special_tokens=False), ids, engine_prompt
 
     try:
         try:

@@ -103,8 +103,7 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
     refs = media_refs(req)
     if not refs:
         return {}
-    vision = getattr(serving.llm, "vision", None)
-    audio = getattr(serving.llm, "audio", None)
+    vision, audio = serving.llm.vision, serving.llm.audio
     pictures = [r for r in refs if r.kind != "audio"]
     if pictures and vision is None:
         raise bad_request(NO_VISION, param=pictures[0].param, code="no_vision_component")

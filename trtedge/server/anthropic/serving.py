@@ -126,9 +126,8 @@ class AnthropicServing:
             return "tool_use", None
         if finish == "length":
             return "max_tokens", None
-        tokenizer = self.openai.llm.tokenizer
-        if stops and token_ids and token_ids[-1] not in tokenizer.eos_token_ids:
-            full = tokenizer.decode(token_ids)
+        if stops and token_ids and token_ids[-1] not in self.openai.tokenizer_info.eos_token_ids:
+            full = self.openai.llm.detokenize(token_ids)
             found = [(full.find(s), s) for s in stops if s in full]
             if found:
                 return "stop_sequence", min(found)[1]

@@ -15,8 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from trtedge.llm import LLM, GuidedUnavailableError, PromptTooLongError
-from trtedge.runtime.executor.sampler import TokenLogprobs
-from trtedge.runtime.output import StreamDelta
+from trtedge.runtime.output import StreamDelta, TokenLogprobs
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams
 from trtedge.server import sse
 from trtedge.server.admission import Admission
@@ -71,7 +70,8 @@ class OpenAIServing:
         self.metrics = metrics
         self.model_name = config.served_model_name or llm.model_name
         self.created = int(time.time())
-        self.vocab_size = llm.checkpoint.model_config.vocab_size
+        self.vocab_size = llm.vocab_size
+        self.tokenizer_info = llm.tokenizer_info()
         self._live: weakref.WeakSet[Generation] = weakref.WeakSet()
 
     def abandon_all(self) -> None:
@@ -245,7 +245,9 @@ class OpenAIServing:
                     )
             echo = ""
             if req.echo:
-                echo = prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(ids, False)
+                echo = (
+                    prompt if isinstance(prompt, str) else self.llm.detokenize(ids, skip_special_tokens=False)
+                )
             max_tokens = 1 if score_only else req.max_tokens
             params = self._params(
                 req,
@@ -414,10 +416,10 @@ class OpenAIServing:
     def empty_prompt(self) -> list[int]:
         """What an empty prompt is served as: the start of a document (OpenAI's default prompt is its
         end-of-text token), i.e. the model's BOS token, else its first end-of-text token (else none)."""
-        tokenizer = self.llm.tokenizer
-        if tokenizer.bos_token_id is not None:
-            return [tokenizer.bos_token_id]
-        return sorted(tokenizer.eos_token_ids)[:1]
+        info = self.tokenizer_info
+        if info.bos_token_id is not None:
+            return [info.bos_token_id]
+        return sorted(info.eos_token_ids)[:1]
 
     def _refuse_unserved(self, req: _Sampling) -> None:
         self.check_model(req.model)
@@ -587,17 +589,13 @@ class OpenAIServing:
         """Logprobs of the tokens that made text: an EOS that ended the answer is not reported."""
         infos = list(d.logprobs or [])
         if infos and d.finish_reason == "stop" and not d.text:
-            if infos[-1].token_id in self.llm.tokenizer.eos_token_ids:
+            if infos[-1].token_id in self.tokenizer_info.eos_token_ids:
                 infos.pop()
         return infos
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019 (one serving object per server)
     def _token(self, token_id: int) -> tuple[str, bytes]:
-        piece = self.llm.tokenizer.id_to_token(token_id) or ""
-        if piece and all(c in _BYTE_DECODER for c in piece):
-            raw = bytes(_BYTE_DECODER[c] for c in piece)
-        else:
-            raw = self.llm.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+        raw = self.llm.token_bytes(token_id)
         return raw.decode("utf-8", errors="replace"), raw
 
 
@@ -656,19 +654,3 @@ def _stream_error(error: Exception) -> dict:
         return error.body()
     log.exception("generation failed mid-stream", exc_info=error)
     return internal_error().body()
-
-
-def _byte_decoder() -> dict[str, int]:
-    # GPT-2 byte-level BPE: every byte is drawn as a printable character.
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
-
-
-_BYTE_DECODER = _byte_decoder()

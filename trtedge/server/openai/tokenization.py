@@ -38,16 +38,16 @@ class DetokenizeRequest(_Model):
 class TokenizationServing:
     def __init__(self, openai: OpenAIServing):
         self.openai = openai
-        self.tokenizer = openai.llm.tokenizer
+        self.llm = openai.llm
 
     async def tokenize(self, req: TokenizeRequest) -> Response:
         self.openai.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("send exactly one of prompt and messages", param="prompt")
-        tokenizer = self.tokenizer
+        llm = self.llm
         if req.prompt is not None:
             special = req.add_special_tokens is not False
-            ids = await asyncio.to_thread(tokenizer.encode, req.prompt, special)
+            ids = await asyncio.to_thread(llm.tokenize, req.prompt, add_special_tokens=special)
         else:
             chat = ChatCompletionRequest(
                 messages=req.messages,
@@ -56,14 +56,14 @@ class TokenizationServing:
                 chat_template_kwargs=req.chat_template_kwargs,
             )
             ids = list((await prepare_prompt(self.openai, chat)).ids)
-            bos = tokenizer.bos_token_id
+            bos = self.openai.tokenizer_info.bos_token_id
             if req.add_special_tokens and bos is not None and ids[:1] != [bos]:
                 ids.insert(0, bos)
         body: dict = {
             "count": len(ids),
             "max_model_len": self.openai.llm.config.max_kv_cache_capacity,
             "tokens": ids,
-            "token_strs": [tokenizer.id_to_token(i) for i in ids] if req.return_token_strs else None,
+            "token_strs": [llm.token_piece(i) for i in ids] if req.return_token_strs else None,
         }
         return JSONResponse(body)
 
@@ -76,12 +76,12 @@ class TokenizationServing:
                 f"tokens.{bad}: token id {req.tokens[bad]} is not below the vocabulary size {vocab}",
                 param=f"tokens.{bad}",
             )
-        text = await asyncio.to_thread(self.tokenizer.decode, req.tokens, False)
+        text = await asyncio.to_thread(self.llm.detokenize, req.tokens, skip_special_tokens=False)
         return JSONResponse({"prompt": text})
 
     def tokenizer_info(self) -> Response:
         """What vLLM reports: the tokenizer's configuration (special tokens, BOS handling, chat template)."""
-        tokenizer = self.tokenizer
+        tokenizer = self.openai.tokenizer_info
         info: dict = {
             "tokenizer_class": "PreTrainedTokenizerFast",  # a tokenizer.json, as transformers loads it
             "bos_token": None,

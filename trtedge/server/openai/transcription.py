@@ -147,7 +147,7 @@ async def transcribe(serving: OpenAIServing, request: Request, body: bytes) -> R
     )
     del body
     serving.check_model(form.model)
-    if getattr(llm, "audio", None) is None:
+    if llm.audio is None:
         raise bad_request(NO_AUDIO, param="file", code="no_audio_component")
     size = len(form.file.data)
     if size > config.max_audio_bytes:
@@ -189,7 +189,7 @@ def _encode(serving: OpenAIServing, tp: TranscriptionPrompt) -> MultimodalPrompt
         raise bad_request(str(e), param="file", code="invalid_audio") from None
     if not tp.prefill:
         return prompt
-    extra = llm.tokenizer.encode(tp.prefill, add_special_tokens=False)
+    extra = llm.tokenize(tp.prefill, add_special_tokens=False)
     positions = prompt.positions
     if positions is not None:  # M-RoPE: text after the media counts up from the largest position
         positions = torch.cat([positions, (torch.arange(len(extra)) + positions.max() + 1).expand(3, -1)], 1)
