@@ -42,7 +42,7 @@ with tempfile.TemporaryDirectory() as tmp:
                     dict(
                         engine_process=proc,
                         start_s=round(start, 1),
-                        describe=llm.describe(),
+                        describe=llm.describe().to_dict(),
                         stats_steps=llm.stats()["steps"],
                     )
                 ),
