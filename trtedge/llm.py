@@ -32,6 +32,7 @@ from trtedge.runtime.output import (
 from trtedge.runtime.profiling import ProfilingMetrics
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams, check_logit_bias
 from trtedge.runtime.speculative import SpeculativeConfig, check_draft
+from trtedge.runtime.speech.api import NO_SPEECH, SpeechOptions, SpeechOutput, load_speech_output
 from trtedge.runtime.structured import GuidedUnavailableError
 from trtedge.runtime.structured import available as structured_output_available
 from trtedge.runtime.text.tokenizer import TemplateError
@@ -120,6 +121,7 @@ class LLM:
             )
         self._check_draft(spec, load_format)
         self.tokenizer = self.checkpoint.load_tokenizer()
+        self.speech_output = None
         cfg = self.config
         load = dict(dtype=dtype, device=device, weights=weights, max_positions=cfg.max_kv_cache_capacity)
         engine_config = EngineConfig(
@@ -143,6 +145,9 @@ class LLM:
         self.audio: AudioProcessor | None = None
         self.engine_process = self._wants_engine_process(engine_process, device)
         try:
+            # speech output (Qwen3-Omni's Talker, code predictor and Code2Wav) when the bundle holds them
+            if self.bundle is not None:
+                self.speech_output = load_speech_output(self.bundle, dtype, device)
             if self.engine_process:
                 self.engine = self._start_core_process(spec, load, load_format, engine_config)
             else:
@@ -543,6 +548,45 @@ class LLM:
             outputs=outputs,
             prompt_logprobs=prompt_logprobs,
         )
+
+    # ---- speech output ------------------------------------------------------------------------
+    @property
+    def voices(self) -> list[str]:
+        """The voices of a model with speech output (Qwen3-Omni's speakers); [] without."""
+        return [] if self.speech_output is None else self.speech_output.voices
+
+    def speech_stream(
+        self,
+        input: str | None = None,
+        *,
+        voice: str | None = None,
+        instructions: str | None = None,
+        token_ids: list[int] | None = None,
+        **options,
+    ):
+        """Speak ``input`` (or a conversation's ``token_ids`` ending in the assistant's answer): float32
+        mono pieces at ``speech_output.sample_rate`` (24 kHz) as Code2Wav makes them. ``options``:
+        ``SpeechOptions`` fields (talker_temperature, talker_top_k, ...). Raises ``ValueError``
+        (``SpeechInputError`` naming the field) for a bad request, before any audio is made."""
+        from trtedge.runtime.speech.api import stream_waveform, tts_ids
+
+        self._check_open()
+        if self.speech_output is None:
+            raise ValueError(f"{NO_SPEECH} ({self.model_name})")
+        params = SpeechOptions.coerce({**options, "voice": voice} if voice is not None else options)
+        if params.voice is not None:
+            self.speech_output.voice_id(params.voice)
+        ids = token_ids if token_ids is not None else tts_ids(self.tokenizer, input, instructions)
+        self.speech_output.prompt(ids, params.voice or self.speech_output.default_voice)  # refuses here
+        return stream_waveform(self.speech_output, ids, params)
+
+    def speech(self, input: str, *, voice: str | None = None, **options) -> SpeechOutput:
+        """Speak ``input`` whole (see ``speech_stream``)."""
+        import numpy as np
+
+        pieces = list(self.speech_stream(input, voice=voice, **options))
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        return SpeechOutput(audio, self.speech_output.sample_rate)
 
     # ---- introspection -------------------------------------------------------------------------
     def stats(self) -> EngineStats:

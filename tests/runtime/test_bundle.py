@@ -94,9 +94,24 @@ def test_profile_and_speculative_config_are_validated():
         BuildProfile.create(components="llm,speech")
     with pytest.raises(BundleError, match="draft model"):
         BuildProfile.create(components="draft")
-    # "all" names the vision encoder too; a model without one drops it (text models' keys stay as they were)
+    # "all" names the vision encoder and the speech components too; a model without them drops them (text
+    # models' keys stay as they were)
     text, vlm = {"model_type": "llama"}, {"model_type": "qwen2_5_vl", "vision_config": {}}
-    assert BuildProfile.create(components="all").components == ("llm", "vision")
+    speech = ("talker", "code_predictor", "code2wav")
+    assert BuildProfile.create(components="all").components == ("llm", "vision", *speech)
+    omni = {
+        "model_type": "qwen3_omni_moe",
+        "thinker_config": {},
+        "talker_config": {"x": 1},
+        "code2wav_config": {"x": 1},
+    }
+    assert BuildProfile.create(components="all").fit(omni).components == ("llm", "vision", *speech)
+    muted = {**omni, "enable_audio_output": False}
+    assert BuildProfile.create(components="all").fit(muted).components == ("llm", "vision")
+    with pytest.raises(BundleError, match="go together"):
+        BuildProfile.create(components="llm,talker")
+    with pytest.raises(BundleError, match="needs llm"):
+        BuildProfile.create(components="talker,code_predictor,code2wav")
     assert BuildProfile.create(components="all").fit(text).components == ("llm",)
     assert BuildProfile.create(components="all").fit(vlm).components == ("llm", "vision")
     profile = BuildProfile.create(components="all", speculative={"method": "draft_model", "model": "x"})

@@ -20,7 +20,14 @@ from pathlib import Path
 import torch
 
 from trtedge._version import __version__
-from trtedge.runtime.artifacts.bundle import TEXT_FILES, BuildProfile, Cache, digest_json, now_iso
+from trtedge.runtime.artifacts.bundle import (
+    SPEECH_COMPONENTS,
+    TEXT_FILES,
+    BuildProfile,
+    Cache,
+    digest_json,
+    now_iso,
+)
 from trtedge.runtime.artifacts.bundle import fingerprint as checkpoint_fingerprint
 from trtedge.runtime.artifacts.quantize import QUANTIZATION_LAYOUT, QuantizedTensor, quantize, target_format
 
@@ -52,8 +59,13 @@ def build_bundle(
         components["draft"] = _build_component(draft, profile, out_dir / "draft", None, cache, progress)
     if "vision" in profile.components:
         components["vision"] = _build_component(
-            checkpoint, profile, out_dir / "vision", fingerprint, cache, progress, vision=True
+            checkpoint, profile, out_dir / "vision", fingerprint, cache, progress, part="vision"
         )
+    for name in SPEECH_COMPONENTS:
+        if name in profile.components:
+            components[name] = _build_component(
+                checkpoint, profile, out_dir / name, fingerprint, cache, progress, part=name
+            )
     _test_delay()
     manifest = {
         "layout_version": profile.layout_version,
@@ -68,11 +80,14 @@ def build_bundle(
     return manifest
 
 
-def _build_component(checkpoint, profile, out_dir: Path, fp, cache, progress, vision: bool = False) -> dict:
-    """The LLM (its text model's tensors) or, with ``vision``, the vision encoder's tensors (float)."""
+def _build_component(
+    checkpoint, profile, out_dir: Path, fp, cache, progress, part: str | None = None
+) -> dict:
+    """The LLM (its text model's tensors) or, with ``part``, the vision encoder's tensors or a speech
+    component's (float)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     fp = fp or checkpoint_fingerprint(checkpoint.path)
-    if not vision:
+    if part is None:
         _write_tokenizer(checkpoint, out_dir)
     _write(out_dir / "config.json", json.dumps(checkpoint.config, indent=1).encode())
     section = {
@@ -86,7 +101,7 @@ def _build_component(checkpoint, profile, out_dir: Path, fp, cache, progress, vi
         "config": checkpoint.config,
         "quantization": checkpoint.quantization,
     }
-    mode = "float" if vision else profile.weights
+    mode = "float" if part else profile.weights
     dtype = _stored_dtype(checkpoint, _WEIGHT_DTYPES.get(profile.weights, profile.dtype))
     quantizes = mode in ("int8", "int4") or (mode == "auto" and checkpoint.kind == "gguf")
     if dtype is None and not quantizes:
@@ -94,13 +109,13 @@ def _build_component(checkpoint, profile, out_dir: Path, fp, cache, progress, vi
         section["weights"] = {"externalized": True, "files": weights, "dtype": "checkpoint"}
         return section
     key = {"checkpoint": fp[0], "dtype": dtype, "weights": mode, "layout": profile.layout_version}
-    if vision:
-        key["component"] = "vision"
+    if part:
+        key["component"] = part
     weights_key = digest_json(key)[:24]
     files = _link_weights(cache, weights_key, out_dir) if cache else None
     counts = None
     if files is None:
-        files, counts = _write_shards(checkpoint, out_dir, dtype, mode, progress, vision)
+        files, counts = _write_shards(checkpoint, out_dir, dtype, mode, progress, part)
     section["weights"] = {
         "externalized": False,
         "files": files,
@@ -174,13 +189,19 @@ def _link_weights(cache: Cache, weights_key: str, out_dir: Path) -> list[str] | 
 
 
 def _write_shards(
-    checkpoint, out_dir: Path, dtype: str | None, mode: str, progress: Progress | None, vision: bool = False
+    checkpoint,
+    out_dir: Path,
+    dtype: str | None,
+    mode: str,
+    progress: Progress | None,
+    part: str | None = None,
 ):
     """Write the weights in shards, quantizing those ``mode`` asks for; returns (files, counts by format).
-    Only the vision encoder's tensors with ``vision``, else only the others."""
+    Only the tensors of ``part`` ("vision", a speech component; None: the LLM's)."""
     from safetensors.torch import save_file
 
     from trtedge.runtime.multimodal import is_encoder_tensor, is_unserved_tensor
+    from trtedge.runtime.speech import speech_tensor_names
 
     total = len([k for k in checkpoint.quantization if k != "dominant"]) or None
     torch_dtype = _TORCH_DTYPES[dtype] if dtype else None
@@ -199,7 +220,10 @@ def _write_shards(
         shard, size = {}, 0
 
     for i, (name, tensor) in enumerate(_source_tensors(checkpoint, mode)):
-        if is_encoder_tensor(name) != vision or is_unserved_tensor(name):
+        if part in SPEECH_COMPONENTS:
+            if speech_tensor_names(name) != part:
+                continue
+        elif is_encoder_tensor(name) != (part == "vision") or is_unserved_tensor(name):
             continue
         fmt = _stored_format(name, tensor.shape, mode, checkpoint.quantization)
         stored = _convert(name, tensor, fmt, torch_dtype)

@@ -32,7 +32,9 @@ from trtedge.runtime.speculative.config import METHODS, SpeculativeConfig, Specu
 
 log = logging.getLogger("trtedge")
 
-COMPONENTS = ("llm", "draft", "vision")
+COMPONENTS = ("llm", "draft", "vision", "talker", "code_predictor", "code2wav")
+# speech output (Qwen3-Omni): the Talker, its code predictor and the Code2Wav vocoder, built and loaded together
+SPEECH_COMPONENTS = ("talker", "code_predictor", "code2wav")
 # families whose media encoder (the "vision" component: a vision tower, or Qwen3-ASR's audio tower) trtedge
 # builds and runs, and the config.json field that describes it
 VISION_MODEL_TYPES = {
@@ -104,6 +106,15 @@ class BuildProfile:
             raise BundleError(
                 "--components vision needs llm too (the vision encoder feeds the language model)"
             )
+        speech = [c for c in SPEECH_COMPONENTS if c in self.components]
+        if speech and "llm" not in self.components:
+            raise BundleError(
+                f"--components {speech[0]} needs llm too (the Talker speaks the language model's text)"
+            )
+        if speech and len(speech) != len(SPEECH_COMPONENTS):
+            raise BundleError(
+                f"--components {', '.join(SPEECH_COMPONENTS)} go together (speech output needs all three)"
+            )
         if "draft" in self.components and not self.draft_model:
             raise BundleError("--components draft needs a draft model in --speculative-config")
 
@@ -118,8 +129,8 @@ class BuildProfile:
         else:
             names = list(components)
         names = ["vision" if n == "audio" else n for n in names]  # an audio model's encoder component
-        if names == ["all"]:  # vision is dropped again for a model without a vision encoder
-            names = ["llm", "draft", "vision"] if draft else ["llm", "vision"]
+        if names == ["all"]:  # vision and speech are dropped again for a model without them
+            names = (["llm", "draft", "vision"] if draft else ["llm", "vision"]) + list(SPEECH_COMPONENTS)
         return cls(
             speculative_method="draft_model" if draft else None,  # what a launch with it looks up
             draft_model=draft,
@@ -142,17 +153,22 @@ class BuildProfile:
             tensor_parallel_size=config.tensor_parallel_size,
             speculative_method="draft_model" if paired else None,
             draft_model=spec.model if paired else None,
-            components=(("llm", "draft") if paired else ("llm",)) + (("vision",) if vision else ()),
+            components=(("llm", "draft") if paired else ("llm",))
+            + (("vision", *SPEECH_COMPONENTS) if vision else ()),
         )
 
     def fit(self, config: dict | None) -> BuildProfile:
         """This profile for a checkpoint with ``config`` (config.json): without "vision" unless the model
         has a vision encoder trtedge runs (text models keep the keys they always had)."""
         field = VISION_MODEL_TYPES.get((config or {}).get("model_type"))
-        vision = field is not None and field in config
-        if vision or "vision" not in self.components:
+        drop = set()
+        if field is None or field not in config:
+            drop.add("vision")
+        if not has_speech_output(config):
+            drop.update(SPEECH_COMPONENTS)
+        if not drop & set(self.components):
             return self
-        return replace(self, components=tuple(c for c in self.components if c != "vision"))
+        return replace(self, components=tuple(c for c in self.components if c not in drop))
 
     def key_fields(self) -> dict:
         fields = asdict(self)
@@ -172,6 +188,17 @@ class BuildProfile:
         if self.tensor_parallel_size > 1:
             text += f" tp={self.tensor_parallel_size}"
         return text
+
+
+def has_speech_output(config: dict | None) -> bool:
+    """Whether a checkpoint's config.json describes speech output trtedge runs (Qwen3-Omni's Talker)."""
+    config = config or {}
+    return (
+        config.get("model_type") == "qwen3_omni_moe"
+        and bool(config.get("talker_config"))
+        and bool(config.get("code2wav_config"))
+        and config.get("enable_audio_output", True) is not False
+    )
 
 
 def parse_speculative(value) -> SpeculativeConfig | None:
@@ -316,11 +343,21 @@ class Bundle(BundleComponent):
         self.vision = None
         if "vision" in comps:
             self.vision = BundleComponent(path / "vision", comps["vision"], self.source, checkpoint_path)
+        # speech output: the Talker, code predictor and Code2Wav weights (each the checkpoint's or converted)
+        self.speech = {
+            name: BundleComponent(path / name, comps[name], self.source, checkpoint_path)
+            for name in SPEECH_COMPONENTS
+            if name in comps
+        }
         self._lock: FileLock | None = None
 
     @property
     def has_vision(self) -> bool:
         return self.vision is not None
+
+    @property
+    def has_speech(self) -> bool:
+        return len(self.speech) == len(SPEECH_COMPONENTS)
 
     def iter_tensors(self, skip: Container[str] = ()) -> Iterator[tuple[str, object]]:
         from trtedge.runtime.multimodal import is_encoder_tensor

@@ -83,8 +83,9 @@ ENCODER_PREFIXES = (
 )
 
 
-# Parts of a checkpoint trtedge does not run: Qwen2.5-Omni's talker and vocoder (speech output).
-UNSERVED_PREFIXES = ("talker.", "token2wav.")
+# Parts of a checkpoint the language model does not hold: Qwen2.5-Omni's talker and vocoder, Qwen3-Omni's
+# (the bundle's speech components, runtime.speech, hold those).
+UNSERVED_PREFIXES = ("talker.", "token2wav.", "code2wav.")
 
 
 def is_unserved_tensor(name: str) -> bool:

@@ -1,0 +1,176 @@
+"""What ``LLM`` runs for speech output: the options a request may set (the reference's names), the
+text-to-speech prompt, and the stream of waveform pieces."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtedge.runtime.speech import speech_tensor_names
+from trtedge.runtime.speech.pipeline import DEFAULT_CHUNK_FRAMES, SpeechInputError, SpeechPipeline
+from trtedge.runtime.speech.talker import TalkerSampling
+
+MAX_AUDIO_SECONDS = 600.0
+NO_SPEECH = "this model has no speech output (no Talker / Code2Wav components)"
+
+
+@dataclass(frozen=True)
+class SpeechOptions:
+    """``talker_temperature`` (0 = greedy), ``talker_top_k``, ``talker_top_p``, ``repetition_penalty``
+    (on the Talker's codes), ``max_audio_length`` (seconds of audio at most), ``codec_chunk_frames``
+    (frames per Code2Wav chunk: the streaming granularity, 12.5 frames a second),
+    ``talker_prefill_threshold`` (text tokens the thinker must have made before the Talker starts;
+    the Talker starts once the text is complete in this version, so it is validated only), ``seed``."""
+
+    voice: str | None = None
+    talker_temperature: float = 0.9
+    talker_top_k: int = 50
+    talker_top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    max_audio_length: float = MAX_AUDIO_SECONDS
+    codec_chunk_frames: int = DEFAULT_CHUNK_FRAMES
+    talker_prefill_threshold: int = 1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, what: str):
+            raise SpeechInputError(f"{name} must be {what}, got {getattr(self, name)!r}", name)
+
+        def number(name: str) -> float:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                bad(name, "a number")
+            return float(v)
+
+        def integer(name: str, low: int) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                bad(name, f"an integer >= {low}")
+
+        if self.voice is not None and not isinstance(self.voice, str):
+            bad("voice", "a string")
+        if not 0.0 <= number("talker_temperature") <= 2.0:
+            bad("talker_temperature", "in [0, 2]")
+        integer("talker_top_k", 0)
+        if not 0.0 < number("talker_top_p") <= 1.0:
+            bad("talker_top_p", "in (0, 1]")
+        if not 0.0 < number("repetition_penalty") <= 2.0:
+            bad("repetition_penalty", "in (0, 2]")
+        if not 0.0 < number("max_audio_length") <= MAX_AUDIO_SECONDS:
+            bad("max_audio_length", f"in (0, {MAX_AUDIO_SECONDS:g}] seconds")
+        integer("codec_chunk_frames", 1)
+        if self.codec_chunk_frames > 300:
+            bad("codec_chunk_frames", "at most 300")
+        integer("talker_prefill_threshold", 1)
+        if self.seed is not None:
+            integer("seed", 0)
+
+    @classmethod
+    def coerce(cls, value) -> SpeechOptions:
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError("speech options must be a SpeechOptions or a dict")
+        unknown = set(value) - set(cls.__dataclass_fields__)
+        if unknown:
+            name = sorted(unknown)[0]
+            raise SpeechInputError(f"unknown speech option {name!r}", name)
+        return cls(**value)
+
+    def sampling(self, frames_per_second: float) -> TalkerSampling:
+        return TalkerSampling(
+            temperature=float(self.talker_temperature),
+            top_k=self.talker_top_k,
+            top_p=float(self.talker_top_p),
+            repetition_penalty=float(self.repetition_penalty),
+            max_frames=max(1, int(self.max_audio_length * frames_per_second + 1e-6)),
+            seed=self.seed,
+        )
+
+
+@dataclass(frozen=True)
+class SpeechOutput:
+    """A whole answer's speech: float32 mono ``audio`` at ``sample_rate`` (24 kHz)."""
+
+    audio: np.ndarray
+    sample_rate: int
+
+    @property
+    def seconds(self) -> float:
+        return self.audio.shape[0] / self.sample_rate
+
+
+def tts_ids(tokenizer, text: str, instructions: str | None = None) -> list[int]:
+    """The conversation the Talker reads to speak ``text``: a user turn with ``instructions`` (or the
+    text itself), then the assistant's turn holding the text."""
+    if not isinstance(text, str) or not text.strip():
+        raise SpeechInputError("input must be non-empty text", "input")
+    user = instructions if instructions else text
+    ids = tokenizer.encode_chat([{"role": "user", "content": user}], add_generation_prompt=True)
+    return ids + tokenizer.encode(text, add_special_tokens=False)
+
+
+def answer_ids(prompt_ids: list[int], output_ids: list[int], eos_ids) -> list[int]:
+    """A conversation's prompt and the thinker's answer, the answer's end-of-turn token left out."""
+    out = list(output_ids)
+    while out and out[-1] in eos_ids:
+        out.pop()
+    return list(prompt_ids) + out
+
+
+def stream_waveform(speech: SpeechPipeline, ids: list[int], options: SpeechOptions) -> Iterator[np.ndarray]:
+    """24 kHz float32 pieces of the speech of ``ids`` (see ``SpeechPipeline.prompt``), one per
+    ``codec_chunk_frames`` frames."""
+    voice = options.voice or speech.default_voice
+    prompt = speech.prompt(ids, voice)
+    frames = speech.frames(prompt, options.sampling(speech.cfg.frames_per_second))
+    for piece in speech.waveform(frames, options.codec_chunk_frames):
+        yield piece.cpu().numpy()
+
+
+def load_speech_output(bundle, dtype: str, device: str) -> SpeechPipeline | None:
+    """The speech pipeline of a bundle built with its speech components (None otherwise)."""
+    if not getattr(bundle, "has_speech", False):
+        return None
+    import torch
+
+    from trtedge.runtime.models import resolve_device
+    from trtedge.runtime.speech.config import SpeechConfig
+    from trtedge.runtime.speech.pipeline import THINKER_EMBEDDINGS, load_speech
+
+    cfg = SpeechConfig.from_hf(bundle.config)
+    if cfg is None:
+        return None
+    dev = resolve_device(device)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        dtype, torch.float32 if dev.type == "cpu" else torch.bfloat16
+    )
+    tensors = []
+    for name, part in bundle.speech.items():
+        tensors += _read(part.weight_files(), lambda n, name=name: speech_tensor_names(n) == name)
+    # the thinker's embedding table alone, from the language model's weight files
+    table = _read(bundle.weight_files(), lambda n: n in THINKER_EMBEDDINGS)
+    if not table:  # quantized (--weights int8 / int4): read whole, then dequantized
+        table = [
+            (n, t.dequantize() if hasattr(t, "dequantize") else t)
+            for n, t in bundle.iter_tensors()
+            if n in THINKER_EMBEDDINGS
+        ]
+    return load_speech(cfg, tensors + table, torch_dtype, dev)
+
+
+def _read(files, wanted) -> list:
+    """(name, tensor) of the ``wanted`` names in safetensors ``files``; the others are not read (a
+    component built from the checkpoint's own files lists the whole checkpoint)."""
+    from safetensors import safe_open
+
+    out = []
+    for file in dict.fromkeys(files):
+        with safe_open(str(file), framework="pt") as f:
+            out += [(n, f.get_tensor(n)) for n in f.keys() if wanted(n)]
+    return out
