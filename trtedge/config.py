@@ -9,7 +9,7 @@ from trtedge.runtime.speculative import SpeculativeConfig, SpeculativeConfigErro
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4")
+WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4", "fp8")
 LOAD_FORMATS = ("auto", "dummy")
 COMPONENTS = ("all", "llm")  # what a launch loads: everything the model has, or its language model only
 DEFAULT_MAX_INPUT_LEN = 4096

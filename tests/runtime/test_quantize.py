@@ -13,6 +13,7 @@ from tests.tiny import make_tiny_checkpoint
 from trtedge.runtime.artifacts.bundle import BuildProfile, cache_key, fingerprint, prepare_bundle
 from trtedge.runtime.artifacts.quantize import (
     GROUP,
+    QuantizedTensor,
     int4_from_gguf_blocks,
     pack_int4,
     quantize_int4,
@@ -102,5 +103,57 @@ def test_weights_int4_quantizes_a_float_checkpoint(tmp_path):
         model = load_model(bundle, dtype="float32", device="cpu", weights="int4", max_positions=64)
         assert isinstance(model.layers[0].mlp.gate_up, Int4Linear)
         assert model.layers[1].qkv.nbytes < 64 * 128  # packed: under a byte per weight
+    finally:
+        bundle.release()
+
+
+def test_fp8_rows_round_to_e4m3_within_its_relative_step():
+    from trtedge.runtime.artifacts.quantize import quantize_fp8
+
+    torch.manual_seed(0)
+    w = torch.randn(24, 80) * 0.05
+    q = quantize_fp8(w)
+    assert q.data.dtype == torch.float8_e4m3fn and q.scale.shape == (24, 1)
+    assert q.data.float().abs().amax(dim=1).eq(448).all()  # each row's largest weight maps to 448
+    scale = q.scale.expand_as(w)
+    # E4M3 keeps 3 mantissa bits: half a step is 1/16 of the magnitude (subnormals: 2^-10 of the scale)
+    assert ((q.dequantize() - w).abs() <= w.abs() / 16 + scale * 2**-10).all()
+    blocks = QuantizedTensor("fp8", q.data, q.scale.repeat(1, 5) * torch.arange(1, 6))
+    torch.testing.assert_close(blocks.dequantize(), q.dequantize() * torch.arange(1, 6).repeat_interleave(16))
+
+
+def test_the_gpu_int4_layout_holds_the_bundles_weights():
+    from trtedge.runtime.ops import triton_quant
+
+    torch.manual_seed(0)
+    q = quantize_int4(torch.randn(10, 192))
+    gpu = triton_quant.int4_gpu_layout(q)
+    assert gpu.data.shape == q.data.shape
+    torch.testing.assert_close(triton_quant.int4_gpu_dequantize(gpu), q.dequantize(), rtol=0, atol=0)
+    # byte j of a 64-input span: input j low, input 32 + j high
+    codes = unpack_int4(q.data)
+    assert int(gpu.data[3, 32 + 5]) == int(codes[3, 64 + 5]) | int(codes[3, 96 + 5]) << 4
+    x = torch.randn(2, 192)
+    torch.testing.assert_close(triton_quant.int4_reference(x, gpu, None), F.linear(x, q.dequantize()))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        triton_quant.int4_gpu_layout(quantize_int4(torch.randn(4, 96)))
+
+
+def test_fp8_profile_has_its_own_cache_key_and_quantizes_every_matrix(tmp_path):
+    from safetensors import safe_open
+
+    path = make_tiny_checkpoint(tmp_path / "tiny", "llama")
+    fp = fingerprint(path)[0]
+    assert cache_key(fp, None, BuildProfile(weights="fp8")) != cache_key(
+        fp, None, BuildProfile(weights="int8")
+    )
+    bundle = prepare_bundle(str(path), BuildProfile(weights="fp8"), cache_dir=tmp_path / "cache")
+    try:
+        section = bundle.manifest["components"]["llm"]["weights"]
+        assert section["quantization"]["mode"] == "fp8"
+        with safe_open(str(bundle.path / section["files"][0]), framework="pt") as f:
+            names = set(f.keys())
+            assert f.get_tensor("model.layers.0.mlp.down_proj.weight.fp8").dtype == torch.float8_e4m3fn
+        assert {"model.embed_tokens.weight.fp8", "model.layers.1.self_attn.q_proj.weight.fp8_scale"} <= names
     finally:
         bundle.release()

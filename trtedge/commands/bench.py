@@ -98,7 +98,7 @@ def run(
     weights: str = typer.Option(
         "auto",
         "--weights",
-        help="Offline: auto|float|bf16|fp32|int8|int4 (auto: a GGUF keeps its class, Q4 -> int4, Q8 -> int8).",
+        help="Offline: auto|float|bf16|fp32|int8|int4|fp8 (auto: a GGUF or pre-quantized checkpoint keeps its class; fp8: CUDA only).",
     ),
     load_format: str = typer.Option(
         "auto", "--load-format", help="Offline: auto|dummy (random weights from config.json alone)."

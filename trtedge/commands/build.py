@@ -42,7 +42,7 @@ def build(
     weights: str = typer.Option(
         "auto",
         "--weights",
-        help="Stored weights: auto|float|bf16|fp32|int8|int4 (auto: a GGUF keeps its class, Q4 -> int4, Q8 -> int8).",
+        help="Stored weights: auto|float|bf16|fp32|int8|int4|fp8 (auto: a GGUF or pre-quantized checkpoint keeps its class; fp8: CUDA only).",
     ),
     speculative_config: str = typer.Option(
         None,

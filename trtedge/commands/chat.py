@@ -62,7 +62,7 @@ def chat(
     weights: str = typer.Option(
         "auto",
         "--weights",
-        help="auto|float|bf16|fp32|int8|int4 (auto: a GGUF keeps its class, Q4 -> int4, Q8 -> int8).",
+        help="auto|float|bf16|fp32|int8|int4|fp8 (auto: a GGUF or pre-quantized checkpoint keeps its class; fp8: CUDA only).",
     ),
     engine_cache_max_size_gb: float = typer.Option(
         50.0, "--engine-cache-max-size-gb", help="Evict least-recently-used bundles past this many GiB."

@@ -201,7 +201,7 @@ def serve(
     weights: str = typer.Option(
         "auto",
         "--weights",
-        help="auto|float|bf16|fp32|int8|int4 (auto: a GGUF keeps its class, Q4 -> int4, Q8 -> int8).",
+        help="auto|float|bf16|fp32|int8|int4|fp8 (auto: a GGUF or pre-quantized checkpoint keeps its class; fp8: CUDA only).",
     ),
     load_format: str = typer.Option(
         "auto",

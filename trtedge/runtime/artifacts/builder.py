@@ -1,7 +1,8 @@
 """`build --components ...`: turn a checkpoint into a bundle directory (weights, tokenizer, template).
 
 Weights are written once in the format the profile's ``weights`` asks for (``runtime.quantize``):
-int8 / int4 tensors as their packed parts, GGUF Q4_0/Q4_1 blocks carried over to int4 without
+int8 / int4 / fp8 tensors as their packed parts (a pre-quantized checkpoint's layers, converted by
+``prequantized``, keep their format under ``auto``), GGUF Q4_0/Q4_1 blocks carried over to int4 without
 dequantizing, float tensors in the profile dtype (GGUF: float32 unless told). HF safetensors that
 need no conversion are not copied: the manifest lists them with their digests and loading verifies
 them. Fused projection layouts are still made by the model at load time. A converted weight set is
@@ -39,6 +40,7 @@ _SHARD_BYTES = 2 * 2**30
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _WEIGHT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+_FLOAT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def build_bundle(
@@ -101,9 +103,15 @@ def _build_component(
         "config": checkpoint.config,
         "quantization": checkpoint.quantization,
     }
+    scheme = checkpoint.scheme
+    if scheme is not None and part is None:
+        section["prequantized"] = scheme.record()
     mode = "float" if part else profile.weights
     dtype = _stored_dtype(checkpoint, _WEIGHT_DTYPES.get(profile.weights, profile.dtype))
-    quantizes = mode in ("int8", "int4") or (mode == "auto" and checkpoint.kind == "gguf")
+    quantizes = mode in ("int8", "int4", "fp8") or (mode == "auto" and checkpoint.kind == "gguf")
+    if scheme is not None:  # its own files hold packed parts the model cannot read: always converted
+        quantizes = True
+        dtype = dtype or _FLOAT_DTYPES.get(str(checkpoint.config.get("torch_dtype")), "bfloat16")
     if dtype is None and not quantizes:
         weights = {name: digest for name, digest in fp[1].items() if name.endswith(".safetensors")}
         section["weights"] = {"externalized": True, "files": weights, "dtype": "checkpoint"}
@@ -226,6 +234,8 @@ def _write_shards(
         elif is_encoder_tensor(name) != (part == "vision") or is_unserved_tensor(name):
             continue
         fmt = _stored_format(name, tensor.shape, mode, checkpoint.quantization)
+        if fmt is None and mode == "auto" and isinstance(tensor, QuantizedTensor):
+            fmt = tensor.format  # a pre-quantized checkpoint's layer keeps its format
         stored = _convert(name, tensor, fmt, torch_dtype)
         counts[fmt or "float"] = counts.get(fmt or "float", 0) + 1
         shard.update(stored)
@@ -275,7 +285,7 @@ def _convert(name: str, tensor, fmt: str | None, dtype: torch.dtype | None) -> d
     if isinstance(tensor, QuantizedTensor):
         if fmt == tensor.format:
             return tensor.stored(name)
-        tensor = tensor.dequantize()
+        tensor = tensor.dequantize(dtype or torch.float32)
     if fmt is not None:
         return quantize(tensor, fmt).stored(name)
     return {name: (tensor if dtype is None else tensor.to(dtype)).contiguous()}

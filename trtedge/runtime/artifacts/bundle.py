@@ -47,7 +47,7 @@ VISION_MODEL_TYPES = {
     "qwen3_omni_moe_thinker": "audio_config",
 }
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-_WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4")
+_WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4", "fp8")
 
 _SAMPLES = 16
 _SAMPLE_BYTES = 64 * 1024
@@ -64,6 +64,7 @@ TEXT_FILES = (
     "model.safetensors.index.json",
     "preprocessor_config.json",
     "video_preprocessor_config.json",
+    "hf_quant_config.json",  # ModelOpt's record of a pre-quantized checkpoint
 )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from trtedge.runtime.artifacts.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
+from trtedge.runtime.artifacts.prequantized import QuantizationFormatError, Scheme, convert, detect
 from trtedge.runtime.models.config import ModelConfig, UnsupportedModelError
 
 log = logging.getLogger("trtedge")
@@ -44,7 +45,8 @@ class Checkpoint:
     kind: str  # "hf" | "gguf"
     config: dict
     tokenizer_files: dict = field(default_factory=dict)  # for GGUF: tokenizer_json/config/generation
-    quantization: dict = field(default_factory=dict)
+    quantization: dict = field(default_factory=dict)  # GGUF: tensor name -> its block type
+    scheme: Scheme | None = None  # a checkpoint published pre-quantized (FP8, AWQ, GPTQ, NVFP4)
 
     @property
     def model_config(self) -> ModelConfig:
@@ -59,13 +61,23 @@ class Checkpoint:
         return [] if self.kind == "gguf" else safetensors_files(self.path)
 
     def iter_tensors(self, skip: Container[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (HF tensor name, tensor) in the checkpoint's own dtype (GGUF: dequantized float32);
-        tensors named in ``skip`` are not read (safetensors files)."""
+        """Yield (HF tensor name, tensor) in the checkpoint's own dtype (GGUF: dequantized float32); a
+        pre-quantized checkpoint's layers come as QuantizedTensors (``prequantized.convert``) under
+        their ``.weight`` name. Tensors named in ``skip`` are not read (safetensors files)."""
         if self.kind == "gguf":
             from trtedge.runtime.artifacts.gguf import iter_gguf_tensors
 
             yield from iter_gguf_tensors(self.path)
             return
+        if self.scheme is not None:
+            try:
+                yield from convert(self._read_safetensors(skip), self.scheme)
+            except QuantizationFormatError as e:
+                raise CheckpointError(f"{self.path}: {e}") from None
+            return
+        yield from self._read_safetensors(skip)
+
+    def _read_safetensors(self, skip: Container[str]) -> Iterator[tuple[str, torch.Tensor]]:
         from safetensors import safe_open
 
         for file in safetensors_files(self.path):
@@ -167,7 +179,11 @@ def _hf_checkpoint(path: Path, source: str) -> Checkpoint:
         raise CheckpointError(f"{path}: no *.safetensors weights (other weight formats are not supported)")
     for file in files:
         _check_safetensors(file)
-    return Checkpoint(source=source, path=path, kind="hf", config=config)
+    try:
+        scheme = detect(config, path)
+    except QuantizationFormatError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    return Checkpoint(source=source, path=path, kind="hf", config=config, scheme=scheme)
 
 
 def config_only_checkpoint(model: str | os.PathLike) -> Checkpoint:

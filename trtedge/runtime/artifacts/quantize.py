@@ -9,6 +9,10 @@ groups (512 inputs) is 256 bytes where byte ``32 c + 2 l + e`` (c < 8, l < 16, e
 so that one 16-lane integer dot product covers 16 groups at once. The groups after the last whole
 block go in spans of two (32 bytes, byte j: inputs j and 32 + j of the span) and an odd last group
 is 16 bytes (byte j: inputs j and 16 + j).
+fp8: E4M3 values with float32 scales, ``w = scale[n, k // (cols / groups)] * q``: one scale per row
+(``--weights fp8``, ModelOpt and per-channel compressed-tensors checkpoints) or per block of inputs
+(128-wide blocks of block-scaled checkpoints, 16-wide ones of NVFP4 checkpoints carried over).
+The GPU runs int8 / int4 / fp8 tensors through the kernels of ``ops.quant_linear``.
 """
 
 from __future__ import annotations
@@ -22,14 +26,20 @@ import torch
 from trtedge.runtime.multimodal import is_encoder_tensor
 
 GROUP = 32
-FORMATS = ("int8", "int4")
+FORMATS = ("int8", "int4", "fp8")
+FP8_MAX = 448.0  # the largest finite E4M3 value
 # What a bundle's manifest records about its quantized tensors.
 QUANTIZATION_LAYOUT = {
     "int8": {"granularity": "row", "symmetric": True, "scale": "float32"},
     "int4": {"group_size": GROUP, "symmetric": False, "scale": "float16", "min": "float16"},
+    "fp8": {"dtype": "float8_e4m3fn", "scale": "float32", "granularity": "row or input block"},
 }
 # Suffixes of the stored tensors: "<name>.int4", "<name>.int4_scale", ...
-_PARTS = {"int8": ("int8", "int8_scale"), "int4": ("int4", "int4_scale", "int4_min")}
+_PARTS = {
+    "int8": ("int8", "int8_scale"),
+    "int4": ("int4", "int4_scale", "int4_min"),
+    "fp8": ("fp8", "fp8_scale"),
+}
 
 
 @dataclass
@@ -53,7 +63,12 @@ class QuantizedTensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.format == "int8":
-            return (self.data.float() * self.scale.float()[:, None]).to(dtype)
+            return (self.data.float() * self.scale.float().reshape(-1, 1)).to(dtype)
+        if self.format == "fp8":
+            rows, cols = self.shape
+            scale = self.scale.float().view(rows, -1)
+            w = self.data.float().view(rows, scale.shape[1], -1) * scale[..., None]
+            return w.view(rows, cols).to(dtype)
         q = unpack_int4(self.data).float().view(self.shape[0], -1, GROUP)
         w = q * self.scale.float()[..., None] + self.min.float()[..., None]
         return w.view(self.shape).to(dtype)
@@ -67,6 +82,15 @@ class QuantizedTensor:
             None if self.min is None else self.min[ids.reshape(-1)],
         )
         return part.dequantize().view(*ids.shape, self.shape[1])
+
+    def to(self, device: torch.device) -> QuantizedTensor:
+        parts = (self.data, self.scale, self.min)
+        moved = [None if t is None else t.to(device, non_blocking=True) for t in parts]
+        return QuantizedTensor(self.format, *moved)
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
 
     def select_rows(self, index: torch.Tensor) -> QuantizedTensor:
         return QuantizedTensor(
@@ -152,17 +176,22 @@ def _span_order(cols: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(lows), np.concatenate(highs)
 
 
+def _order_on(cols: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    low, high = _span_order(cols)
+    return torch.from_numpy(low).to(device), torch.from_numpy(high).to(device)
+
+
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """uint8 values 0..15 [rows, cols] -> packed uint8 [rows, cols / 2] in the kernel layout."""
-    low, high = _span_order(q.shape[1])
+    low, high = _order_on(q.shape[1], q.device)
     q = q.to(torch.uint8)
     return (q[:, low] | (q[:, high] << 4)).contiguous()
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     rows, width = packed.shape
-    low, high = _span_order(width * 2)
-    q = torch.empty(rows, width * 2, dtype=torch.uint8)
+    low, high = _order_on(width * 2, packed.device)
+    q = torch.empty(rows, width * 2, dtype=torch.uint8, device=packed.device)
     q[:, low] = packed & 0x0F
     q[:, high] = packed >> 4
     return q
@@ -201,7 +230,18 @@ def int4_from_gguf_blocks(blocks: np.ndarray, kind: str, rows: int, cols: int) -
     )
 
 
+# ---- fp8 -------------------------------------------------------------------------------------------
+def quantize_fp8(weight: torch.Tensor) -> QuantizedTensor:
+    """E4M3 with a float32 scale per row (the row's largest magnitude maps to 448)."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
+    q = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return QuantizedTensor("fp8", q.contiguous(), scale[:, None].contiguous())
+
+
 def quantize(weight: torch.Tensor, fmt: str) -> QuantizedTensor:
+    if fmt == "fp8":
+        return quantize_fp8(weight)
     return quantize_int4(weight) if fmt == "int4" else quantize_int8(weight)
 
 
@@ -217,6 +257,7 @@ def target_format(name: str, shape, mode: str, source_type: str | None = None) -
     int4 covers the decoder's linear layers; embeddings and lm_head (and any input dimension that is
     not a multiple of 32) take int8, as llama.cpp's Q4 files keep their token embedding in Q8_0.
     auto follows a GGUF tensor's own class: Q4_* -> int4, other quantized types -> int8.
+    fp8 covers every matrix, embeddings and lm_head included (E4M3 rows keep 3 mantissa bits).
     """
     if len(shape) != 2 or not name.endswith(".weight") or is_encoder_tensor(name):
         return None  # media encoders stay float
@@ -228,4 +269,4 @@ def target_format(name: str, shape, mode: str, source_type: str | None = None) -
         mode = "int4" if source_type in _INT4_SOURCES else "int8"
     if mode == "int4":
         return "int4" if name not in _EMBEDDINGS and int4_supported(shape) else "int8"
-    return "int8" if mode == "int8" else None
+    return mode if mode in ("int8", "fp8") else None

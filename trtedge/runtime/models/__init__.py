@@ -82,20 +82,40 @@ def native_quantized(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and int8_available()
 
 
-def prepare_tensors(tensors, checkpoint, weights: str, native: bool, dtype: torch.dtype):
-    """Bring each tensor to the format it runs in: quantized bundle tensors stay quantized where the
-    native kernels run (else they are dequantized); float ones are quantized as ``weights`` asks
-    (a checkpoint loaded without a bundle)."""
+def runnable_formats(device: torch.device, dtype: torch.dtype) -> frozenset[str]:
+    """The quantized formats whose layers run as they are on ``device``: int8 / int4 through the
+    native CPU kernels (float32), int8 / int4 / fp8 through the Triton kernels on CUDA."""
+    from trtedge.runtime.ops import quant_linear
+
+    if native_quantized(device, dtype):
+        return frozenset(("int8", "int4"))
+    if quant_linear.usable(device, dtype):
+        return frozenset(("int8", "int4", "fp8"))
+    return frozenset()
+
+
+def prepare_tensors(tensors, checkpoint, weights: str, runnable: frozenset[str], dtype: torch.dtype, device):
+    """Bring each tensor to the format it runs in: quantized tensors (a bundle's, a pre-quantized
+    checkpoint's) stay quantized where their format runs (else they are dequantized); float ones are
+    quantized as ``weights`` asks (a checkpoint loaded without a bundle, random weights)."""
     from trtedge.runtime.artifacts.quantize import QuantizedTensor, quantize, target_format
+    from trtedge.runtime.ops import quant_linear
 
     sources = checkpoint.quantization or {}
+    dequantized: dict[str, int] = {}
     for name, tensor in tensors:
+        if not isinstance(tensor, QuantizedTensor):
+            if (fmt := target_format(name, tensor.shape, weights, sources.get(name))) in runnable:
+                tensor = quantize(tensor.to(device), fmt)
         if isinstance(tensor, QuantizedTensor):
-            if not native:
-                tensor = tensor.dequantize(dtype)
-        elif native and (fmt := target_format(name, tensor.shape, weights, sources.get(name))):
-            tensor = quantize(tensor, fmt)
+            keep = tensor.format in runnable and (device.type != "cuda" or quant_linear.runs(tensor, device))
+            if not keep:
+                dequantized[tensor.format] = dequantized.get(tensor.format, 0) + 1
+            tensor = tensor.to(device) if keep else tensor.dequantize(dtype)
         yield name, tensor
+    if dequantized:
+        counts = ", ".join(f"{n} {fmt}" for fmt, n in sorted(dequantized.items()))
+        log.warning("%s tensors run dequantized to %s on %s (no kernel for them here)", counts, dtype, device)
 
 
 def dummy_tensors(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
@@ -178,16 +198,24 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, cfg, dev)
     cls = ARCHITECTURES[cfg.model_type]
     kernels = native_quantized(dev, torch_dtype)
+    if weights == "fp8" and dev.type != "cuda":
+        raise ValueError(
+            "weights (--weights) fp8 runs on a CUDA GPU only; on the CPU use --weights int8 or int4 "
+            "(a pre-quantized FP8 checkpoint loads there with --weights auto, dequantized)"
+        )
     # Families (and partial-rotary layouts, which permute the fused qkv rows) that take no quantized
-    # tensors get them dequantized, and quantize float weights to int8 themselves at load.
+    # tensors get them dequantized, and quantize float weights to int8 themselves at load (CPU).
     aware = cls in _QUANTIZED_ARCHITECTURES and cfg.rotary_dim == cfg.head_dim
-    native = kernels and aware
+    runnable = runnable_formats(dev, torch_dtype) if aware else frozenset()
     own_format = "int8" if kernels and not aware and _quantizes(weights, checkpoint) else "float"
-    if weights in ("int8", "int4") and not kernels:
+    if weights in ("int8", "int4", "fp8") and weights not in runnable and own_format == "float":
         log.warning(
-            "weights %s run dequantized to %s here (the int kernels are CPU float32 only)",
+            "weights %s run dequantized to %s here (%s)",
             weights,
             torch_dtype,
+            "the int kernels are CPU float32 only"
+            if dev.type == "cpu"
+            else f"{cfg.model_type} layers take float weights",
         )
     if load_format == "dummy" and issubclass(cls, PleModel):
         raise ValueError(
@@ -206,7 +234,7 @@ def load_model(
     multimodal = cfg.vision is not None or cfg.audio is not None
     if multimodal and not getattr(checkpoint, "has_vision", True):  # a text-only bundle
         tensors = ((name, t) for name, t in tensors if not is_encoder_tensor(name))
-    tensors = prepare_tensors(tensors, checkpoint, weights, native, torch_dtype)
+    tensors = prepare_tensors(tensors, checkpoint, weights, runnable, torch_dtype, dev)
     extra = {"ple": ple} if issubclass(cls, PleModel) else {}
     model = cls(cfg, tensors, torch_dtype, dev, own_format, max_positions, **extra)
     weight_format = "+".join(

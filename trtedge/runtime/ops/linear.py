@@ -1,4 +1,5 @@
-"""Linear layers: dense (any dtype) and weight-only int8 / int4 for the CPU.
+"""Linear layers: dense (any dtype), weight-only int8 / int4 for the CPU, and quantized weights on
+CUDA (``quant_linear``: fp8, int8, int4).
 
 Quantized weights come as ``QuantizedTensor`` (see ``runtime.quantize``); activations stay
 float32. Small batches (decode) run native kernels that read the packed bytes directly; larger ones
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from trtedge.runtime.artifacts.quantize import QuantizedTensor, quantize, quantize_int8
-from trtedge.runtime.ops import cpu_kernels, triton_gemv
+from trtedge.runtime.ops import cpu_kernels, quant_linear, triton_gemv
 
 _KERNEL_MAX_ROWS = 256  # above this, dequantizing once for the BLAS product is faster (int8)
 _INT4_KERNEL_MAX_ROWS = 64
@@ -120,6 +121,10 @@ def make_linear(weight, bias: torch.Tensor | None, weight_format: str = "float")
     if not isinstance(weight, QuantizedTensor) and weight_format in ("int8", "int4"):
         weight = quantize(weight, weight_format)
     if isinstance(weight, QuantizedTensor):
+        if weight.device.type == "cuda":
+            return quant_linear.make(weight, bias)
+        if weight.format == "fp8":
+            raise ValueError("fp8 weights run on CUDA only; the loader dequantizes them on the CPU")
         lib = cpu_kernels.load()
         return Int4Linear(weight, bias, lib) if weight.format == "int4" else Int8Linear(weight, bias, lib)
     return DenseLinear(weight, bias)

@@ -1,0 +1,145 @@
+"""Quantized weights on CUDA: the fp8 / int8 / int4 Triton products against their torch references
+(every tiling, split-K included), the prefill products, CUDA graph replay, and whole models served
+from fp8 / int4 bundles and pre-quantized checkpoints. Skips cleanly on machines without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.runtime.prequantized_tiny import write_dequantized, write_prequantized
+from tests.tiny import make_tiny_checkpoint
+from trtedge.runtime.artifacts.quantize import QuantizedTensor, quantize_fp8, quantize_int4, quantize_int8
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+SHAPES = [(96, 256), (1024, 4096), (4096, 1024), (151, 512), (6144, 4096)]
+
+
+def _weight(n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * 0.05, torch.randn(n, generator=g)
+
+
+def _close(out, ref):
+    err = (out.float() - ref).abs().max().item()
+    assert err <= 1e-2 * ref.abs().max().item() + 1e-3, err
+
+
+def _w8_weights(w):
+    fp8 = quantize_fp8(w)
+    blocks = QuantizedTensor("fp8", fp8.data, fp8.scale.repeat(1, w.shape[1] // 128).contiguous())
+    nvfp4_like = QuantizedTensor("fp8", fp8.data, fp8.scale.repeat(1, w.shape[1] // 16).contiguous())
+    return {"fp8-row": fp8, "fp8-block128": blocks, "fp8-block16": nvfp4_like, "int8": quantize_int8(w)}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_w8_products_match_the_reference_for_every_tiling(shape, rows):
+    from trtedge.runtime.ops import triton_quant as tq
+    from trtedge.runtime.ops.quant_linear import fp8_supported
+
+    n, k = shape
+    w, bias = _weight(n, k, n + k)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    for name, q in _w8_weights(w).items():
+        if name.startswith("fp8") and not fp8_supported(x.device):
+            continue
+        q = q.to(x.device)
+        if q.format == "int8":
+            q = QuantizedTensor("int8", q.data, q.scale.reshape(-1, 1).contiguous())
+        ref = tq.w8_reference(x, q, bias.cuda())
+        for plan in tq.candidates(tq.W8_CANDIDATES, n, k):
+            ws = tq.Workspace(n, k, tq.W8_CANDIDATES, x.device)
+            for _ in range(2):  # the split-K counters reset themselves
+                _close(tq.w8_product(x, q, bias.cuda().bfloat16(), plan, ws), ref)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_int4_products_match_the_reference_for_every_tiling(shape, rows):
+    from trtedge.runtime.ops import triton_quant as tq
+
+    n, k = shape
+    w, bias = _weight(n, k, n * k)
+    q = tq.int4_gpu_layout(quantize_int4(w).to(torch.device("cuda")))
+    torch.testing.assert_close(tq.int4_gpu_dequantize(q).cpu(), quantize_int4(w).dequantize(), rtol=0, atol=0)
+    torch.testing.assert_close(
+        tq.int4_dequantize(q, torch.float32), tq.int4_gpu_dequantize(q), rtol=0, atol=0
+    )
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    ref = tq.int4_reference(x, q, bias.cuda())
+    for plan in tq.candidates(tq.INT4_CANDIDATES, n, k):
+        ws = tq.Workspace(n, k, tq.INT4_CANDIDATES, x.device)
+        for _ in range(2):
+            _close(tq.int4_product(x, q, bias.cuda().bfloat16(), plan, ws), ref)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 7, 40, 333])
+def test_layers_match_the_dequantized_product_eager_and_in_a_graph(fmt, rows):
+    from trtedge.runtime.artifacts.quantize import quantize
+    from trtedge.runtime.ops.linear import make_linear
+    from trtedge.runtime.ops.quant_linear import fp8_supported
+
+    if fmt == "fp8" and not fp8_supported(torch.device("cuda")):
+        pytest.skip("E4M3 needs compute capability 8.9")
+    w, bias = _weight(1024, 2048, rows)
+    layer = make_linear(quantize(w.cuda(), fmt), bias.cuda().bfloat16())
+    x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.functional.linear(x.float(), layer.dequantized(torch.float32), bias.cuda())
+    eager = layer(x)
+    # fp8 prefill scales the activations to E4M3 too (Hopper's FP8 product): a few percent
+    tol = 4e-2 if fmt == "fp8" and rows > 16 else 1e-2
+    assert (eager.float() - ref).abs().max().item() <= tol * ref.abs().max().item()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer(x)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(captured, eager, rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), "qwen3")
+
+
+def _greedy(model, tmp_path, **kw):
+    from trtedge import LLM, SamplingParams
+
+    prompts = [
+        torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 40)
+    ]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    with LLM(str(model), dtype="bfloat16", device="cuda", max_kv_cache_capacity=128, max_input_len=64,
+             max_batch_size=2, cache_dir=tmp_path / "cache", **kw) as llm:  # fmt: skip
+        return [o.token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq", "modelopt-nvfp4", "compressed-tensors-fp8-block"])
+def test_prequantized_checkpoints_serve_the_dequantized_models_tokens_on_cuda(tiny, tmp_path, fmt):
+    path, reference = write_prequantized(tiny, tmp_path / "q", fmt)
+    float_path = write_dequantized(tiny, tmp_path / "float", reference)
+    assert _greedy(path, tmp_path) == _greedy(float_path, tmp_path)
+
+
+@pytest.mark.parametrize("weights", ["fp8", "int4"])
+def test_weights_flag_on_cuda_runs_the_quantized_layers_with_cuda_graphs(tiny, tmp_path, weights):
+    from trtedge.runtime.artifacts.bundle import BuildProfile, prepare_bundle
+    from trtedge.runtime.models import load_model
+    from trtedge.runtime.ops.quant_linear import Fp8Linear, Int4CudaLinear
+
+    bundle = prepare_bundle(str(tiny), BuildProfile(weights=weights), cache_dir=tmp_path / "cache")
+    try:
+        model = load_model(bundle, dtype="bfloat16", device="cuda", weights=weights, max_positions=128)
+        assert isinstance(model.layers[0].mlp.down, Fp8Linear if weights == "fp8" else Int4CudaLinear)
+    finally:
+        bundle.release()
+    assert _greedy(tiny, tmp_path, weights=weights) == _greedy(
+        tiny, tmp_path, weights=weights, enforce_eager=True
+    )

@@ -1,0 +1,169 @@
+"""Linear layers with quantized weights on CUDA: fp8 (E4M3), int8 and group-32 int4.
+
+Decode-sized inputs (at most 16 rows) run the Triton products of ``triton_quant``, which read the
+packed weight once per step; each weight times a few tilings once per row bucket (outside any CUDA
+graph capture) and keeps the fastest. Larger inputs (prefill): fp8 with one scale per row runs
+Hopper's FP8 matrix product (``torch._scaled_mm``, activations scaled per row to E4M3); other fp8,
+int8 and int4 weights are dequantized into a bf16 / fp16 copy for the dense product.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trtedge.runtime.artifacts.quantize import FP8_MAX, QuantizedTensor
+from trtedge.runtime.ops import triton_quant
+from trtedge.runtime.ops.triton_attention import available
+from trtedge.runtime.ops.triton_gemv import _bucket, _graph_time
+
+MAX_ROWS = triton_quant.MAX_ROWS
+_DEFAULT_PLAN = (32, 128, 1)  # used when a capture reaches an untimed shape
+_plans: dict[tuple, tuple[int, int, int]] = {}
+
+
+def usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """True where the quantized CUDA layers run: a CUDA device with Triton, 16-bit activations."""
+    return device.type == "cuda" and available() and dtype in (torch.bfloat16, torch.float16)
+
+
+def fp8_supported(device: torch.device) -> bool:
+    """E4M3 conversions in Triton need compute capability 8.9 (Ada) or later."""
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def scaled_mm_supported(device: torch.device) -> bool:
+    """Row-wise scaled FP8 matrix products (``torch._scaled_mm``): Hopper (9.0) and later."""
+    return hasattr(torch, "_scaled_mm") and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+class _QuantLinear:
+    """A quantized weight [N, K] on CUDA and its optional bias; subclasses supply the products."""
+
+    kind = ""
+    table: tuple = ()
+
+    def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None):
+        self.quantized = weight
+        self.bias = bias
+        self.out_features, self.in_features = weight.shape
+        self.workspace = triton_quant.Workspace(self.out_features, self.in_features, self.table, weight.device)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.stride(-1) != 1 or rows.stride(0) != rows.shape[1]:
+            rows = rows.contiguous()
+        if rows.shape[0] <= MAX_ROWS:
+            out = self.decode(rows, self.plan(rows))
+        else:
+            out = self.prefill(rows)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def plan(self, rows: torch.Tensor) -> tuple[int, int, int]:
+        key = (
+            self.kind,
+            self.out_features,
+            self.in_features,
+            self.quantized.scale.shape,
+            _bucket(rows.shape[0]),
+        )
+        if key not in _plans:
+            if torch.cuda.is_current_stream_capturing():  # no timing inside a capture
+                return _DEFAULT_PLAN
+            _plans[key] = self._tune(rows.shape[0], rows.dtype)
+        return _plans[key]
+
+    def _tune(self, rows: int, dtype: torch.dtype) -> tuple[int, int, int]:
+        x = torch.randn(rows, self.in_features, device=self.quantized.device, dtype=dtype)
+        plans = triton_quant.candidates(self.table, self.out_features, self.in_features) or [_DEFAULT_PLAN]
+        times = {plan: _graph_time(lambda plan=plan: self.decode(x, plan)) for plan in plans}
+        return min(times, key=times.get)
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.quantized.dequantize(dtype)
+
+    def decode(self, rows: torch.Tensor, plan) -> torch.Tensor:
+        return triton_quant.w8_product(rows, self.quantized, self.bias, plan, self.workspace)
+
+    def prefill(self, rows: torch.Tensor) -> torch.Tensor:
+        return F.linear(rows, self.dequantized(rows.dtype), self.bias)
+
+    @property
+    def nbytes(self) -> int:
+        return self.quantized.nbytes
+
+
+class Fp8Linear(_QuantLinear):
+    """E4M3 weights with float32 scales per row (or per block of inputs)."""
+
+    kind = "fp8"
+    table = triton_quant.W8_CANDIDATES
+
+    def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None):
+        super().__init__(weight, bias)
+        rows_scaled = weight.scale.shape[1] == 1
+        n, k = weight.shape
+        self.scaled_mm = rows_scaled and n % 16 == 0 and k % 16 == 0 and scaled_mm_supported(weight.device)
+        if self.scaled_mm:
+            self.weight_t = (
+                weight.data.t()
+            )  # column-major [K, N], as the FP8 product wants its second operand
+            self.scale_b = weight.scale.float().view(1, n).contiguous()
+
+    def prefill(self, rows: torch.Tensor) -> torch.Tensor:
+        if not self.scaled_mm:
+            return super().prefill(rows)
+        m = rows.shape[0]
+        amax = rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12)
+        scale_a = amax / FP8_MAX
+        xq = (rows.float() / scale_a).to(torch.float8_e4m3fn)
+        pad = -m % 16
+        if pad:  # the FP8 product wants rows in multiples of 16
+            xq = F.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(torch.float8_e4m3fn)
+            scale_a = F.pad(scale_a, (0, 0, 0, pad), value=1.0)
+        out = torch._scaled_mm(xq, self.weight_t, scale_a, self.scale_b, out_dtype=rows.dtype)[:m]
+        return out if self.bias is None else out + self.bias
+
+
+class Int8CudaLinear(_QuantLinear):
+    """int8 weights with a float32 scale per row (the bundle's int8: embeddings, lm_head of int4 ones)."""
+
+    kind = "int8"
+    table = triton_quant.W8_CANDIDATES
+
+
+class Int4CudaLinear(_QuantLinear):
+    """Group-32 asymmetric int4, repacked at load into the GPU layout of ``triton_quant``."""
+
+    kind = "int4"
+    table = triton_quant.INT4_CANDIDATES
+
+    def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None):
+        super().__init__(triton_quant.int4_gpu_layout(weight), bias)
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return triton_quant.int4_dequantize(self.quantized, dtype)
+
+    def decode(self, rows: torch.Tensor, plan) -> torch.Tensor:
+        return triton_quant.int4_product(rows, self.quantized, self.bias, plan, self.workspace)
+
+
+def runs(weight: QuantizedTensor, device: torch.device) -> bool:
+    """Whether ``weight`` has a kernel on ``device`` (else the loader dequantizes it)."""
+    cols = weight.shape[1]
+    if cols % 16:
+        return False
+    if weight.format == "fp8":
+        return fp8_supported(device)
+    return weight.format == "int8" or (weight.format == "int4" and cols % triton_quant.SPAN == 0)
+
+
+def make(weight: QuantizedTensor, bias: torch.Tensor | None):
+    """The CUDA layer of a quantized weight for which ``runs`` holds."""
+    if not runs(weight, weight.device):
+        raise ValueError(f"no CUDA kernel for {weight.format} weights of shape {weight.shape}")
+    if weight.format == "fp8":
+        return Fp8Linear(weight, bias)
+    if weight.format == "int8":
+        return Int8CudaLinear(weight, bias)
+    return Int4CudaLinear(weight, bias)

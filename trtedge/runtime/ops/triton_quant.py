@@ -1,0 +1,279 @@
+"""Triton products for quantized weights at decode (at most 16 rows): 8-bit (fp8 E4M3 or int8, with
+float32 scales) and group-32 int4, each a torch reference beside it (the oracle of the GPU tests).
+
+Both follow ``triton_gemv``: each program streams one ``BLOCK_N x K / SPLIT_K`` slab of the packed
+weight once, dequantizes it in registers and multiplies in bf16/fp16 with fp32 sums; with split-K
+the last program of a column tile (an atomic counter, reset for the next call or graph replay) adds
+the partials, the bias, and stores.
+
+int4 weights run in the GPU layout made by ``int4_gpu_layout``: per row, each span of 64 inputs is 32
+bytes where byte j holds input j in its low nibble and input 32 + j in its high one, so the low
+nibbles of a span are one whole group of 32 and the high nibbles the next; ``scale`` and ``min``
+stay float16 [N, K / 32] (``w = scale * q + min``, the bundle's int4).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trtedge.runtime.artifacts.quantize import GROUP, QuantizedTensor, unpack_int4
+from trtedge.runtime.ops.triton_attention import triton
+
+MAX_ROWS = 16
+SPAN = 2 * GROUP  # inputs per span of the GPU int4 layout
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _finish(
+        acc, rm, rn, M, N, b_ptr, y_ptr, stride_y, part_ptr, count_ptr, pid_n, pid_k,
+        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    ):  # fmt: skip
+        """Store a program's fp32 sums: directly, or (split-K) as a partial that the last program of
+        the column tile adds up."""
+        out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+        last = True
+        if SPLIT_K > 1:
+            tile = BLOCK_M * N
+            tl.store(part_ptr + pid_k * tile + rm[:, None] * N + rn[None, :], acc, mask=out_mask)
+            done = tl.atomic_add(count_ptr + pid_n, 1)
+            last = done == SPLIT_K - 1
+            if last:
+                acc = tl.zeros_like(acc)
+                for s in range(SPLIT_K):
+                    acc += tl.load(
+                        part_ptr + s * tile + rm[:, None] * N + rn[None, :],
+                        mask=out_mask,
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
+                tl.atomic_xchg(count_ptr + pid_n, 0)
+        if last:
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+            y = y_ptr + rm[:, None] * stride_y + rn[None, :]
+            tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+
+    @triton.jit
+    def _w8_kernel(
+        x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
+        M, N, K, stride_x, stride_w, stride_y, GROUPS, GROUP_K,
+        HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, FP8: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    ):  # fmt: skip
+        """8-bit weights [N, K] with scales [N, GROUPS] (GROUP_K inputs each). ROW_SCALE (one scale
+        per row): the scale multiplies the sums; else each weight before the product. FP8: the bytes
+        (passed as uint8) are E4M3 values; else int8."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rm = tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        span = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+        lo = pid_k * span
+        hi = tl.minimum(lo + span, K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(lo, hi, BLOCK_K):
+            ks = k0 + rk
+            x = tl.load(
+                x_ptr + rm[:, None] * stride_x + ks[None, :],
+                mask=(rm[:, None] < M) & (ks[None, :] < hi),
+                other=0.0,
+            )
+            w_mask = (rn[:, None] < N) & (ks[None, :] < hi)
+            w = tl.load(
+                w_ptr + rn[:, None] * stride_w + ks[None, :],
+                mask=w_mask,
+                other=0,
+                eviction_policy="evict_first",
+            )
+            if FP8:
+                w = w.to(tl.float8e4nv, bitcast=True)
+            if ROW_SCALE:
+                w = w.to(x.dtype)  # E4M3 and int8 values are exact in bf16 / fp16
+            else:
+                s = tl.load(s_ptr + rn[:, None] * GROUPS + ks[None, :] // GROUP_K, mask=w_mask, other=0.0)
+                w = (w.to(tl.float32) * s).to(x.dtype)
+            acc += tl.dot(x, tl.trans(w))
+        if ROW_SCALE:
+            acc *= tl.load(s_ptr + rn, mask=rn < N, other=0.0)[None, :]
+        _finish(
+            acc, rm, rn, M, N, b_ptr, y_ptr, stride_y, part_ptr, count_ptr, pid_n, pid_k,
+            HAS_BIAS, BLOCK_M, SPLIT_K,
+        )  # fmt: skip
+
+    @triton.jit
+    def _int4_kernel(
+        x_ptr, w_ptr, s_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
+        M, N, K, stride_x, stride_y,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    ):  # fmt: skip
+        """int4 weights in the GPU layout ([N, K / 2] bytes, scale / min [N, K / 32] float16)."""
+        HALF: tl.constexpr = BLOCK_K // 2
+        SPANS: tl.constexpr = BLOCK_K // 64
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rm = tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rb = tl.arange(0, HALF)  # byte of the tile
+        rs = tl.arange(0, SPANS)  # span of the tile
+        k_low = (rb // 32) * 64 + rb % 32  # the input of each byte's low nibble, within the tile
+        groups = K // 32
+        span = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+        lo = pid_k * span
+        hi = tl.minimum(lo + span, K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(lo, hi, BLOCK_K):
+            kl = k0 + k_low
+            n_ok = rn[:, None] < N
+            b_mask = n_ok & (kl[None, :] < hi)
+            packed = tl.load(
+                w_ptr + rn[:, None] * (K // 2) + (k0 // 2 + rb)[None, :],
+                mask=b_mask,
+                other=0,
+                eviction_policy="evict_first",
+            )
+            g = k0 // 32 + 2 * rs  # the low nibbles' group of each span
+            g_mask = n_ok & ((k0 + 64 * rs)[None, :] < hi)
+            g_ptr = rn[:, None] * groups + g[None, :]
+            s_lo = tl.load(s_ptr + g_ptr, mask=g_mask, other=0.0).to(tl.float32)
+            s_hi = tl.load(s_ptr + g_ptr + 1, mask=g_mask, other=0.0).to(tl.float32)
+            m_lo = tl.load(m_ptr + g_ptr, mask=g_mask, other=0.0).to(tl.float32)
+            m_hi = tl.load(m_ptr + g_ptr + 1, mask=g_mask, other=0.0).to(tl.float32)
+            s_lo = tl.reshape(tl.broadcast_to(s_lo[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
+            s_hi = tl.reshape(tl.broadcast_to(s_hi[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
+            m_lo = tl.reshape(tl.broadcast_to(m_lo[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
+            m_hi = tl.reshape(tl.broadcast_to(m_hi[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
+            x_mask = (rm[:, None] < M) & (kl[None, :] < hi)
+            x_lo = tl.load(x_ptr + rm[:, None] * stride_x + kl[None, :], mask=x_mask, other=0.0)
+            x_hi = tl.load(x_ptr + rm[:, None] * stride_x + kl[None, :] + 32, mask=x_mask, other=0.0)
+            w_lo = ((packed & 0xF).to(tl.float32) * s_lo + m_lo).to(x_lo.dtype)
+            w_hi = ((packed >> 4).to(tl.float32) * s_hi + m_hi).to(x_lo.dtype)
+            acc += tl.dot(x_lo, tl.trans(w_lo))
+            acc += tl.dot(x_hi, tl.trans(w_hi))
+        _finish(
+            acc, rm, rn, M, N, b_ptr, y_ptr, stride_y, part_ptr, count_ptr, pid_n, pid_k,
+            HAS_BIAS, BLOCK_M, SPLIT_K,
+        )  # fmt: skip
+
+    @triton.jit
+    def _int4_dequant_kernel(w_ptr, s_ptr, m_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr):
+        """The dense weight of a GPU-layout int4 tensor, one span of 64 inputs of BLOCK_N rows each."""
+        pid_n = tl.program_id(0)
+        span = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rj = tl.arange(0, 32)
+        mask = rn[:, None] < N
+        packed = tl.load(w_ptr + rn[:, None] * (K // 2) + span * 32 + rj[None, :], mask=mask, other=0)
+        g = rn * (K // 32) + 2 * span
+        s_lo = tl.load(s_ptr + g, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+        s_hi = tl.load(s_ptr + g + 1, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+        m_lo = tl.load(m_ptr + g, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+        m_hi = tl.load(m_ptr + g + 1, mask=rn < N, other=0.0).to(tl.float32)[:, None]
+        out = out_ptr + rn[:, None] * K + span * 64 + rj[None, :]
+        ty = out_ptr.dtype.element_ty
+        tl.store(out, ((packed & 0xF).to(tl.float32) * s_lo + m_lo).to(ty), mask=mask)
+        tl.store(out + 32, ((packed >> 4).to(tl.float32) * s_hi + m_hi).to(ty), mask=mask)
+
+
+# ---- the GPU int4 layout and the torch references ----------------------------------------------------
+def int4_gpu_layout(q: QuantizedTensor) -> QuantizedTensor:
+    """A bundle's int4 tensor (the CPU kernel's packing) repacked in the GPU layout, on q's device."""
+    rows, cols = q.shape
+    if cols % SPAN:
+        raise ValueError(
+            f"the GPU int4 layout needs the input dimension to be a multiple of {SPAN}, got {cols}"
+        )
+    values = unpack_int4(q.data).view(rows, cols // SPAN, 2, GROUP)
+    packed = values[:, :, 0] | (values[:, :, 1] << 4)
+    return QuantizedTensor("int4", packed.reshape(rows, cols // 2).contiguous(), q.scale, q.min)
+
+
+def int4_gpu_dequantize(q: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The dense weight of a GPU-layout int4 tensor (the reference of the kernels)."""
+    rows, width = q.data.shape
+    packed = q.data.view(rows, -1, 1, GROUP)
+    values = torch.cat([packed & 0x0F, packed >> 4], dim=2).view(rows, -1, GROUP).float()
+    w = values * q.scale.float()[..., None] + q.min.float()[..., None]
+    return w.view(rows, width * 2).to(dtype)
+
+
+def w8_reference(x: torch.Tensor, q: QuantizedTensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """fp8 / int8 product in float32, the oracle of ``w8_product``."""
+    return F.linear(x.float(), q.dequantize(), None if bias is None else bias.float())
+
+
+def int4_reference(x: torch.Tensor, q: QuantizedTensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """GPU-layout int4 product in float32, the oracle of ``int4_product``."""
+    return F.linear(x.float(), int4_gpu_dequantize(q), None if bias is None else bias.float())
+
+
+# ---- launches -----------------------------------------------------------------------------------------
+_partials: dict[torch.device, list[torch.Tensor]] = {}
+
+
+class Workspace:
+    """A weight's split-K partials and per-tile counters (the counters reset themselves). The
+    partials are one buffer shared by all weights of a device (one stream runs them in turn), sized
+    when the layers are made, before any capture: a buffer a captured graph uses is never freed."""
+
+    def __init__(self, n: int, k: int, table, device: torch.device):
+        splits = [s for _, _, s in candidates(table, n, k) if s > 1]
+        need = max(splits, default=0) * MAX_ROWS * n
+        pool = _partials.setdefault(device, [])
+        if not pool or pool[-1].numel() < need:
+            pool.append(torch.empty(max(need, 1), device=device))
+        self.partials = pool[-1]
+        self.counts = torch.zeros(-(-n // 16), dtype=torch.int32, device=device)
+
+
+def w8_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -> torch.Tensor:
+    """x [M <= 16, K] (bf16 / fp16) times fp8 / int8 ``q`` [N, K] -> [M, N] in x's dtype."""
+    m, k = x.shape
+    n = q.data.shape[0]
+    block_n, block_k, split = plan
+    groups = q.scale.shape[1] if q.scale.dim() == 2 else 1
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    fp8 = q.format == "fp8"
+    _w8_kernel[(-(-n // block_n), split)](
+        x, q.data.view(torch.uint8) if fp8 else q.data, q.scale, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
+        m, n, k, x.stride(0), q.data.stride(0), y.stride(0), groups, k // groups,
+        HAS_BIAS=bias is not None, ROW_SCALE=groups == 1, FP8=fp8,
+        BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=4, num_stages=3,
+    )  # fmt: skip
+    return y
+
+
+def int4_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -> torch.Tensor:
+    """x [M <= 16, K] times GPU-layout int4 ``q`` [N, K] -> [M, N] in x's dtype."""
+    m, k = x.shape
+    n = q.data.shape[0]
+    block_n, block_k, split = plan
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    _int4_kernel[(-(-n // block_n), split)](
+        x, q.data, q.scale, q.min, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
+        m, n, k, x.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None,
+        BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=4, num_stages=3,
+    )  # fmt: skip
+    return y
+
+
+def int4_dequantize(q: QuantizedTensor, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense weight of a GPU-layout int4 tensor, through the Triton kernel (prefill)."""
+    n, k = q.data.shape[0], q.data.shape[1] * 2
+    out = torch.empty(n, k, dtype=dtype, device=q.data.device) if out is None else out
+    _int4_dequant_kernel[(-(-n // 64), k // SPAN)](q.data, q.scale, q.min, out, n, k, BLOCK_N=64)
+    return out
+
+
+# (BLOCK_N, BLOCK_K, SPLIT_K) candidates; the fastest per shape and row bucket is kept (``plan``).
+W8_CANDIDATES = ((32, 128, 1), (64, 128, 1), (64, 256, 1), (32, 128, 4), (64, 128, 4), (32, 256, 8))
+INT4_CANDIDATES = ((32, 128, 1), (64, 128, 1), (64, 256, 1), (32, 256, 4), (64, 256, 4), (32, 256, 8))
+
+
+def candidates(table, n: int, k: int) -> list[tuple[int, int, int]]:
+    return [(bn, bk, s) for bn, bk, s in table if k // s >= bk and (s == 1 or -(-n // bn) <= 512)]
