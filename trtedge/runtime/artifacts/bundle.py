@@ -28,6 +28,7 @@ from trtedge.runtime.artifacts.cache import (  # noqa: F401 - clear/prune are pu
     clear_engine_cache,
     prune_engine_cache,
 )
+from trtedge.runtime.artifacts.prequantized import Scheme
 from trtedge.runtime.speculative.config import METHODS, SpeculativeConfig, SpeculativeConfigError
 
 log = logging.getLogger("trtedge")
@@ -275,6 +276,7 @@ class BundleComponent:
         self.source = name
         self.config = section["config"]
         self.quantization = section.get("quantization") or {}
+        self.scheme = Scheme(**section["prequantized"]) if section.get("prequantized") else None
         self.kind = section["checkpoint"]["kind"]
         # externalized weights are read from where the checkpoint is now (it may have moved since the build)
         self.checkpoint_path = checkpoint_path or Path(section["checkpoint"]["path"])

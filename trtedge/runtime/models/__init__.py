@@ -207,6 +207,8 @@ def load_model(
     # tensors get them dequantized, and quantize float weights to int8 themselves at load (CPU).
     aware = cls in _QUANTIZED_ARCHITECTURES and cfg.rotary_dim == cfg.head_dim
     runnable = runnable_formats(dev, torch_dtype) if aware else frozenset()
+    if dev.type == "cuda" and weights not in ("int8", "int4", "fp8") and checkpoint.scheme is None:
+        runnable = frozenset()  # a GGUF's int4 / int8 on a GPU: dequantized unless --weights asks for them
     own_format = "int8" if kernels and not aware and _quantizes(weights, checkpoint) else "float"
     if weights in ("int8", "int4", "fp8") and weights not in runnable and own_format == "float":
         log.warning(

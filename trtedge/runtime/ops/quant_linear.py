@@ -47,7 +47,9 @@ class _QuantLinear:
         self.quantized = weight
         self.bias = bias
         self.out_features, self.in_features = weight.shape
-        self.workspace = triton_quant.Workspace(self.out_features, self.in_features, self.table, weight.device)
+        self.workspace = triton_quant.Workspace(
+            self.out_features, self.in_features, self.table, weight.device
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
