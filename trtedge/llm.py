@@ -33,6 +33,7 @@ from trtedge.runtime.profiling import ProfilingMetrics
 from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams, check_logit_bias
 from trtedge.runtime.speculative import SpeculativeConfig, check_draft
 from trtedge.runtime.speech.api import NO_SPEECH, SpeechOptions, SpeechOutput, load_speech_output
+from trtedge.runtime.speech.pipeline import SpeechInputError
 from trtedge.runtime.structured import GuidedUnavailableError
 from trtedge.runtime.structured import available as structured_output_available
 from trtedge.runtime.text.tokenizer import TemplateError
@@ -577,8 +578,18 @@ class LLM:
         if params.voice is not None:
             self.speech_output.voice_id(params.voice)
         ids = token_ids if token_ids is not None else tts_ids(self.tokenizer, input, instructions)
+        if token_ids is None and len(ids) > self.config.max_input_len:
+            raise SpeechInputError(
+                f"input takes {len(ids)} tokens, more than max_input_len {self.config.max_input_len}", "input"
+            )
         self.speech_output.prompt(ids, params.voice or self.speech_output.default_voice)  # refuses here
         return stream_waveform(self.speech_output, ids, params)
+
+    def speech_input_tokens(self, input: str, instructions: str | None = None) -> int:
+        """Tokens of the conversation the Talker reads to speak ``input``."""
+        from trtedge.runtime.speech.api import tts_ids
+
+        return len(tts_ids(self.tokenizer, input, instructions))
 
     def speech(self, input: str, *, voice: str | None = None, **options) -> SpeechOutput:
         """Speak ``input`` whole (see ``speech_stream``)."""

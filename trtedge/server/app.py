@@ -23,6 +23,7 @@ from trtedge.server.errors import APIError, engine_unavailable, internal_error, 
 from trtedge.server.metrics import ServerMetrics
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from trtedge.server.openai.serving import OpenAIServing
+from trtedge.server.openai.speech import SpeechRequest, speech, voices
 from trtedge.server.openai.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
 from trtedge.server.openai.transcription import FORM_SLACK, transcribe
 from trtedge.server.openapi import openapi_schema
@@ -44,6 +45,8 @@ ENDPOINTS = (
     "/v1/messages/count_tokens",
     "/v1/responses",
     "/v1/audio/transcriptions",
+    "/v1/audio/speech",
+    "/v1/voices",
     "/tokenize",
     "/detokenize",
     "/tokenizer_info",
@@ -127,6 +130,13 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         body = await read_body(request, config.max_audio_bytes + FORM_SLACK)
         return await transcribe(serving, request, body)
 
+    async def create_speech(request: Request) -> Response:
+        body = parse_request(await read_body(request, config.max_body_bytes), SpeechRequest)
+        return await speech(serving, body, request)
+
+    async def list_voices(request: Request) -> Response:
+        return voices(serving)
+
     async def tokenize(request: Request) -> Response:
         body = parse_request(await read_body(request, config.max_body_bytes), TokenizeRequest)
         return await tokenization.tokenize(body)
@@ -152,6 +162,8 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         Route("/v1/messages/count_tokens", _guard(count_tokens, anthropic_error), methods=["POST"]),
         Route("/v1/responses", _guard(create_response), methods=["POST"]),
         Route("/v1/audio/transcriptions", _guard(transcriptions), methods=["POST"]),
+        Route("/v1/audio/speech", _guard(create_speech), methods=["POST"]),
+        Route("/v1/voices", _guard(list_voices)),
         Route("/tokenize", _guard(tokenize), methods=["POST"]),
         Route("/detokenize", _guard(detokenize), methods=["POST"]),
         Route("/tokenizer_info", _guard(tokenizer_info)),

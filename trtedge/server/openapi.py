@@ -8,6 +8,7 @@ from pydantic import BaseModel
 from trtedge._version import __version__
 from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from trtedge.server.openai.speech import SpeechRequest
 from trtedge.server.openai.tokenization import DetokenizeRequest, TokenizeRequest
 from trtedge.server.responses.protocol import ResponsesRequest
 
@@ -150,6 +151,7 @@ def _document() -> dict:
         CountTokensRequest,
         TokenizeRequest,
         DetokenizeRequest,
+        SpeechRequest,
     ):
         schema = model.model_json_schema(ref_template=_REF)
         schemas.update(schema.pop("$defs", {}))
@@ -188,6 +190,30 @@ def _document() -> dict:
                 "Anthropic token count",
                 _errors(400, 401, 404, 413, shape="AnthropicError"),
             ),
+            "/v1/audio/speech": {
+                "post": {
+                    "summary": "OpenAI text to speech (a model with speech output, e.g. Qwen3-Omni)",
+                    "security": [{"bearer": []}, {"apiKey": []}],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {"schema": {"$ref": _REF.format(model="SpeechRequest")}}
+                        },
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "the audio in response_format, streamed as it is made; "
+                            "speech.audio.delta events when stream_format is sse",
+                            "content": {
+                                "audio/pcm": {"schema": {"type": "string", "format": "binary"}},
+                                "text/event-stream": {"schema": {"type": "string"}},
+                            },
+                        },
+                        **_errors(400, 401, 404, 413, 429, 500, 503),
+                    },
+                }
+            },
+            "/v1/voices": _get("the voices of a model with speech output", secured=True),
             "/tokenize": _post(
                 TokenizeRequest,
                 "vLLM tokenize: a prompt or messages -> token ids",

@@ -56,9 +56,15 @@ class SSEResponse:
     """An ASGI response that sends each event as it comes and calls ``on_close`` exactly once at the
     end, however it ends (finished, client gone, error, or never started)."""
 
-    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]):
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        on_close: Callable[[], None],
+        media_type: str = "text/event-stream; charset=utf-8",
+    ):
         self.events = events
         self.on_close = on_close
+        self.media_type = media_type  # another for a raw stream (speech audio)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -67,7 +73,7 @@ class SSEResponse:
                     "type": "http.response.start",
                     "status": 200,
                     "headers": [
-                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"content-type", self.media_type.encode()),
                         (b"cache-control", b"no-cache"),
                         (b"x-accel-buffering", b"no"),
                     ],

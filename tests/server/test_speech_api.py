@@ -1,0 +1,195 @@
+"""Speech output through the HTTP API in process, on a tiny random Qwen3-Omni: POST /v1/audio/speech
+with the openai SDK (every response format; streamed bytes and SSE deltas equal to the whole answer,
+which equals LLM.speech's greedy audio), GET /v1/voices, and the refusals, each a 400 naming the field
+and leaving no seat held."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import shutil
+import subprocess
+import wave
+
+import httpx
+import numpy as np
+import pytest
+
+from trtedge.server.app import build_app
+from trtedge.server.config import ServeConfig
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("av")
+
+GREEDY = {"talker_temperature": 0, "max_audio_length": 0.8}
+TEXT = "w5 w6 w7 w8"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from tests.tiny_omni import make_tiny_qwen3_omni_speech
+
+    return make_tiny_qwen3_omni_speech(tmp_path_factory.mktemp("omni-speech"))
+
+
+def _load(tmp_path_factory, checkpoint, **kw):
+    from trtedge import LLM
+
+    cache = tmp_path_factory.getbasetemp() / "trtedge-cache"
+    return LLM(str(checkpoint), cache_dir=str(cache), max_kv_cache_capacity=256, max_input_len=64, **kw)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory, checkpoint):
+    with _load(tmp_path_factory, checkpoint) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="module")
+def app(llm):
+    return build_app(llm, ServeConfig())
+
+
+@pytest.fixture(scope="module")
+def expected(llm):
+    from trtedge.runtime.speech.encode import pcm16
+
+    return pcm16(llm.speech(TEXT, voice="chelsie", **GREEDY).audio)
+
+
+def run(app, fn):
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            client = openai.AsyncOpenAI(api_key="x", base_url="http://t/v1", http_client=http)
+            return await fn(client, http)
+
+    return asyncio.run(main())
+
+
+def create(app, **kw):
+    async def fn(client, http):
+        reply = await client.audio.speech.create(
+            model=kw.pop("model", "ignored-is-refused"),
+            input=kw.pop("input", TEXT),
+            voice=kw.pop("voice", "chelsie"),
+            **kw,
+        )
+        return reply.content
+
+    return run(app, fn)
+
+
+def post(app, body: dict) -> httpx.Response:
+    return run(app, lambda client, http: http.post("/v1/audio/speech", json=body))
+
+
+def test_the_sdk_gets_pcm_by_default_equal_to_llm_speech(app, llm, expected):
+    body = create(app, model=llm.model_name, extra_body=GREEDY)
+    assert len(body) == len(expected) > 0 and body == expected
+    assert app.state.admission.num_active == 0
+
+
+def test_streamed_bytes_and_sse_deltas_concatenate_to_the_whole(app, llm):
+    from trtedge.runtime.speech.encode import pcm16
+
+    pieces = list(llm.speech_stream(TEXT, voice="chelsie", codec_chunk_frames=3, **GREEDY))
+    assert len(pieces) >= 3  # 3-frame chunks of up to 10 frames
+    expected = b"".join(pcm16(p) for p in pieces)
+
+    async def fn(client, http):
+        async with client.audio.speech.with_streaming_response.create(
+            model=llm.model_name,
+            input=TEXT,
+            voice="chelsie",
+            response_format="pcm",
+            extra_body={**GREEDY, "codec_chunk_frames": 3},
+        ) as reply:
+            assert reply.headers["content-type"] == "audio/pcm"
+            return [chunk async for chunk in reply.iter_bytes()]
+
+    chunks = run(app, fn)
+    assert b"".join(chunks) == expected
+    sse = post(
+        app, {"input": TEXT, "voice": "chelsie", "stream_format": "sse", "codec_chunk_frames": 3, **GREEDY}
+    )
+    events = [json.loads(line[6:]) for line in sse.text.split("\n") if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["speech.audio.delta"] * (len(events) - 1) + ["speech.audio.done"]
+    assert len(events) >= 3 and events[-1]["usage"]["input_tokens"] > 0
+    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == expected
+    assert app.state.admission.num_active == 0
+
+
+def test_wav_reads_back_with_the_rate_and_length(app, llm, expected, tmp_path):
+    body = create(app, model=llm.model_name, response_format="wav", extra_body=GREEDY)
+    with wave.open(io.BytesIO(body)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+        assert w.getnframes() == len(expected) // 2
+        assert w.readframes(w.getnframes()) == expected
+    if shutil.which("sox"):
+        path = tmp_path / "a.wav"
+        path.write_bytes(body)
+        info = subprocess.run(["sox", "--i", str(path)], capture_output=True, text=True, check=True).stdout
+        assert "24000" in info and f"{len(expected) // 2} samples" in info
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+def test_encoded_formats_decode_to_about_the_same_length(app, llm, expected, fmt):
+    import av
+
+    body = create(app, model=llm.model_name, response_format=fmt, extra_body=GREEDY)
+    with av.open(io.BytesIO(body)) as f:
+        stream = f.streams.audio[0]
+        frames = list(f.decode(stream))
+    samples = sum(fr.samples for fr in frames) * 24000 / frames[0].sample_rate
+    assert abs(samples - len(expected) / 2) <= 2400  # encoder delay and padding: < 0.1 s
+    if fmt == "flac":  # lossless, from the float samples (the encoder's conversion rounds its own way)
+        got = np.concatenate([fr.to_ndarray().reshape(-1) for fr in frames]).astype(np.int32)
+        want = np.frombuffer(expected, "<i2").astype(np.int32)
+        assert got.shape == want.shape and np.abs(got - want).max() <= 1
+
+
+def test_voices_lists_the_speakers(app):
+    reply = run(app, lambda client, http: http.get("/v1/voices"))
+    assert reply.status_code == 200
+    data = reply.json()["data"]
+    assert [v["id"] for v in data] == ["aiden", "chelsie", "ethan"]
+    assert [v["id"] for v in data if v["default"]] == ["ethan"]
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"voice": "alloy"}, "voice"),
+        ({"input": "w1 " * 80}, "input"),
+        ({"input": "x" * 4097}, "input"),
+        ({"input": "  "}, "input"),
+        ({"speed": 2.0}, "speed"),
+        ({"speed": 9.0}, "speed"),
+        ({"response_format": "ogg"}, "response_format"),
+        ({"stream_format": "chunks"}, "stream_format"),
+        ({"talker_top_p": 0}, "talker_top_p"),
+        ({"codec_chunk_frames": 0}, "codec_chunk_frames"),
+        ({"max_audio_length": 10000}, "max_audio_length"),
+        ({"talker_prefill_threshold": 0}, "talker_prefill_threshold"),
+        ({"model": "other"}, "model"),
+    ],
+)
+def test_refusals_name_the_field_and_hold_no_seat(app, body, param):
+    reply = post(app, {"input": TEXT, "voice": "ethan", **body})
+    assert reply.status_code == (404 if param == "model" else 400), reply.text
+    assert reply.json()["error"]["param"] == param
+    assert app.state.admission.num_active == 0
+
+
+def test_a_model_without_a_talker_is_refused_naming_it(tmp_path_factory, checkpoint):
+    with _load(tmp_path_factory, checkpoint, components="llm") as text:
+        app = build_app(text, ServeConfig())
+        reply = post(app, {"input": TEXT, "voice": "ethan"})
+        assert reply.status_code == 400
+        error = reply.json()["error"]
+        assert error["param"] == "model" and "no speech output" in error["message"]
+        assert run(app, lambda client, http: http.get("/v1/voices")).json()["data"] == []
+        assert app.state.admission.num_active == 0
