@@ -35,6 +35,8 @@ feature is not available is refused with a 400 naming it.
 | POST | `/v1/messages` | [Anthropic messages request](#post-v1messages) |
 | POST | `/v1/messages/count_tokens` | [Anthropic token count request](#post-v1messagescount_tokens) |
 | POST | `/v1/audio/transcriptions` | [multipart form](#post-v1audiotranscriptions) (OpenAI's; see [Audio](audio.md)) |
+| POST | `/v1/audio/speech` | a speech request (OpenAI's; fields and formats in [Speech output](speech.md)) |
+| GET | `/v1/voices` | none (the speakers of a model with speech output; [Speech output](speech.md)) |
 | POST | `/tokenize` | [tokenize request](#post-tokenize) (vLLM's) |
 | POST | `/detokenize` | [detokenize request](#post-detokenize) (vLLM's) |
 | GET | `/tokenizer_info` | none (vLLM's: special tokens, chat template) |

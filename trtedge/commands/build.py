@@ -28,7 +28,8 @@ def build(
     components: str = typer.Option(
         "all",
         "--components",
-        help="all, or a comma list of: llm, draft, vision (audio: the same, for an audio model's encoder).",
+        help="all, or a comma list of: llm, draft, vision (audio: the same, for an audio model's encoder), "
+        "talker,code_predictor,code2wav (speech output, together).",
     ),
     cache_dir: str = typer.Option(
         None, "--cache-dir", help="Cache directory (default $TRTEDGE_CACHE_DIR or ~/.cache/trtedge)."

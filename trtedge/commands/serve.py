@@ -163,7 +163,9 @@ def serve(
         help="Vision models: bytes of image/video encoder outputs kept for repeated media (0: off).",
     ),
     components: str = typer.Option(
-        "all", "--components", help="all, or llm: load a vision-language or audio model text-only."
+        "all",
+        "--components",
+        help="all, or llm: load a vision-language or audio model text-only (and without speech output).",
     ),
     ple_residency: str = typer.Option(
         "resident",
