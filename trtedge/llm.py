@@ -17,10 +17,12 @@ from trtedge.runtime.artifacts.bundle import BuildProfile, prepare_bundle
 from trtedge.runtime.artifacts.checkpoint import config_only_checkpoint, resolve_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig, EngineError, EngineUnavailableError
 from trtedge.runtime.models import load_model
+from trtedge.runtime.models.config import TRANSDUCER_MODEL_TYPES
 from trtedge.runtime.multimodal import MultimodalPrompt, media_kinds
 from trtedge.runtime.multimodal.audio import AudioProcessor, audio_processor
 from trtedge.runtime.multimodal.processor import VisionProcessor
 from trtedge.runtime.multimodal.prompt import expand_placeholders, placeholder_tokens, process_media
+from trtedge.runtime.multimodal.transducer_audio import transducer_audio_processor
 from trtedge.runtime.output import (
     CancellableIterator,
     CompletionOutput,
@@ -178,7 +180,8 @@ class LLM:
         model_cfg = self.checkpoint.model_config
         media = model_cfg.vision is not None or getattr(model_cfg, "audio", None) is not None
         media = media and getattr(self.checkpoint, "has_vision", True)  # the bundle's encoder component
-        possible = cfg.tensor_parallel_size == 1 and not media
+        transducer = model_cfg.model_type in TRANSDUCER_MODEL_TYPES  # runtime.transducer: in this process
+        possible = cfg.tensor_parallel_size == 1 and not media and not transducer
         if wanted is None and os.environ.get(ENGINE_PROCESS_ENV, "auto") != "auto":
             value = os.environ[ENGINE_PROCESS_ENV]
             if value not in ("0", "1"):
@@ -237,6 +240,11 @@ class LLM:
             if spec
             else None
         )
+        if self.model.cfg.model_type in TRANSDUCER_MODEL_TYPES:  # an RNN-T transcriber: its own engine
+            from trtedge.runtime.transducer import TransducerEngine
+
+            self.audio = transducer_audio_processor(Path(self.checkpoint.path), self.model.cfg)
+            return TransducerEngine(self.model, self.tokenizer, engine_config)
         if getattr(self.model, "vision", None) is not None:
             self.vision = VisionProcessor.from_dir(
                 Path(self.checkpoint.path),

@@ -66,6 +66,7 @@ TEXT_FILES = (
     "preprocessor_config.json",
     "video_preprocessor_config.json",
     "hf_quant_config.json",  # ModelOpt's record of a pre-quantized checkpoint
+    "processor_config.json",
 )
 
 
@@ -398,6 +399,7 @@ class Bundle(BundleComponent):
                     names.update((quantized_name(n) or (n,))[0] for n in f.keys())
             embeddings = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
             embeddings += ("backbone.embeddings.weight", "model.embeddings.weight")  # Nemotron-H
+            embeddings += ("decoder.embedding.weight",)  # a transducer's prediction network
             if not names & {*embeddings, *(f"thinker.{e}" for e in embeddings)}:  # Qwen2.5-Omni: thinker.
                 raise BundleError(f"{component.path}: bundle weights lack model.embed_tokens.weight")
             component.model_config  # noqa: B018 - raises on an unsupported config

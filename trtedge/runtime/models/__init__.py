@@ -13,6 +13,7 @@ from trtedge.runtime.models.gemma3n import Gemma3nModel
 from trtedge.runtime.models.gemma4 import Gemma4Model, PleModel
 from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.models.moe import MoeModel, expert_names
+from trtedge.runtime.models.nemotron_asr import NemotronASRModel
 from trtedge.runtime.models.nemotron_h import NemotronHModel, nemotron_h_dummy_tensors
 from trtedge.runtime.models.ple import find_ple_tensor
 from trtedge.runtime.models.qwen2_5_omni import Qwen25OmniModel
@@ -45,6 +46,7 @@ ARCHITECTURES = {
     "qwen2_5_omni": Qwen25OmniModel,
     "qwen3_omni_moe": Qwen3OmniModel,
     "nemotron_h": NemotronHModel,
+    "nemotron3_5_asr": NemotronASRModel,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
 _QUANTIZED_ARCHITECTURES = {
@@ -239,8 +241,9 @@ def load_model(
     tensors = prepare_tensors(tensors, checkpoint, weights, runnable, torch_dtype, dev)
     extra = {"ple": ple} if issubclass(cls, PleModel) else {}
     model = cls(cfg, tensors, torch_dtype, dev, own_format, max_positions, **extra)
-    weight_format = "+".join(
-        sorted({type(m).__name__.removesuffix("Linear").lower() for m in _linears(model)})
+    weight_format = (
+        "+".join(sorted({type(m).__name__.removesuffix("Linear").lower() for m in _linears(model)}))
+        or "float"
     )
     log.info(
         "loaded %s (%s, %d layers) on %s as %s, %s weights (%.0f MiB)",
@@ -263,7 +266,8 @@ def _quantizes(weights: str, checkpoint) -> bool:
 
 
 def _linears(model) -> list:
-    return [getattr(model, "lm_head", None)] + [m for layer in model.layers for m in layer.linears]
+    head = getattr(model, "lm_head", None)
+    return ([head] if head is not None else []) + [m for layer in model.layers for m in layer.linears]
 
 
 __all__ = ["ARCHITECTURES", "SUPPORTED_MODEL_TYPES", "ModelConfig", "UnsupportedModelError", "load_model"]

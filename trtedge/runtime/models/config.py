@@ -21,7 +21,9 @@ SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe
 SUPPORTED_MODEL_TYPES += ("qwen2_5_vl", "qwen3_vl", "qwen3_asr", "qwen2_5_omni", "qwen2_5_omni_thinker")
 SUPPORTED_MODEL_TYPES += ("qwen3_omni_moe", "qwen3_omni_moe_thinker")
 SUPPORTED_MODEL_TYPES += ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text")
-SUPPORTED_MODEL_TYPES += ("nemotron_h",)
+SUPPORTED_MODEL_TYPES += ("nemotron_h", "nemotron3_5_asr")
+# RNN-T transcribers: no language model; served by runtime.transducer, transcription only.
+TRANSDUCER_MODEL_TYPES = ("nemotron3_5_asr",)
 # Gemma 3n / Gemma 4 (per-layer embeddings): the multimodal checkpoint -> its text model's type.
 _PLE_FAMILIES = {"gemma3n": "gemma3n_text", "gemma4": "gemma4_text"}
 PLE_MODEL_TYPES = ("gemma3n_text", "gemma4_text")
@@ -188,6 +190,13 @@ class ModelConfig:
             cfg.setdefault("torch_dtype", thinker.get("torch_dtype") or thinker.get("dtype"))
             audio = {"audio_config": thinker.get("audio_config") or {}}
             audio["audio_token_id"] = thinker.get("audio_token_index", thinker.get("audio_token_id", 151646))
+        if model_type in TRANSDUCER_MODEL_TYPES:  # the encoder's shapes stand in for the text model's
+            top = cfg
+            enc = cfg.get("encoder_config") or {}
+            cfg = {**enc, "model_type": model_type, "vocab_size": top.get("vocab_size", 13088)}
+            cfg.setdefault("torch_dtype", top.get("torch_dtype") or top.get("dtype"))
+            cfg["max_position_embeddings"] = enc.get("max_position_embeddings", 5000)
+            audio = {"audio_config": enc}
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{source}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -250,10 +259,20 @@ class ModelConfig:
                 mrope_interleaved=model_type == "qwen3_vl",
                 vision=vision,
                 audio=audio,
-                text_config=cfg if ple or model_type == "nemotron_h" else None,
+                text_config=_text_config(
+                    model_type, cfg, top if model_type in TRANSDUCER_MODEL_TYPES else None
+                ),
             )
         except KeyError as e:
             raise UnsupportedModelError(f"{source}: missing required field {e.args[0]!r}") from None
+
+
+def _text_config(model_type: str, cfg: dict, top: dict | None) -> dict | None:
+    """The config fields a family reads itself: a transducer's whole config.json, the text config of
+    Gemma 3n / Gemma 4 and Nemotron-H."""
+    if top is not None:
+        return top
+    return cfg if model_type in (*PLE_MODEL_TYPES, "nemotron_h") else None
 
 
 def _linear_config(cfg: dict, num_layers: int) -> LinearAttentionConfig:
