@@ -25,7 +25,12 @@ from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequ
 from trtedge.server.openai.serving import OpenAIServing
 from trtedge.server.openai.speech import SpeechRequest, speech, voices
 from trtedge.server.openai.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
-from trtedge.server.openai.transcription import FORM_SLACK, transcribe
+from trtedge.server.openai.transcription import (
+    FORM_SLACK,
+    refuse_generation,
+    transcribe,
+    transcription_only,
+)
 from trtedge.server.openapi import openapi_schema
 from trtedge.server.responses.protocol import ResponsesRequest
 from trtedge.server.responses.serving import ResponsesServing
@@ -147,6 +152,9 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
 
     async def tokenizer_info(request: Request) -> Response:
         return tokenization.tokenizer_info()
+
+    if transcription_only(llm):  # an RNN-T transcriber has nothing to chat or complete with
+        chat = completions = messages = count_tokens = create_response = refuse_generation(serving.model_name)
 
     routes = [
         Route("/", _guard(root), methods=["GET", "HEAD"]),

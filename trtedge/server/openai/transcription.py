@@ -1,4 +1,5 @@
-"""POST /v1/audio/transcriptions: OpenAI's multipart contract over an ASR model (Qwen3-ASR).
+"""POST /v1/audio/transcriptions: OpenAI's multipart contract over an ASR model (Qwen3-ASR, or an
+RNN-T transcriber such as Nemotron-3.5-ASR: no prompt, greedy only, its own language codes).
 
 Fields: ``file`` (required), ``model``, ``language`` (ISO-639-1), ``prompt`` (context for the model:
 names, spellings), ``response_format`` (json | text; verbose_json, srt and vtt need segment times,
@@ -100,7 +101,7 @@ class TranscriptionForm:
         return cls(
             file=upload,  # type: ignore[arg-type]
             model=text.get("model") or None,
-            language=_language(text.get("language")),
+            language=text.get("language") or None,  # checked against the model's languages later
             prompt=text.get("prompt") or None,
             response_format=fmt,
             temperature=_temperature(text.get("temperature")),
@@ -149,6 +150,11 @@ async def transcribe(serving: OpenAIServing, request: Request, body: bytes) -> R
     serving.check_model(form.model)
     if llm.audio is None:
         raise bad_request(NO_AUDIO, param="file", code="no_audio_component")
+    transducer = llm.audio.transcription == "transducer"
+    if transducer:
+        _check_transducer_form(form, llm.audio)
+    else:
+        _language(form.language)
     size = len(form.file.data)
     if size > config.max_audio_bytes:
         raise APIError(
@@ -161,15 +167,18 @@ async def transcribe(serving: OpenAIServing, request: Request, body: bytes) -> R
     samples = await in_media_thread(
         decode_audio, form.file.data, "file", config.max_audio_seconds, llm.audio.sampling_rate
     )
-    tp = transcription_prompt(samples, form.prompt, form.language, llm.audio.transcription)
-    prompt = await in_media_thread(_encode, serving, tp)
+    if transducer:
+        prompt, header = await in_media_thread(_transducer_prompt, llm.audio, samples, form.language), False
+    else:
+        tp = transcription_prompt(samples, form.prompt, form.language, llm.audio.transcription)
+        prompt, header = await in_media_thread(_encode, serving, tp), tp.header
     num_audio = sum(it.num_tokens for it in prompt.items)
     params = _params(serving, len(prompt.ids), form.temperature)
     rid = f"trsc-{uuid.uuid4().hex}"
     gen, watcher = await serving._start(form, [Choice(prompt, params)], rid, request, arrival)
     if gen is None:
         return Response(status_code=499)
-    reader = TranscriptReader(header_done=not tp.header)
+    reader = TranscriptReader(header_done=not header)
     if form.stream:
         return sse.SSEResponse(_events(gen, reader, num_audio), on_close=_closer(gen, watcher))
     [out] = await serving._collect(gen, watcher)
@@ -179,6 +188,53 @@ async def transcribe(serving: OpenAIServing, request: Request, body: bytes) -> R
     if form.response_format == "text":
         return PlainTextResponse(text + "\n")
     return JSONResponse({"text": text, "usage": _usage(out.prompt_tokens, out.completion_tokens, num_audio)})
+
+
+def transcription_only(llm) -> bool:
+    """Whether ``llm`` is an RNN-T transcriber: it serves transcriptions and nothing else."""
+    audio = getattr(llm, "audio", None)
+    return audio is not None and audio.transcription == "transducer"
+
+
+def refuse_generation(model_name: str):
+    """The handler of a generation route on a transcriber: 400 naming the one route it serves."""
+
+    async def refuse(request: Request) -> Response:
+        raise bad_request(
+            f"{model_name} is an RNN-T transcriber: it serves only POST /v1/audio/transcriptions",
+            param="model",
+            code="transcription_only",
+        )
+
+    return refuse
+
+
+def _check_transducer_form(form: TranscriptionForm, audio) -> None:
+    """An RNN-T transcriber decodes greedily from the audio alone: no prompt, no sampling."""
+    if form.prompt:
+        raise bad_request(
+            "this model (an RNN-T transcriber) takes no prompt; leave it out",
+            param="prompt",
+            code="unsupported_value",
+        )
+    if form.temperature:
+        raise bad_request(
+            "this model (an RNN-T transcriber) decodes greedily; leave temperature out or send 0",
+            param="temperature",
+            code="unsupported_value",
+        )
+    if form.language is not None:
+        try:
+            audio.prompt_id(form.language)
+        except ValueError as e:
+            raise bad_request(str(e), param="language", code="invalid_value") from None
+
+
+def _transducer_prompt(audio, samples, language: str | None) -> MultimodalPrompt:
+    try:
+        return audio.prompt(samples, language)
+    except ValueError as e:
+        raise bad_request(str(e), param="file", code="invalid_audio") from None
 
 
 def _encode(serving: OpenAIServing, tp: TranscriptionPrompt) -> MultimodalPrompt:
