@@ -1,0 +1,131 @@
+"""Quantized weights on a GPU: bf16 vs fp8 vs int4, batch-1 decode and long-prompt prefill, one run.
+
+    python benchmarks/gpu_quant.py [--shape qwen3-8b] [--weights bf16,fp8,int4] [--new-tokens 256]
+                                   [--prefill-len 8192]
+
+Random weights (load_format="dummy", quantized on the GPU at load for fp8 / int4) with Qwen3 shapes,
+a 128-token prompt, greedy, EOS ignored. One JSON line per figure: decode tokens/s with the bytes
+of weights read per token and the bandwidth that achieves (H200 peak 4.8 TB/s), prefill tokens/s
+and its ratio to bf16's in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.shapes import write_shape  # noqa: E402
+from trtedge import LLM, SamplingParams  # noqa: E402
+
+PEAK_BYTES_PER_S = 4.8e12  # H200 datasheet
+
+
+def emit(**row) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def decode(directory: Path, weights: str, prompt: list[int], new_tokens: int) -> tuple[float, int]:
+    with LLM(
+        str(directory),
+        load_format="dummy",
+        dtype="bfloat16",
+        device="cuda",
+        weights=weights,
+        max_kv_cache_capacity=1024,
+        max_input_len=512,
+    ) as llm:
+        params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+        llm.generate(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))  # warm-up
+        metrics = []
+        llm.generate(prompt, params, on_metrics=metrics.append)
+        return metrics[0].decode_tokens_per_second, llm.describe()["weight_bytes"]
+
+
+def prefill(directory: Path, weights: str, length: int) -> float:
+    with LLM(
+        str(directory),
+        load_format="dummy",
+        dtype="bfloat16",
+        device="cuda",
+        weights=weights,
+        max_kv_cache_capacity=length + 16,
+        max_input_len=length,
+        max_num_batched_tokens=length,
+    ) as llm:
+        warm, prompt = (
+            torch.randint(10, 150000, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+            for seed in (1, 2)
+        )
+        llm.generate(warm, SamplingParams(max_tokens=1))  # warm-up at full length, sharing no prefix
+        metrics = []
+        llm.generate(prompt, SamplingParams(max_tokens=1), on_metrics=metrics.append)
+        return length / metrics[0].prefill_time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shape", default="qwen3-8b")
+    parser.add_argument("--weights", default="bf16,fp8,int4")
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--prefill-len", type=int, default=8192)
+    parser.add_argument("--no-prefill", action="store_true")
+    args = parser.parse_args()
+    prompt = torch.randint(10, 150000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    device = torch.cuda.get_device_name(0)
+    prefills: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = write_shape(Path(tmp) / args.shape, args.shape)
+        for weights in args.weights.split(","):
+            try:
+                tps, nbytes = decode(directory, weights, prompt, args.new_tokens)
+            except Exception as e:  # report, keep going with the other modes
+                emit(
+                    figure="batch1_decode",
+                    weights=weights,
+                    shape=args.shape,
+                    error=f"{type(e).__name__}: {e}"[:300],
+                )
+                continue
+            gbs = tps * nbytes / 1e9
+            emit(
+                figure="batch1_decode",
+                engine="trtedge",
+                weights=weights,
+                shape=args.shape,
+                device=device,
+                tokens_per_s=round(tps, 1),
+                weight_gb=round(nbytes / 1e9, 3),
+                achieved_gb_s=round(gbs, 1),
+                pct_of_peak=round(100 * gbs * 1e9 / PEAK_BYTES_PER_S, 1),
+                limit_tokens_per_s=round(PEAK_BYTES_PER_S / nbytes, 1),
+            )
+            if args.no_prefill:
+                continue
+            try:
+                prefills[weights] = prefill(directory, weights, args.prefill_len)
+            except Exception as e:
+                emit(
+                    figure="prefill",
+                    weights=weights,
+                    shape=args.shape,
+                    error=f"{type(e).__name__}: {e}"[:300],
+                )
+                continue
+            row = dict(figure="prefill", engine="trtedge", weights=weights, shape=args.shape)
+            row.update(prompt_tokens=args.prefill_len, tokens_per_s=round(prefills[weights], 1))
+            if "bf16" in prefills and weights != "bf16":
+                row["vs_bf16"] = round(prefills[weights] / prefills["bf16"], 2)
+            emit(**row)
+
+
+if __name__ == "__main__":
+    main()
