@@ -146,3 +146,29 @@ def test_an_incomplete_quantized_layer_is_refused(floats, tmp_path):
     save_file(tensors, str(path / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"'model.layers.1.mlp.up_proj' is incomplete: no scales"):
         list(resolve_checkpoint(str(path)).iter_tensors())
+
+
+@pytest.mark.parametrize(
+    ("config", "method", "stored"),
+    [
+        (
+            {"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "group_size": 16}},
+            "nvfp4",
+            "fp8",
+        ),
+        (
+            {"quant_method": "gptq", "bits": 4, "group_size": -1, "checkpoint_format": "gptq_v2"},
+            "gptq",
+            "int4",
+        ),
+        ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8", "fp8"),
+    ],
+)
+def test_schemes_are_read_from_the_quantization_config(config, method, stored):
+    from trtedge.runtime.artifacts.prequantized import detect
+
+    scheme = detect({"quantization_config": config})
+    assert scheme.method == method and scheme.stored_format == stored
+    assert detect({"model_type": "llama"}) is None
+    if method == "gptq":
+        assert scheme.zero_offset == 0 and scheme.group_size == -1

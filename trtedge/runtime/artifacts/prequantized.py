@@ -75,6 +75,7 @@ def detect(config: dict, directory: Path | None = None) -> Scheme | None:
     if method == "compressed-tensors":
         return _compressed_tensors(qc)
     if method == "modelopt":
+        qc = {**qc, **(qc.get("quantization") or {})}  # some exports nest hf_quant_config.json's record
         algo = str(qc.get("quant_algo", "")).upper()
         if algo == "FP8":
             return Scheme("fp8", "modelopt")
