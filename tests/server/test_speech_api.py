@@ -193,3 +193,141 @@ def test_a_model_without_a_talker_is_refused_naming_it(tmp_path_factory, checkpo
         assert error["param"] == "model" and "no speech output" in error["message"]
         assert run(app, lambda client, http: http.get("/v1/voices")).json()["data"] == []
         assert app.state.admission.num_active == 0
+
+
+# ---- chat completions with modalities ["text", "audio"] ---------------------------------------------
+MESSAGES = [{"role": "user", "content": "w5 w6 w7"}]
+CHAT = dict(max_tokens=6, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def chat_expected(llm):
+    """The engine's greedy answer to MESSAGES and the Talker's greedy PCM of it (3-frame chunks)."""
+    from trtedge import SamplingParams
+    from trtedge.runtime.speech.api import answer_ids
+    from trtedge.runtime.speech.encode import pcm16
+
+    ids = llm.encode_prompt(MESSAGES)
+    out = llm.generate(ids, SamplingParams(max_tokens=6, temperature=0))
+    spoken = answer_ids(ids, out.token_ids, set(llm.tokenizer_info().eos_token_ids))
+    pieces = llm.speech_stream(token_ids=spoken, voice="chelsie", codec_chunk_frames=3, **GREEDY)
+    return out.text, b"".join(pcm16(p) for p in pieces), out.finish_reason
+
+
+AUDIO = {"voice": "chelsie", "format": "pcm16"}
+EXTRA = {"codec_chunk_frames": 3, **GREEDY}
+
+
+def test_chat_answers_with_audio_and_its_transcript(app, llm, chat_expected):
+    text, pcm, _ = chat_expected
+
+    async def fn(client, http):
+        return await client.chat.completions.create(
+            model=llm.model_name,
+            messages=MESSAGES,
+            modalities=["text", "audio"],
+            audio=AUDIO,
+            extra_body=EXTRA,
+            **CHAT,
+        )
+
+    reply = run(app, fn)
+    message = reply.choices[0].message
+    assert message.content is None and message.audio.transcript == text
+    assert base64.b64decode(message.audio.data) == pcm and len(pcm) > 0
+    assert message.audio.id.startswith("audio_") and message.audio.expires_at > 0
+    assert app.state.admission.num_active == 0
+    stats = llm.stats()
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_streamed_chat_sends_transcript_then_audio_deltas(app, llm, chat_expected):
+    text, pcm, finish = chat_expected
+
+    async def fn(client, http):
+        stream = await client.chat.completions.create(
+            model=llm.model_name,
+            messages=MESSAGES,
+            modalities=["text", "audio"],
+            audio=AUDIO,
+            stream=True,
+            extra_body=EXTRA,
+            **CHAT,
+        )
+        return [chunk.model_dump() async for chunk in stream]
+
+    chunks = run(app, fn)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    audio = [d["audio"] for d in deltas if d.get("audio")]
+    transcript = "".join(a.get("transcript") or "" for a in audio)
+    data = b"".join(base64.b64decode(a["data"]) for a in audio if a.get("data"))
+    assert transcript == text and data == pcm
+    last_text = max(i for i, a in enumerate(audio) if a.get("transcript"))
+    assert not any(a.get("data") for a in audio[:last_text])  # the text first, then the audio
+    assert len([a for a in audio if a.get("data")]) >= 2
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == finish
+    assert app.state.admission.num_active == 0
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"modalities": ["text", "audio"]}, "audio"),
+        ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "audio.voice"),
+        ({"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "ogg"}}, "audio.format"),
+        (
+            {"modalities": ["text", "audio"], "audio": {"format": "wav", "repetition_penalty": 5}},
+            "audio.repetition_penalty",
+        ),
+        ({"modalities": ["text", "audio"], "audio": {"format": "wav"}, "talker_top_p": 0}, "talker_top_p"),
+        (
+            {"modalities": ["text", "audio"], "audio": {"format": "wav"}, "codec_chunk_frames": 0},
+            "codec_chunk_frames",
+        ),
+        (
+            {"modalities": ["text", "audio"], "audio": {"format": "wav"}, "max_audio_length": -1},
+            "max_audio_length",
+        ),
+        ({"modalities": ["text", "audio"], "audio": {"format": "wav"}, "n": 2}, "n"),
+        ({"modalities": ["video"]}, "modalities.0"),
+        ({"audio": {"format": "wav"}}, "modalities"),
+    ],
+)
+def test_chat_audio_refusals_name_the_field_and_hold_no_seat(app, llm, body, param):
+    reply = run(
+        app,
+        lambda client, http: http.post(
+            "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, **body}
+        ),
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+    assert app.state.admission.num_active == 0
+    stats = llm.stats()
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_chat_audio_is_refused_with_audio_input_and_without_a_talker(app, tmp_path_factory, checkpoint):
+    from tests.tiny_asr import encode_clip, tone
+
+    clip = base64.b64encode(encode_clip(tone(0.5), "wav")).decode()
+    part = {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}
+    body = {
+        "messages": [{"role": "user", "content": [part, {"type": "text", "text": "w5"}]}],
+        "modalities": ["text", "audio"],
+        "audio": {"format": "wav"},
+        "max_tokens": 2,
+    }
+    reply = run(app, lambda client, http: http.post("/v1/chat/completions", json=body))
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "modalities"
+    assert app.state.admission.num_active == 0
+    with _load(tmp_path_factory, checkpoint, components="llm") as text:
+        bare = build_app(text, ServeConfig())
+        reply = run(
+            bare, lambda client, http: http.post("/v1/chat/completions", json={**body, "messages": MESSAGES})
+        )
+        assert reply.status_code == 400
+        assert (
+            reply.json()["error"]["param"] == "modalities"
+            and "no speech output" in reply.json()["error"]["message"]
+        )

@@ -145,6 +145,21 @@ class _Sampling(_Model):
     guided_grammar: str | None = None
 
 
+class ChatAudio(_Model):
+    """``audio`` of a chat request with ``modalities: ["text", "audio"]``: the voice, the format, and the
+    Talker's sampling (its ``repetition_penalty`` here: the top-level one is the text's)."""
+
+    voice: str | None = None
+    format: Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"]
+    talker_temperature: float | None = None
+    talker_top_k: int | None = None
+    talker_top_p: float | None = None
+    repetition_penalty: float | None = None
+    max_audio_length: float | None = None
+    codec_chunk_frames: int | None = None
+    talker_prefill_threshold: int | None = None
+
+
 class ChatCompletionRequest(_Sampling):
     # Where each media part came from in the client's own request (set by the Anthropic and Responses
     # translations): (message, part) -> the param that errors about that part name.
@@ -163,6 +178,16 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     enable_thinking: bool | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # speech output (a model with a Talker): modalities ["text", "audio"] and the audio's voice and format;
+    # the reference's Talker fields may also come at the top level
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: ChatAudio | None = None
+    talker_temperature: float | None = None
+    talker_top_k: int | None = None
+    talker_top_p: float | None = None
+    max_audio_length: float | None = None
+    codec_chunk_frames: int | None = None
+    talker_prefill_threshold: int | None = None
 
 
 class CompletionRequest(_Sampling):

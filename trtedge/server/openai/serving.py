@@ -32,6 +32,7 @@ from trtedge.server.errors import (
 )
 from trtedge.server.generation import Choice, Generation
 from trtedge.server.metrics import ServerMetrics
+from trtedge.server.openai.chat_audio import audio_chunk, check_prompt, plan_audio, speak, whole
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 from trtedge.server.openai.structured import guide_from_request
 from trtedge.server.parsers.output import merge
@@ -107,8 +108,11 @@ class OpenAIServing:
         if req.top_logprobs and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
         _refuse_streamed_prompt_logprobs(req)
+        audio = plan_audio(self.llm, req)  # speech output: None for text only
         guide = await self._guide(req)
         plan = await prepare_chat(self, req, guide, salt=cache_salt(request, req.cache_salt))
+        if audio is not None:
+            check_prompt(plan)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         gen, watcher = await self._start(req, plan.choices, rid, request, arrival)
         if gen is None:
@@ -116,9 +120,17 @@ class OpenAIServing:
         created = int(time.time())
         if req.stream:
             return sse.SSEResponse(
-                self._chat_chunks(gen, req, plan, rid, created), on_close=_closer(gen, watcher)
+                self._chat_chunks(gen, req, plan, rid, created, audio), on_close=_closer(gen, watcher)
             )
-        outputs = await self._collect(gen, watcher)
+        # with audio the seat stays taken until the Talker has spoken
+        outputs = await self._collect(gen, watcher, keep_open=audio is not None)
+        try:
+            body = await self._chat_body(req, plan, outputs, rid, created, audio)
+        finally:
+            gen.close()
+        return JSONResponse(body)
+
+    async def _chat_body(self, req, plan, outputs, rid: str, created: int, audio) -> dict:
         choices = []
         for i, o in enumerate(outputs):
             reader = plan.reader()
@@ -150,7 +162,11 @@ class OpenAIServing:
                 choices[-1]["prompt_logprobs"] = self._vllm_prompt_logprobs(
                     ids, o.prompt_logprobs, req.prompt_logprobs
                 )
-        body = {
+            if audio is not None:  # OpenAI's shape: the text is the audio's transcript
+                data = await whole(self.llm, audio, list(plan.choices[0].prompt), o.token_ids)
+                message["audio"] = audio.audio_object(data, message["content"] or "")
+                message["content"] = None
+        return {
             "id": rid,
             "object": "chat.completion",
             "created": created,
@@ -160,9 +176,10 @@ class OpenAIServing:
                 outputs[0].prompt_tokens, sum(o.completion_tokens for o in outputs), outputs[0].cached_tokens
             ),
         }
-        return JSONResponse(body)
 
-    async def _chat_chunks(self, gen: Generation, req, plan, rid: str, created: int) -> AsyncIterator[bytes]:
+    async def _chat_chunks(
+        self, gen: Generation, req, plan, rid: str, created: int, audio=None
+    ) -> AsyncIterator[bytes]:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
         if include_usage:
@@ -178,12 +195,18 @@ class OpenAIServing:
             for i in range(gen.num_choices):
                 yield chunk(i, {"role": "assistant", "content": "", "refusal": None})
             prompt_tokens, cached, completion = 0, 0, [0] * gen.num_choices
+            spoken: list[int] = []  # with audio: the answer's ids, and its finish held for the end
+            held = None
             async for i, d in gen.deltas():
                 if gen.cancelled:
                     return  # the client hung up
                 deltas = [_chat_delta(e, ids[i]) for e in readers[i].feed(d)]
                 infos = self._visible_logprobs(d) if req.logprobs else []
                 finish = readers[i].finish_reason(d.finish_reason)
+                if audio is not None:
+                    spoken.extend(d.token_ids)
+                    deltas = [_as_transcript(delta, audio.id) for delta in deltas]
+                    held, finish = finish or held, None
                 if not deltas and (finish or infos):
                     deltas = [{}]
                 for k, delta in enumerate(deltas):
@@ -192,6 +215,12 @@ class OpenAIServing:
                 prompt_tokens, completion[i] = d.prompt_tokens, d.completion_tokens
                 if i == 0:
                     cached = d.cached_tokens
+            if audio is not None:
+                async for data in speak(self.llm, audio, list(plan.choices[0].prompt), spoken):
+                    if gen.cancelled:
+                        return
+                    yield audio_chunk(head, audio.audio_object(data, None))
+                yield audio_chunk(head, audio.audio_object(None, None), held)
             if include_usage:
                 usage = _usage(prompt_tokens, sum(completion), cached)
                 yield sse.event({**head, "choices": [], "usage": usage})
@@ -559,11 +588,13 @@ class OpenAIServing:
         return gen, watcher
 
     async def _collect(
-        self, gen: Generation, watcher: sse.DisconnectWatcher, with_eos: bool = False
+        self, gen: Generation, watcher: sse.DisconnectWatcher, with_eos: bool = False, keep_open: bool = False
     ) -> list[_Output]:
         """Every choice's output; ``with_eos`` keeps the logprob of an EOS that ended a choice (completions
-        report it, as vLLM does: one entry per completion token)."""
+        report it, as vLLM does: one entry per completion token); ``keep_open``: the caller closes ``gen``
+        (its seat stays taken meanwhile)."""
         outputs = [_Output() for _ in range(gen.num_choices)]
+        done = False
         try:
             async for i, d in gen.deltas():
                 o = outputs[i]
@@ -575,6 +606,7 @@ class OpenAIServing:
                 o.cached_tokens = d.cached_tokens
                 if d.prompt_logprobs is not None:
                     o.prompt_logprobs = d.prompt_logprobs
+            done = True
         except APIError:
             raise
         except Exception:
@@ -582,7 +614,8 @@ class OpenAIServing:
             raise internal_error() from None
         finally:
             watcher.stop()
-            gen.close()
+            if not (keep_open and done):  # a failed one is closed here all the same
+                gen.close()
         return outputs
 
     def _visible_logprobs(self, d) -> list[TokenLogprobs]:
@@ -612,6 +645,14 @@ def _chat_delta(event: tuple, ids: dict[int, str]) -> dict:
             "tool_calls": [{"index": event[1], "id": ids[event[1]], "type": "function", "function": function}]
         }
     return {"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]}
+
+
+def _as_transcript(delta: dict, audio_id: str) -> dict:
+    """A content delta as OpenAI streams the text of an audio answer."""
+    if "content" not in delta:
+        return delta
+    rest = {k: v for k, v in delta.items() if k != "content"}
+    return {**rest, "audio": {"id": audio_id, "transcript": delta["content"]}}
 
 
 def _refuse_streamed_prompt_logprobs(req: _Sampling) -> None:
