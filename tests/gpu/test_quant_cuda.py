@@ -78,6 +78,21 @@ def test_int4_products_match_the_reference_for_every_tiling(shape, rows):
             _close(tq.int4_product(x, q, bias.cuda().bfloat16(), plan, ws), ref)
 
 
+def test_fp8_activation_rows_match_the_reference():
+    from trtedge.runtime.ops import triton_quant as tq
+    from trtedge.runtime.ops.quant_linear import fp8_supported
+
+    if not fp8_supported(torch.device("cuda")):
+        pytest.skip("E4M3 needs compute capability 8.9")
+    x = torch.randn(37, 4096, device="cuda", dtype=torch.bfloat16) * 3
+    x[5] = 0
+    q, scale = tq.fp8_rows(x, 48)
+    ref_q, ref_scale = tq.fp8_rows_reference(x)
+    torch.testing.assert_close(scale[:37], ref_scale, rtol=1e-6, atol=0)
+    torch.testing.assert_close(q[:37].float(), ref_q.float(), rtol=0.07, atol=0)  # within one E4M3 step
+    assert q[37:].float().abs().max() == 0 and scale[37:].eq(1).all()
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "int8", "int4"])
 @pytest.mark.parametrize("rows", [1, 7, 40, 333])
 def test_layers_match_the_dequantized_product_eager_and_in_a_graph(fmt, rows):

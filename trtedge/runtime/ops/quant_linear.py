@@ -12,14 +12,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trtedge.runtime.artifacts.quantize import FP8_MAX, QuantizedTensor
+from trtedge.runtime.artifacts.quantize import QuantizedTensor
 from trtedge.runtime.ops import triton_quant
 from trtedge.runtime.ops.triton_attention import available
 from trtedge.runtime.ops.triton_gemv import _bucket, _graph_time
 
 MAX_ROWS = triton_quant.MAX_ROWS
-_DEFAULT_PLAN = (32, 128, 1)  # used when a capture reaches an untimed shape
-_plans: dict[tuple, tuple[int, int, int]] = {}
+_DEFAULT_PLAN = triton_quant.DEFAULT_PLAN
+_plans: dict[tuple, tuple[int, int, int, int]] = {}
 
 
 def usable(device: torch.device, dtype: torch.dtype) -> bool:
@@ -61,7 +61,7 @@ class _QuantLinear:
             out = self.prefill(rows)
         return out.view(*x.shape[:-1], self.out_features)
 
-    def plan(self, rows: torch.Tensor) -> tuple[int, int, int]:
+    def plan(self, rows: torch.Tensor) -> tuple[int, int, int, int]:
         key = (
             self.kind,
             self.out_features,
@@ -75,7 +75,7 @@ class _QuantLinear:
             _plans[key] = self._tune(rows.shape[0], rows.dtype)
         return _plans[key]
 
-    def _tune(self, rows: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    def _tune(self, rows: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
         x = torch.randn(rows, self.in_features, device=self.quantized.device, dtype=dtype)
         plans = triton_quant.candidates(self.table, self.out_features, self.in_features) or [_DEFAULT_PLAN]
         times = {plan: _graph_time(lambda plan=plan: self.decode(x, plan)) for plan in plans}
@@ -113,16 +113,10 @@ class Fp8Linear(_QuantLinear):
             self.scale_b = weight.scale.float().view(1, n).contiguous()
 
     def prefill(self, rows: torch.Tensor) -> torch.Tensor:
-        if not self.scaled_mm:
+        if not self.scaled_mm or rows.dtype != torch.bfloat16:  # row-wise scaling returns bf16 only
             return super().prefill(rows)
         m = rows.shape[0]
-        amax = rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12)
-        scale_a = amax / FP8_MAX
-        xq = (rows.float() / scale_a).to(torch.float8_e4m3fn)
-        pad = -m % 16
-        if pad:  # the FP8 product wants rows in multiples of 16
-            xq = F.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(torch.float8_e4m3fn)
-            scale_a = F.pad(scale_a, (0, 0, 0, pad), value=1.0)
+        xq, scale_a = triton_quant.fp8_rows(rows, -(-m // 16) * 16)  # rows in multiples of 16
         out = torch._scaled_mm(xq, self.weight_t, scale_a, self.scale_b, out_dtype=rows.dtype)[:m]
         return out if self.bias is None else out + self.bias
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trtedge.runtime.artifacts.quantize import GROUP, QuantizedTensor, unpack_int4
+from trtedge.runtime.artifacts.quantize import FP8_MAX, GROUP, QuantizedTensor, unpack_int4
 from trtedge.runtime.ops.triton_attention import triton
 
 MAX_ROWS = 16
@@ -178,6 +178,22 @@ if triton is not None:
         tl.store(out, ((packed & 0xF).to(tl.float32) * s_lo + m_lo).to(ty), mask=mask)
         tl.store(out + 32, ((packed >> 4).to(tl.float32) * s_hi + m_hi).to(ty), mask=mask)
 
+    @triton.jit
+    def _fp8_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK: tl.constexpr):
+        """One activation row to E4M3 with its own scale (largest magnitude -> 448): two passes."""
+        row = tl.program_id(0)
+        r = tl.arange(0, BLOCK)
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK):
+            x = tl.load(x_ptr + row * stride_x + k0 + r, mask=k0 + r < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0
+        tl.store(s_ptr + row, scale)
+        for k0 in range(0, K, BLOCK):
+            x = tl.load(x_ptr + row * stride_x + k0 + r, mask=k0 + r < K, other=0.0).to(tl.float32)
+            q = tl.clamp(x / scale, -448.0, 448.0).to(tl.float8e4nv)
+            tl.store(q_ptr + row * K + k0 + r, q.to(tl.uint8, bitcast=True), mask=k0 + r < K)
+
 
 # ---- the GPU int4 layout and the torch references ----------------------------------------------------
 def int4_gpu_layout(q: QuantizedTensor) -> QuantizedTensor:
@@ -221,7 +237,7 @@ class Workspace:
     when the layers are made, before any capture: a buffer a captured graph uses is never freed."""
 
     def __init__(self, n: int, k: int, table, device: torch.device):
-        splits = [s for _, _, s in candidates(table, n, k) if s > 1]
+        splits = [plan[2] for plan in candidates(table, n, k) if plan[2] > 1]
         need = max(splits, default=0) * MAX_ROWS * n
         pool = _partials.setdefault(device, [])
         if not pool or pool[-1].numel() < need:
@@ -234,7 +250,7 @@ def w8_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -
     """x [M <= 16, K] (bf16 / fp16) times fp8 / int8 ``q`` [N, K] -> [M, N] in x's dtype."""
     m, k = x.shape
     n = q.data.shape[0]
-    block_n, block_k, split = plan
+    block_n, block_k, split, warps = plan
     groups = q.scale.shape[1] if q.scale.dim() == 2 else 1
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     fp8 = q.format == "fp8"
@@ -242,7 +258,7 @@ def w8_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -
         x, q.data.view(torch.uint8) if fp8 else q.data, q.scale, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
         m, n, k, x.stride(0), q.data.stride(0), y.stride(0), groups, k // groups,
         HAS_BIAS=bias is not None, ROW_SCALE=groups == 1, FP8=fp8,
-        BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=4, num_stages=3,
+        BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=warps, num_stages=3,
     )  # fmt: skip
     return y
 
@@ -251,15 +267,31 @@ def int4_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace)
     """x [M <= 16, K] times GPU-layout int4 ``q`` [N, K] -> [M, N] in x's dtype."""
     m, k = x.shape
     n = q.data.shape[0]
-    block_n, block_k, split = plan
+    block_n, block_k, split, warps = plan
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _int4_kernel[(-(-n // block_n), split)](
         x, q.data, q.scale, q.min, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
         m, n, k, x.stride(0), y.stride(0),
         HAS_BIAS=bias is not None,
-        BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=4, num_stages=3,
+        BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=warps, num_stages=3,
     )  # fmt: skip
     return y
+
+
+def fp8_rows(x: torch.Tensor, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (E4M3 [rows, K], float32 scales [rows, 1]) with a scale per row (``x ~ q * s``);
+    ``rows`` >= M pads with zero rows of scale 1 (the FP8 product wants multiples of 16)."""
+    m, k = x.shape
+    rows = rows or m
+    q = torch.zeros(rows, k, dtype=torch.uint8, device=x.device)
+    scale = torch.ones(rows, 1, dtype=torch.float32, device=x.device)
+    _fp8_rows_kernel[(m,)](x, q, scale, k, x.stride(0), BLOCK=1024)
+    return q.view(torch.float8_e4m3fn), scale
+
+
+def fp8_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = (x.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12)) / FP8_MAX
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
 def int4_dequantize(q: QuantizedTensor, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -270,10 +302,20 @@ def int4_dequantize(q: QuantizedTensor, dtype: torch.dtype, out: torch.Tensor | 
     return out
 
 
-# (BLOCK_N, BLOCK_K, SPLIT_K) candidates; the fastest per shape and row bucket is kept (``plan``).
-W8_CANDIDATES = ((32, 128, 1), (64, 128, 1), (64, 256, 1), (32, 128, 4), (64, 128, 4), (32, 256, 8))
-INT4_CANDIDATES = ((32, 128, 1), (64, 128, 1), (64, 256, 1), (32, 256, 4), (64, 256, 4), (32, 256, 8))
+# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps) candidates; the fastest per shape and row bucket is kept
+# (``quant_linear``). An 8-bit weight moves BLOCK_K bytes a row per step, an int4 one BLOCK_K / 2.
+W8_CANDIDATES = (
+    (32, 128, 1, 4), (64, 128, 1, 4), (32, 256, 1, 4), (64, 256, 1, 4), (128, 256, 1, 8),
+    (32, 256, 4, 4), (64, 256, 4, 4), (32, 512, 2, 4), (32, 128, 8, 4),
+)  # fmt: skip
+INT4_CANDIDATES = (
+    (32, 128, 1, 4), (64, 256, 1, 4), (32, 512, 1, 4), (64, 512, 1, 8), (128, 256, 1, 8),
+    (32, 256, 4, 4), (64, 256, 4, 8), (32, 512, 4, 4), (32, 256, 8, 4),
+)  # fmt: skip
+DEFAULT_PLAN = (32, 128, 1, 4)  # a capture that reaches an untimed shape uses it
 
 
-def candidates(table, n: int, k: int) -> list[tuple[int, int, int]]:
-    return [(bn, bk, s) for bn, bk, s in table if k // s >= bk and (s == 1 or -(-n // bn) <= 512)]
+def candidates(table, n: int, k: int) -> list[tuple[int, int, int, int]]:
+    """The plans of ``table`` that fit a weight [n, k]: each split at least one BLOCK_K deep, and
+    split-K only where the columns alone make few programs."""
+    return [p for p in table if k // p[2] >= p[1] and (p[2] == 1 or -(-n // p[0]) <= 512)]
