@@ -56,3 +56,33 @@ def write_shape(directory: Path, name: str) -> Path:
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "w151645"}))
     return directory
+
+
+def write_agreeing_weights(directory: Path, name: str, scale: float = 0.1, keep: int = 2) -> Path:
+    """Real safetensors for shape ``name`` in ``directory`` (already holding its config): the dummy
+    weights ``load_format="dummy"`` draws (one seed, checkpoint order, on CUDA when present), with
+    the output projections (o_proj, down_proj) of every layer past the first ``keep`` scaled by
+    ``scale``. A ``keep``-layer dummy draft of the same width then holds exactly this target's
+    embeddings, first layers and head, and the later layers only nudge the residual stream: the draft
+    agrees with the target about as often as a trained draft does, while every step still reads the
+    whole shape's bytes."""
+    import torch
+    from safetensors.torch import save_file
+
+    from trtedge.runtime.artifacts.checkpoint import config_only_checkpoint
+    from trtedge.runtime.models import dummy_tensors
+
+    cfg = config_only_checkpoint(directory).model_config
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tensors = {}
+    for tensor_name, tensor in dummy_tensors(cfg, torch.bfloat16, device):
+        layer = tensor_name.split(".")[2] if tensor_name.startswith("model.layers.") else None
+        if (
+            layer is not None
+            and int(layer) >= keep
+            and tensor_name.endswith(("o_proj.weight", "down_proj.weight"))
+        ):
+            tensor = tensor * scale
+        tensors[tensor_name] = tensor.cpu().contiguous()
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory

@@ -3,13 +3,18 @@
     python benchmarks/speculative.py                 # CPU: SmolLM2-135M, ngram vs plain, copy-heavy task
     python benchmarks/speculative.py --mode device   # GPU: Qwen3-0.6B-shape target (random weights)
                                                      # with a tiny 2-layer draft, draft_model and ngram vs plain
+    python benchmarks/speculative.py --mode device --shape qwen3-8b
 
 The copy-heavy task asks the model to repeat a block of code with one rename, so most of the
 answer already sits in the prompt (what prompt lookup is for). Each configuration runs the prompt
 once to warm up, then --repeats times; the table shows decode tokens/s (the best run), the
-acceptance rate, tokens emitted per verification step and whether the output equals plain decoding.
-With random weights (device mode) the draft model is rarely right: that row measures the cost of
-drafting and verifying, not a trained draft's gain.
+acceptance rate, tokens emitted per verification step, the mean time of a verification step (the
+target's forward over the k + 1 nodes and the acceptance) and of a drafting step, each against
+one plain decode step (1 / plain tokens/s), and whether the output equals plain decoding.
+Device mode has two draft models: the target's own first 2 layers (dummy weights are drawn from one
+seed in checkpoint order, so a 2-layer draft of the same width holds exactly those layers and the
+target's head: a truncated target that often agrees with it) and a 256-wide 2-layer model that rarely
+agrees (its row measures the cost of drafting and verifying alone).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.shapes import qwen3_config, write_shape  # noqa: E402
+from benchmarks.shapes import qwen3_config, write_agreeing_weights, write_shape  # noqa: E402
 from trtedge import LLM, SamplingParams  # noqa: E402
 
 CODE = """def moving_average(values, window):
@@ -60,27 +65,44 @@ def run(llm: LLM, prompt, tokens: int, repeats: int) -> dict:
         if i:
             runs.append((metrics[0], out.token_ids))
     best, ids = max(runs, key=lambda r: r[0].decode_tokens_per_second)
+    steps = best.spec_steps or 1
     return {
         "tok_s": best.decode_tokens_per_second,
         "acceptance": best.spec_acceptance_rate,
         "per_step": best.spec_mean_accepted_length,
+        "verify_ms": 1000 * best.spec_verification_time / steps,
+        "propose_ms": 1000 * best.spec_proposal_time / steps,
         "ids": ids,
     }
 
 
 def table(title: str, rows: list[tuple[str, dict]]) -> None:
     base = rows[0][1]
+    step_ms = 1000 / base["tok_s"]
     print(title)
+    print(f"plain decode step: {step_ms:.3f} ms")
     print(
-        f"{'configuration':44} {'decode tok/s':>12} {'speedup':>8} {'accepted':>9} {'tok/step':>9} {'same':>5}"
+        f"{'configuration':44} {'decode tok/s':>12} {'speedup':>8} {'accepted':>9} {'tok/step':>9} "
+        f"{'verify ms':>10} {'/plain':>7} {'draft ms':>9} {'same':>5}"
     )
     for name, r in rows:
-        accepted = f"{r['acceptance']:.1%}" if r["per_step"] else "-"
-        per_step = f"{r['per_step']:.2f}" if r["per_step"] else "-"
+        spec = bool(r["per_step"])
+        accepted = f"{r['acceptance']:.1%}" if spec else "-"
+        per_step = f"{r['per_step']:.2f}" if spec else "-"
+        verify = f"{r['verify_ms']:.3f}" if spec else "-"
+        ratio = f"{r['verify_ms'] / step_ms:.2f}x" if spec else "-"
+        propose = f"{r['propose_ms']:.3f}" if spec else "-"
         same = "yes" if r["ids"] == base["ids"] else "NO"
         print(
-            f"{name:44} {r['tok_s']:12.1f} {r['tok_s'] / base['tok_s']:7.2f}x {accepted:>9} {per_step:>9} {same:>5}"
+            f"{name:44} {r['tok_s']:12.1f} {r['tok_s'] / base['tok_s']:7.2f}x {accepted:>9} {per_step:>9} "
+            f"{verify:>10} {ratio:>7} {propose:>9} {same:>5}"
         )
+        if not r["ids"] == base["ids"]:
+            first = next(
+                (i for i, (a, b) in enumerate(zip(r["ids"], base["ids"])) if a != b),
+                min(len(r["ids"]), len(base["ids"])),
+            )
+            print(f"{'':44} first differing token: {first} of {len(base['ids'])}")
 
 
 def cpu(args) -> None:
@@ -96,17 +118,27 @@ def cpu(args) -> None:
 
 def device(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        target = write_shape(Path(tmp) / "target", "qwen3-0.6b")
-        draft = Path(tmp) / "draft"
-        write_shape(draft, "qwen3-0.6b")
-        small = qwen3_config("qwen3-0.6b") | dict(
-            hidden_size=256,
-            intermediate_size=768,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-        (draft / "config.json").write_text(json.dumps(small))
+        target = write_shape(Path(tmp) / "target", args.shape)
+        # Dummy weights are drawn in checkpoint order from one seed: a draft of the target's width
+        # with 2 layers holds exactly the target's embeddings, first 2 layers and head (a truncated
+        # target, which agrees with it often); a 256-wide draft of its own rarely agrees.
+        drafts = {}
+        for name, change in (
+            ("first2", dict(num_hidden_layers=2)),
+            (
+                "tiny",
+                dict(
+                    hidden_size=256,
+                    intermediate_size=768,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                ),
+            ),
+        ):
+            drafts[name] = Path(tmp) / name
+            write_shape(drafts[name], args.shape)
+            (drafts[name] / "config.json").write_text(json.dumps(qwen3_config(args.shape) | change))
         prompt = [int(t) for t in (list(range(1000, 1064)) * 3)]  # a repetitive prompt: lookup finds drafts
         configs = [
             ("plain decode", None),
@@ -115,17 +147,60 @@ def device(args) -> None:
                 {"method": "ngram", "num_speculative_tokens": args.k[0]},
             ),
             (
+                f"draft_model (target's first 2 layers), {args.k[0]} tokens",
+                {
+                    "method": "draft_model",
+                    "model": str(drafts["first2"]),
+                    "num_speculative_tokens": args.k[0],
+                },
+            ),
+            (
                 f"draft_model (2-layer 256-wide), {args.k[0]} tokens",
-                {"method": "draft_model", "model": str(draft), "num_speculative_tokens": args.k[0]},
+                {"method": "draft_model", "model": str(drafts["tiny"]), "num_speculative_tokens": args.k[0]},
             ),
         ]
         rows = []
         for name, spec in configs:
             with LLM(
-                str(target), load_format="dummy", max_kv_cache_capacity=2048, speculative_config=spec
+                str(target),
+                load_format="dummy",
+                dtype=args.dtype,
+                max_kv_cache_capacity=2048,
+                speculative_config=spec,
             ) as llm:
                 rows.append((name, run(llm, prompt, args.tokens, args.repeats)))
-    table(f"Qwen3-0.6B shape (random weights), batch 1, {args.tokens} new tokens", rows)
+        table(f"{args.shape} shape (random weights, {args.dtype}), batch 1, {args.tokens} new tokens", rows)
+        if args.agreeing_scale:
+            # a target its own first 2 layers agree with (see write_agreeing_weights): draft_model's gain
+            agreeing = write_agreeing_weights(
+                write_shape(Path(tmp) / "agreeing", args.shape), args.shape, args.agreeing_scale
+            )
+            first2 = write_shape(Path(tmp) / "agreeing-draft", args.shape)
+            (first2 / "config.json").write_text(
+                json.dumps(qwen3_config(args.shape) | dict(num_hidden_layers=2))
+            )
+            write_agreeing_weights(first2, args.shape)  # the same draw: the target's first 2 layers
+            rows = []
+            for name, spec in (
+                ("plain decode", None),
+                (
+                    f"draft_model (its first 2 layers), {args.k[0]} tokens",
+                    {
+                        "method": "draft_model",
+                        "model": str(first2),
+                        "num_speculative_tokens": args.k[0],
+                    },
+                ),
+            ):
+                with LLM(
+                    str(agreeing), dtype=args.dtype, max_kv_cache_capacity=2048, speculative_config=spec
+                ) as llm:
+                    rows.append((name, run(llm, prompt, args.tokens, args.repeats)))
+            table(
+                f"{args.shape} shape, layers past the 2nd scaled by {args.agreeing_scale} "
+                f"({args.dtype}), batch 1, {args.tokens} new tokens",
+                rows,
+            )
 
 
 def main() -> None:
@@ -133,6 +208,17 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--mode", choices=("cpu", "device"), default="cpu")
+    parser.add_argument(
+        "--shape", default="qwen3-0.6b", help="device mode: the target's shape (benchmarks/shapes.py)"
+    )
+    parser.add_argument("--dtype", default="bfloat16", help="device mode: bfloat16 or float32")
+    parser.add_argument(
+        "--agreeing-scale",
+        type=float,
+        default=0.1,
+        help="device mode: also run draft_model on a target whose layers past the 2nd are scaled by this "
+        "(its first 2 layers, the draft, agree with it often); 0 skips it",
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--k", type=int, nargs="+", default=[4, 8], help="num_speculative_tokens to try")

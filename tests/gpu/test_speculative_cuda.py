@@ -48,3 +48,41 @@ def test_speculative_greedy_on_cuda_matches_plain(tmp_path):
         {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3, "draft_top_k": 3},
     ):
         assert _outputs(target, speculative_config=spec) == plain, spec
+
+
+def test_verify_and_draft_steps_replay_cuda_graphs(tmp_path):
+    """Chains verify through the target's decode graphs (one row per node) and the draft model drafts
+    through its own, its steps chained on the device; requests with different limits (max_tokens) end
+    their chains at different steps. Greedy output equals plain decoding in float32."""
+    target = make_tiny_checkpoint(tmp_path / "t", "qwen3")
+    draft = make_tiny_checkpoint(tmp_path / "d", "qwen3", seed=5)
+    prompts = repetitive_prompts(6, seed=3)
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (5, 9, 17, 24, 31, 40)]
+
+    def outputs(spec):
+        with LLM(
+            str(target),
+            device="cuda",
+            dtype="float32",
+            max_kv_cache_capacity=256,
+            max_input_len=128,
+            max_batch_size=8,
+            engine_process=False,  # the test reads the decoder's counters
+            speculative_config=spec,
+        ) as llm:
+            streams = [llm.generate_stream(p, sp) for p, sp in zip(prompts, params)]  # all in flight at once
+            outs = [[t for delta in s for t in delta.token_ids] for s in streams]
+            decoder = llm.engine.speculative
+            if decoder is not None:
+                assert decoder.graph_steps == decoder.verify_steps > 0
+                assert (
+                    getattr(decoder.proposer, "graphs", None) is not None or spec["method"] != "draft_model"
+                )
+            return outs
+
+    plain = outputs(None)
+    for spec in (
+        {"method": "ngram", "num_speculative_tokens": 4},
+        {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4},
+    ):
+        assert outputs(spec) == plain, spec

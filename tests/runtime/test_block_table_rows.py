@@ -56,3 +56,18 @@ def test_only_changed_entries_are_written():
     got = gathered(rows, [2, 1], [[7, 8], [5, 6]], 4)
     assert got[0, :2].tolist() == [7, 8] and got[1, :2].tolist() == [5, 6]
     assert (rows.rows[:, 4:] == -1).all() and (before[:, :2] != rows.rows[:, :2]).sum() == 1
+
+
+def test_draft_rows_share_a_seat_and_a_cut_back_table_writes_nothing():
+    rows = BlockTableRows(4, 8, SCRATCH, torch.device("cpu"))
+    # a verify step: three node rows of sequence 1, one of sequence 2 (one seat each)
+    seats = rows.seats([1, 1, 1, 2], [[5, 6, 7]] * 3 + [[9]], 6)
+    assert seats[:3].tolist() == [seats[0].item()] * 3 and seats[3] != seats[0]
+    got = rows.rows.index_select(0, seats)
+    assert all(got[i, :3].tolist() == [5, 6, 7] for i in range(3)) and got[3, 0] == 9
+    before = rows.rows.clone()
+    # rejected drafts: the table is cut back to a prefix, nothing is written
+    assert gathered(rows, [1], [[5, 6]], 1)[0, :2].tolist() == [5, 6]
+    assert torch.equal(rows.rows, before)
+    # it grows again into another block: that entry is written where the cut table ended
+    assert gathered(rows, [1], [[5, 6, 8]], 1)[0, :3].tolist() == [5, 6, 8]

@@ -45,6 +45,7 @@ from trtedge.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
 log = logging.getLogger("trtedge")
 
 MAX_CONSECUTIVE_FAILURES = 3
+SPEC_GRAPH_ROWS = 256  # most decode rows a speculative engine's CUDA graphs capture (verify: k + 1 a request)
 HYBRID_MAX_JUMP_TOKENS = 4  # jump-forward draft cap on hybrid models (see _hybrid_state)
 
 
@@ -158,6 +159,11 @@ class Engine:
         self.guides = GuidedDecoding(tokenizer, model.cfg.vocab_size)
         if self.blocks.state is not None:  # hybrid: a draft keeps a recurrent state per token (scratch rows)
             self.guides.max_jump_tokens = self.blocks.state.window - 1
+        spec = config.speculative
+        graph_rows = None
+        if spec is not None:  # a chain's verify step scores one decode row per node
+            per_seq = 1 + min(spec.num_speculative_tokens, spec.verify_tokens)
+            graph_rows = max(config.max_batch_size, min(config.max_batch_size * per_seq, SPEC_GRAPH_ROWS))
         self.runner = ModelRunner(
             model,
             num_blocks,
@@ -170,6 +176,7 @@ class Engine:
             state=self.blocks.state,
             mm_embedding_cache_bytes=config.mm_embedding_cache_bytes,
             num_partial_snapshots=self.num_partial_snapshots,
+            graph_rows=graph_rows,
         )
         self.profiler = Profiler(model.device)
         self.speculative = None

@@ -46,8 +46,12 @@ class BlockTableRows:
                 old: list[int] = []
             else:
                 old = self._written[sid]
-            if table != old:
-                k = len(old) if len(table) >= len(old) and table[: len(old)] == old else 0
+            if len(table) <= len(old) and old[: len(table)] == table:
+                # unchanged, or cut back to a prefix after rejected draft tokens: the row's entries past
+                # the table are never read before they are written again
+                self._written[sid] = table
+            else:
+                k = len(old) if table[: len(old)] == old else 0
                 rows += [seat] * (len(table) - k)
                 cols += range(k, len(table))
                 values += table[k:]

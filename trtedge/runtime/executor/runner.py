@@ -55,7 +55,10 @@ class ModelRunner:
         state: HybridStateCache | None = None,
         mm_embedding_cache_bytes: int = 0,
         num_partial_snapshots: int = 0,
+        graph_rows: int | None = None,
     ):
+        """``graph_rows``: the most decode rows a captured step takes (default ``max_batch_size``); a
+        speculative verify step scores one row per draft node."""
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
@@ -128,7 +131,12 @@ class ModelRunner:
             from trtedge.runtime.executor.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(
-                model, self.kv_caches, max_batch_size, max_blocks_per_seq, block_size, num_blocks
+                model,
+                self.kv_caches,
+                graph_rows or max_batch_size,
+                max_blocks_per_seq,
+                block_size,
+                num_blocks,
             )
 
     @torch.inference_mode()
@@ -339,6 +347,14 @@ class ModelRunner:
         if keep:
             self._step_parts.append((sampled, result))
         return sampled, result, prompt_scores
+
+    def graph_logits(self, ids, positions, slots, tables, context_lens, seq_ids) -> torch.Tensor | None:
+        """Logits of decode rows (one token each, several rows per sequence allowed: a speculative chain
+        scores one row per node) through the decode CUDA graphs; None when the graphs cannot take them.
+        The logits are the graph's output buffer: read them before the next step."""
+        if self.graphs is None or self.model.aux_layers or not self.graphs.fits(len(ids)):
+            return None
+        return self.graphs.run(ids, positions, slots, tables, context_lens, None, seq_ids)
 
     def end_step(self) -> None:
         """All parts of a step are enqueued: their samples become the next step's device-side inputs."""

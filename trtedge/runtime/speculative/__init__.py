@@ -54,7 +54,17 @@ def build_decoder(
     elif config.method == "draft_model":
         from trtedge.runtime.speculative.draft_model import DraftModelProposer
 
-        proposer = DraftModelProposer(draft, runner.model, blocks.num_blocks, blocks.block_size)
+        graphs = runner.graphs  # the target captures decode graphs: the draft gets its own
+        if not getattr(draft, "graph_safe", True):
+            graphs = None
+        proposer = DraftModelProposer(
+            draft,
+            runner.model,
+            blocks.num_blocks,
+            blocks.block_size,
+            graph_rows=graphs.sizes[-1] if graphs is not None else 0,
+            max_blocks=-(-max_kv_cache_capacity // blocks.block_size),
+        )
     else:
         from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
 

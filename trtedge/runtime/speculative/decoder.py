@@ -14,7 +14,7 @@ from trtedge.runtime.core.scheduler import ScheduledBatch
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.speculative.config import SpeculativeConfig
 from trtedge.runtime.speculative.tree import Draft, span_mask
-from trtedge.runtime.speculative.verifier import Verdict, verify
+from trtedge.runtime.speculative.verifier import Verdict, accept_greedy, verify
 
 
 @dataclass
@@ -79,6 +79,8 @@ class SpeculativeDecoder:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_kv_cache_capacity = max_kv_cache_capacity
         self.stats = SpecStats()
+        self.verify_steps = 0  # target forwards that scored drafts
+        self.graph_steps = 0  # those that replayed a decode CUDA graph
 
     def _limit(self, seq: Sequence) -> int:
         left = min(
@@ -115,13 +117,21 @@ class SpeculativeDecoder:
         if not kept:
             return [], batch
         logits, aux = self._score(kept)
+        self.verify_steps += 1
+        # one read-back for every plain greedy row's target tokens
+        plain = [seq.params.greedy and seq.matcher is None and not seq.params.logit_bias for seq, _ in kept]
+        argmax = logits.argmax(dim=-1).tolist() if any(plain) else None
         results = []
         offset = 0
-        for seq, draft in kept:
-            rows_logits = logits[offset : offset + len(draft) + 1]
-            if seq.matcher is not None:
-                rows_logits = _with_guide(rows_logits, seq, draft)
-            verdict = verify(_with_bias(rows_logits, seq), seq, draft)
+        for (seq, draft), simple in zip(kept, plain):
+            count = len(draft) + 1
+            if simple:
+                verdict = accept_greedy(argmax[offset : offset + count], draft)
+            else:
+                rows_logits = logits[offset : offset + count]
+                if seq.matcher is not None:
+                    rows_logits = _with_guide(rows_logits, seq, draft)
+                verdict = verify(_with_bias(rows_logits, seq), seq, draft)
             seq_aux = None
             if aux is not None:
                 keep = torch.tensor([offset] + [offset + n for n in verdict.path], device=aux.device)
@@ -157,8 +167,10 @@ class SpeculativeDecoder:
         model, bs, device = runner.model, runner.block_size, runner.model.device
         ids, positions, slots, query_lens, context_lens, tables, masks = [], [], [], [], [], [], []
         # Chains run as one decode row per node (row i sees the context up to itself): the fused
-        # decode kernels (native CPU, Triton) apply; a tree needs its ancestor mask.
+        # decode kernels (native CPU, Triton) and the decode CUDA graphs apply; a tree needs its
+        # ancestor mask.
         rows_per_node = all(draft.is_chain for _, draft in kept)
+        row_tables, row_seqs = [], []  # per node row: the sequence's whole table, for the graphs
         for seq, draft in kept:
             start = seq.num_computed_tokens
             count = len(draft) + 1
@@ -167,6 +179,9 @@ class SpeculativeDecoder:
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + count))
             if rows_per_node:
+                whole = table[: -(-(start + count) // bs)]
+                row_tables += [whole] * count
+                row_seqs += [seq.seq_id] * count
                 for end in range(start + 1, start + count + 1):
                     query_lens.append(1)
                     context_lens.append(end)
@@ -176,6 +191,11 @@ class SpeculativeDecoder:
             context_lens.append(start + count)
             tables.append(table[: -(-(start + count) // bs)])
             masks.append(None if draft.is_chain else span_mask(start, draft.ancestor_mask(device)))
+        if rows_per_node and runner.states is None:
+            logits = runner.graph_logits(ids, positions, slots, row_tables, context_lens, row_seqs)
+            if logits is not None:
+                self.graph_steps += 1
+                return logits, None
         attn = runner._attention_batch(slots, query_lens, context_lens, tables, decode=rows_per_node)
         if any(m is not None for m in masks):
             # the Triton varlen kernel is causal only: token trees take the torch reference path

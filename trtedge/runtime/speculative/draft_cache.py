@@ -42,11 +42,15 @@ class DraftCache:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        scratch: bool = False,
     ):
+        """``scratch``: one more block, never handed out, for the writes of CUDA-graph padding rows
+        (``scratch_block``)."""
         self.blocks = BlockManager(num_blocks, block_size)
         self.block_size = block_size
         self.device = device
-        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        self.scratch_block = num_blocks
+        shape = (num_layers, 2, num_blocks + int(scratch), block_size, num_kv_heads, head_dim)
         self.kv = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(num_layers)]
         self.states: dict[int, DraftState] = {}

@@ -1,5 +1,7 @@
 """Draft-model proposer: a smaller checkpoint with the target's tokenizer drafts a chain greedily in
-its own paged KV cache; after verification only the rows of accepted tokens stay valid."""
+its own paged KV cache; after verification only the rows of accepted tokens stay valid. On CUDA the
+draft steps replay the draft's own decode CUDA graphs (its catch-up tokens as one decode row each),
+each step's tokens feed the next on the device, and the host reads the whole chain once."""
 
 from __future__ import annotations
 
@@ -12,7 +14,11 @@ from trtedge.runtime.speculative.tree import Draft
 
 
 class DraftModelProposer:
-    def __init__(self, draft, target, num_blocks: int, block_size: int):
+    def __init__(
+        self, draft, target, num_blocks: int, block_size: int, graph_rows: int = 0, max_blocks: int = 0
+    ):
+        """``graph_rows``: capture the draft's decode CUDA graphs up to that many rows (0: eager; CUDA
+        only); ``max_blocks``: blocks a sequence's table may reach."""
         if draft is None:
             raise ValueError(
                 "--speculative-config method draft_model needs model (no draft model was loaded)"
@@ -29,7 +35,16 @@ class DraftModelProposer:
             block_size,
             getattr(draft, "act_dtype", draft.dtype),
             draft.device,
+            scratch=graph_rows > 0,
         )
+        self.graphs = None
+        if graph_rows > 0:
+            from trtedge.runtime.executor.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(
+                draft, self.cache.kv_caches, graph_rows, max_blocks, block_size, self.cache.scratch_block
+            )
+            self._rows = torch.arange(self.graphs.sizes[-1], dtype=torch.long, device=draft.device)
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft | None]:
@@ -45,6 +60,8 @@ class DraftModelProposer:
             rows.append(Row(st, seq.token_ids[start:], list(range(start, seq.num_tokens)), start))
             active.append(i)
             drafts[i] = []
+        if rows and self.graphs is not None and self.graphs.fits(sum(len(r.ids) for r in rows)):
+            return self._propose_graphs(seqs, limits, rows, active, drafts)
         while rows:
             ids, positions, attn = self.cache.attention_batch(rows)
             hidden = self.model.forward(ids, positions, self.cache.kv_caches, attn)
@@ -61,6 +78,63 @@ class DraftModelProposer:
                     next_rows.append(Row(row.state, [token], [position], position))
                     next_active.append(i)
             rows, active = next_rows, next_active
+        return [Draft.chain(d) if d else None for d in drafts]
+
+    def _propose_graphs(self, seqs, limits, rows: list[Row], active: list[int], drafts) -> list[Draft | None]:
+        """The chain through the decode graphs: step 0 runs every row's catch-up tokens (one decode row
+        each), step j the token step j - 1 drafted, for the rows whose limit reaches that far."""
+        bs, graphs = self.cache.block_size, self.graphs
+        ids, positions, slots, tables, context_lens, seq_ids, last = [], [], [], [], [], [], []
+        whole = {}  # row -> its block table (reserved up to the chain's end), one list for all its rows
+        for r, (row, i) in enumerate(zip(rows, active)):
+            table = whole[r] = list(row.state.block_table)
+            for j, token in enumerate(row.ids):
+                store = row.storage_start + j
+                ids.append(token)
+                positions.append(row.positions[j])
+                slots.append(table[store // bs] * bs + store % bs)
+                tables.append(table)
+                context_lens.append(store + 1)
+                seq_ids.append(seqs[i].seq_id)
+            last.append(len(ids) - 1)
+            row.state.num_computed_tokens = row.storage_start + len(row.ids)
+        logits = graphs.run(ids, positions, slots, tables, context_lens, None, seq_ids)
+        picked = torch.tensor(last, dtype=torch.long, device=logits.device)
+        chosen = [list(range(len(rows)))]  # per step: the rows (indices into ``rows``) it drafted for
+        tokens = [logits.index_select(0, picked).argmax(dim=-1)]
+        for step in range(1, max(limits[i] for i in active)):
+            sel = [r for r in chosen[-1] if limits[active[r]] > step]
+            if not sel:
+                break
+            prev = tokens[-1]
+            if len(sel) != len(chosen[-1]):
+                where = {r: n for n, r in enumerate(chosen[-1])}
+                prev = prev.index_select(0, torch.tensor([where[r] for r in sel], device=prev.device))
+            positions, slots, tables, context_lens, seq_ids = [], [], [], [], []
+            for r in sel:
+                st, table = rows[r].state, whole[r]
+                store = st.num_computed_tokens
+                positions.append(store)
+                slots.append(table[store // bs] * bs + store % bs)
+                tables.append(table)
+                context_lens.append(store + 1)
+                seq_ids.append(seqs[active[r]].seq_id)
+                st.num_computed_tokens = store + 1
+            fill = (self._rows[: len(sel)], prev)
+            logits = graphs.run([0] * len(sel), positions, slots, tables, context_lens, fill, seq_ids)
+            chosen.append(sel)
+            tokens.append(logits.argmax(dim=-1))
+        values = torch.cat(tokens).tolist()  # the host's one read of the chain
+        offset, ended = 0, set()
+        for sel in chosen:
+            for n, r in enumerate(sel):
+                i = active[r]
+                token = values[offset + n]
+                if token >= self.target_vocab:  # the target cannot score it: the chain ends before it
+                    ended.add(i)
+                elif i not in ended:
+                    drafts[i].append(token)
+            offset += len(sel)
         return [Draft.chain(d) if d else None for d in drafts]
 
     def verified(self, seq: Sequence, draft: Draft, path: list[int], aux) -> None:
