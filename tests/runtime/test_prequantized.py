@@ -172,3 +172,11 @@ def test_schemes_are_read_from_the_quantization_config(config, method, stored):
     assert detect({"model_type": "llama"}) is None
     if method == "gptq":
         assert scheme.zero_offset == 0 and scheme.group_size == -1
+
+
+def test_tensor_parallel_refuses_a_prequantized_checkpoint(floats, tmp_path):
+    from trtedge.config import ConfigError
+
+    path, _ = write_prequantized(floats["llama"], tmp_path / "q", "gptq")
+    with pytest.raises(ConfigError, match=r"--tensor-parallel-size\) > 1 splits float weights only"):
+        LLM(str(path), cache_dir=str(tmp_path / "cache"), tensor_parallel_size=2, device="cpu")

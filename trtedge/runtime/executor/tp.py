@@ -214,7 +214,7 @@ def start_tensor_parallel(
     (``init_method`` given, RANK set) a rank other than 0 serves steps here and exits when rank 0 closes."""
     cfg = checkpoint.model_config
     check_tensor_parallel(cfg, size)
-    if weights not in ("auto", "float") or getattr(checkpoint, "quantization", None):
+    if weights not in ("auto", "float") or getattr(checkpoint, "quantization", None) or checkpoint.scheme:
         raise ValueError(
             "tensor_parallel_size (--tensor-parallel-size) > 1 splits float weights only: use --weights "
             "float and a float checkpoint (quantized weights are not split across ranks yet)"
