@@ -398,6 +398,7 @@ def test_health_reports_capabilities_and_engine(llm):
         "structured_output": True,
         "vision": False,
         "audio": False,
+        "speech_output": False,
     }
     assert "scheduling" not in body
     assert body["engine"]["kv_blocks_free"] == body["engine"]["kv_blocks_total"] == 64

@@ -151,6 +151,11 @@ def test_encoded_formats_decode_to_about_the_same_length(app, llm, expected, fmt
         assert got.shape == want.shape and np.abs(got - want).max() <= 1
 
 
+def test_health_says_speech_output(app):
+    reply = run(app, lambda client, http: http.get("/health"))
+    assert reply.json()["capabilities"]["speech_output"] is True
+
+
 def test_voices_lists_the_speakers(app):
     reply = run(app, lambda client, http: http.get("/v1/voices"))
     assert reply.status_code == 200
