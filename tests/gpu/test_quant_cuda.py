@@ -24,6 +24,12 @@ def _weight(n, k, seed):
     return torch.randn(n, k, generator=g) * 0.05, torch.randn(n, generator=g)
 
 
+def _plans(table, n, k, rows):
+    from trtedge.runtime.ops import triton_quant as tq
+
+    return [p for p in tq.candidates(table, n, k) if p[2] == 1 or rows <= tq.MAX_ROWS]
+
+
 def _close(out, ref):
     err = (out.float() - ref).abs().max().item()
     assert err <= 1e-2 * ref.abs().max().item() + 1e-3, err
@@ -37,7 +43,7 @@ def _w8_weights(w):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("rows", [1, 3, 16, 40])
 def test_w8_products_match_the_reference_for_every_tiling(shape, rows):
     from trtedge.runtime.ops import triton_quant as tq
     from trtedge.runtime.ops.quant_linear import fp8_supported
@@ -52,14 +58,14 @@ def test_w8_products_match_the_reference_for_every_tiling(shape, rows):
         if q.format == "int8":
             q = QuantizedTensor("int8", q.data, q.scale.reshape(-1, 1).contiguous())
         ref = tq.w8_reference(x, q, bias.cuda())
-        for plan in tq.candidates(tq.W8_CANDIDATES, n, k):
+        for plan in _plans(tq.W8_CANDIDATES, n, k, rows):
             ws = tq.Workspace(n, k, tq.W8_CANDIDATES, x.device)
             for _ in range(2):  # the split-K counters reset themselves
                 _close(tq.w8_product(x, q, bias.cuda().bfloat16(), plan, ws), ref)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("rows", [1, 3, 16, 40])
 def test_int4_products_match_the_reference_for_every_tiling(shape, rows):
     from trtedge.runtime.ops import triton_quant as tq
 
@@ -72,7 +78,7 @@ def test_int4_products_match_the_reference_for_every_tiling(shape, rows):
     )
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     ref = tq.int4_reference(x, q, bias.cuda())
-    for plan in tq.candidates(tq.INT4_CANDIDATES, n, k):
+    for plan in _plans(tq.INT4_CANDIDATES, n, k, rows):
         ws = tq.Workspace(n, k, tq.INT4_CANDIDATES, x.device)
         for _ in range(2):
             _close(tq.int4_product(x, q, bias.cuda().bfloat16(), plan, ws), ref)
@@ -107,8 +113,8 @@ def test_layers_match_the_dequantized_product_eager_and_in_a_graph(fmt, rows):
     x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
     ref = torch.nn.functional.linear(x.float(), layer.dequantized(torch.float32), bias.cuda())
     eager = layer(x)
-    # fp8 prefill scales the activations to E4M3 too (Hopper's FP8 product): a few percent
-    tol = 4e-2 if fmt == "fp8" and rows > 16 else 1e-2
+    # fp8 prefill (over 64 rows) scales the activations to E4M3 too (Hopper's FP8 product): a few percent
+    tol = 4e-2 if fmt == "fp8" and rows > 64 else 1e-2
     assert (eager.float() - ref).abs().max().item() <= tol * ref.abs().max().item()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -1,7 +1,7 @@
 """Linear layers with quantized weights on CUDA: fp8 (E4M3), int8 and group-32 int4.
 
-Decode-sized inputs (at most 16 rows) run the Triton products of ``triton_quant``, which read the
-packed weight once per step; each weight times a few tilings once per row bucket (outside any CUDA
+Decode-sized inputs (up to 64 rows: a decode batch) run the Triton products of ``triton_quant``,
+which read the packed weight once per step; each weight times a few tilings once per row bucket (outside any CUDA
 graph capture) and keeps the fastest. Larger inputs (prefill): fp8 with one scale per row runs
 Hopper's FP8 matrix product (``torch._scaled_mm``, activations scaled per row to E4M3); other fp8,
 int8 and int4 weights are dequantized into a bf16 / fp16 copy for the dense product.
@@ -55,7 +55,7 @@ class _QuantLinear:
         rows = x.reshape(-1, x.shape[-1])
         if rows.stride(-1) != 1 or rows.stride(0) != rows.shape[1]:
             rows = rows.contiguous()
-        if rows.shape[0] <= MAX_ROWS:
+        if rows.shape[0] <= triton_quant.BATCH_ROWS:
             out = self.decode(rows, self.plan(rows))
         else:
             out = self.prefill(rows)
@@ -67,7 +67,8 @@ class _QuantLinear:
             self.out_features,
             self.in_features,
             self.quantized.scale.shape,
-            _bucket(rows.shape[0]),
+            _bucket(rows.shape[0]) if rows.shape[0] <= MAX_ROWS else triton_quant.BATCH_ROWS,
+            rows.dtype,
         )
         if key not in _plans:
             if torch.cuda.is_current_stream_capturing():  # no timing inside a capture
@@ -77,7 +78,8 @@ class _QuantLinear:
 
     def _tune(self, rows: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
         x = torch.randn(rows, self.in_features, device=self.quantized.device, dtype=dtype)
-        plans = triton_quant.candidates(self.table, self.out_features, self.in_features) or [_DEFAULT_PLAN]
+        plans = triton_quant.candidates(self.table, self.out_features, self.in_features)
+        plans = [p for p in plans if p[2] == 1 or rows <= MAX_ROWS] or [_DEFAULT_PLAN]
         times = {plan: _graph_time(lambda plan=plan: self.decode(x, plan)) for plan in plans}
         return min(times, key=times.get)
 

@@ -1,4 +1,4 @@
-"""Triton products for quantized weights at decode (at most 16 rows): 8-bit (fp8 E4M3 or int8, with
+"""Triton products for quantized weights at decode (up to 64 rows, in tiles of 16): 8-bit (fp8 E4M3 or int8, with
 float32 scales) and group-32 int4, each a torch reference beside it (the oracle of the GPU tests).
 
 Both follow ``triton_gemv``: each program streams one ``BLOCK_N x K / SPLIT_K`` slab of the packed
@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from trtedge.runtime.artifacts.quantize import FP8_MAX, GROUP, QuantizedTensor, unpack_int4
 from trtedge.runtime.ops.triton_attention import triton
 
-MAX_ROWS = 16
+MAX_ROWS = 16  # rows of one program; up to BATCH_ROWS rows run as row tiles (no split-K)
+BATCH_ROWS = 64
 SPAN = 2 * GROUP  # inputs per span of the GPU int4 layout
 
 if triton is not None:
@@ -66,9 +67,9 @@ if triton is not None:
         """8-bit weights [N, K] with scales [N, GROUPS] (GROUP_K inputs each). ROW_SCALE (one scale
         per row): the scale multiplies the sums; else each weight before the product. FP8: the bytes
         (passed as uint8) are E4M3 values; else int8."""
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        rm = tl.arange(0, BLOCK_M)
+        pid_n = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         span = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
@@ -114,9 +115,9 @@ if triton is not None:
         """int4 weights in the GPU layout ([N, K / 2] bytes, scale / min [N, K / 32] float16)."""
         HALF: tl.constexpr = BLOCK_K // 2
         SPANS: tl.constexpr = BLOCK_K // 64
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        rm = tl.arange(0, BLOCK_M)
+        pid_n = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rb = tl.arange(0, HALF)  # byte of the tile
         rs = tl.arange(0, SPANS)  # span of the tile
@@ -247,14 +248,16 @@ class Workspace:
 
 
 def w8_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -> torch.Tensor:
-    """x [M <= 16, K] (bf16 / fp16) times fp8 / int8 ``q`` [N, K] -> [M, N] in x's dtype."""
+    """x [M, K] (bf16 / fp16) times fp8 / int8 ``q`` [N, K] -> [M, N] in x's dtype. The row tiles of
+    a column tile are neighbours in the grid, so they read its weight slab from L2 after the first."""
     m, k = x.shape
     n = q.data.shape[0]
     block_n, block_k, split, warps = plan
     groups = q.scale.shape[1] if q.scale.dim() == 2 else 1
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     fp8 = q.format == "fp8"
-    _w8_kernel[(-(-n // block_n), split)](
+    assert split == 1 or m <= MAX_ROWS, "split-K partials hold one row tile"
+    _w8_kernel[(-(-m // MAX_ROWS), -(-n // block_n), split)](
         x, q.data.view(torch.uint8) if fp8 else q.data, q.scale, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
         m, n, k, x.stride(0), q.data.stride(0), y.stride(0), groups, k // groups,
         HAS_BIAS=bias is not None, ROW_SCALE=groups == 1, FP8=fp8,
@@ -264,12 +267,13 @@ def w8_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -
 
 
 def int4_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -> torch.Tensor:
-    """x [M <= 16, K] times GPU-layout int4 ``q`` [N, K] -> [M, N] in x's dtype."""
+    """x [M, K] times GPU-layout int4 ``q`` [N, K] -> [M, N] in x's dtype (row tiles as ``w8_product``)."""
     m, k = x.shape
     n = q.data.shape[0]
     block_n, block_k, split, warps = plan
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    _int4_kernel[(-(-n // block_n), split)](
+    assert split == 1 or m <= MAX_ROWS, "split-K partials hold one row tile"
+    _int4_kernel[(-(-m // MAX_ROWS), -(-n // block_n), split)](
         x, q.data, q.scale, q.min, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
         m, n, k, x.stride(0), y.stride(0),
         HAS_BIAS=bias is not None,
