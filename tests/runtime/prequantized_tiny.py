@@ -137,12 +137,28 @@ def gptq(w, group=32, act_order=False):
     return parts, ref
 
 
+def w4a16(w, group=32):
+    """compressed-tensors pack-quantized, symmetric: signed codes stored as q + 8, packed along K."""
+    n, k = w.shape
+    g = w.reshape(n, k // group, group)
+    scale = (g.abs().amax(dim=-1) / 7.5).to(torch.bfloat16)
+    q = torch.round(g / scale.float()[..., None]).clamp(-8, 7).long()
+    ref = (q.float() * scale.float()[..., None]).reshape(n, k)
+    parts = {
+        "weight_packed": _pack_nibbles(q.reshape(n, k) + 8),
+        "weight_scale": scale,
+        "weight_shape": torch.tensor([n, k]),
+    }
+    return parts, ref
+
+
 FORMATS = {
     "compressed-tensors-fp8-channel": (fp8_channel, "channel"),
     "compressed-tensors-fp8-block": (fp8_block, "block"),
     "modelopt-fp8": (fp8_tensor, None),
     "fp8-block": (fp8_block_inv, None),
     "modelopt-nvfp4": (nvfp4, None),
+    "compressed-tensors-w4a16": (w4a16, "group"),
     "awq": (awq, None),
     "gptq": (gptq, None),
     "gptq-act-order": (lambda w: gptq(w, act_order=True), None),
@@ -150,6 +166,10 @@ FORMATS = {
 
 
 def _config(fmt: str) -> dict | None:
+    if fmt == "compressed-tensors-w4a16":
+        weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": True}
+        groups = {"group_0": {"targets": ["Linear"], "weights": weights}}
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": groups}
     if fmt.startswith("compressed-tensors"):
         strategy = FORMATS[fmt][1]
         weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True}

@@ -515,7 +515,10 @@ def test_unknown_architecture(tmp_path):
     writer = gguf.GGUFWriter(str(path), "phi3")
     writer.add_tensor("token_embd.weight", np.ones((4, 4), dtype=np.float32))
     _finish(writer)
-    with pytest.raises(GGUFError, match=r"phi3.*supported: gemma3, gemma3n, gemma4, llama, mistral, nemotron_h, nemotron_h_moe, qwen2, qwen3") as info:
+    with pytest.raises(
+        GGUFError,
+        match=r"phi3.*supported: gemma3, gemma3n, gemma4, llama, mistral, nemotron_h, nemotron_h_moe, qwen2, qwen3",
+    ) as info:
         read_gguf(path)
     assert str(path) in str(info.value)
     with pytest.raises(GGUFError, match="phi3"):

@@ -20,7 +20,7 @@ from trtedge.runtime.models import load_model
 from trtedge.runtime.ops import cpu_kernels
 
 FAMILY = {"awq": "qwen3", "modelopt-nvfp4": "qwen3"}  # the others: llama
-STORED = {"awq": "int4", "gptq": "int4", "gptq-act-order": "int4"}  # the others: fp8
+STORED = {"awq": "int4", "gptq": "int4", "gptq-act-order": "int4", "compressed-tensors-w4a16": "int4"}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,8 @@ def test_layers_read_back_as_the_float_weights_they_stand_for(prequantized):
     checkpoint = resolve_checkpoint(str(path))
     assert checkpoint.scheme is not None
     tensors = dict(checkpoint.iter_tensors())
-    assert not any(n.endswith(("input_scale", "qweight", "weight_scale", "g_idx")) for n in tensors)
+    leftovers = ("input_scale", "qweight", "weight_scale", "g_idx", "weight_packed", "weight_shape")
+    assert not any(n.endswith(leftovers) for n in tensors)
     for name, ref in reference.items():
         q = tensors[name]
         assert isinstance(q, QuantizedTensor) and q.format == STORED.get(fmt, "fp8"), name
@@ -58,7 +59,9 @@ def test_layers_read_back_as_the_float_weights_they_stand_for(prequantized):
 
 
 @pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler for the native CPU kernels")
-@pytest.mark.parametrize("fmt", ["compressed-tensors-fp8-channel", "awq", "gptq", "modelopt-nvfp4"])
+@pytest.mark.parametrize(
+    "fmt", ["compressed-tensors-fp8-channel", "compressed-tensors-w4a16", "awq", "gptq", "modelopt-nvfp4"]
+)
 def test_served_on_the_cpu_with_the_float_models_greedy_tokens(fmt, floats, tmp_path):
     src = floats[FAMILY.get(fmt, "llama")]
     path, reference = write_prequantized(src, tmp_path / "q", fmt)
@@ -112,10 +115,18 @@ def test_the_cache_key_changes_with_the_quantization_config(floats, tmp_path):
         (
             {
                 "quant_method": "compressed-tensors",
-                "format": "pack-quantized",
+                "format": "marlin-24",
                 "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}},
             },
-            "compressed-tensors format 'pack-quantized' with weights int4",
+            "compressed-tensors format 'marlin-24' with weights int4",
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "pack-quantized",
+                "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "symmetric": False}}},
+            },
+            "pack-quantized with asymmetric int4 weights",
         ),
     ],
 )

@@ -5,6 +5,7 @@ A scheme is read from config.json's ``quantization_config`` (or ModelOpt's hf_qu
 - FP8: compressed-tensors ``float-quantized`` (per-tensor, per-channel or block scales: ``weight`` +
   ``weight_scale``), ModelOpt ``FP8`` (per-tensor ``weight_scale``), transformers' ``fp8`` with
   ``weight_block_size`` (``weight_scale_inv``). -> fp8 tensors, the scales carried over exactly.
+- compressed-tensors ``pack-quantized`` symmetric int4 (W4A16): ``weight_packed`` + ``weight_scale``.
 - AWQ (``version`` gemm) and GPTQ int4: ``qweight`` / ``qzeros`` / ``scales`` (/ ``g_idx``). -> int4 with
   no loss but the rounding of ``-zero * scale`` to float16 where the groups are whole 32-input groups in
   order; otherwise (act-order ``g_idx``, groups under 32) dequantized and requantized to int4.
@@ -31,11 +32,19 @@ log = logging.getLogger("trtedge")
 
 SUPPORTED = (
     "fp8 (compressed-tensors float-quantized, ModelOpt FP8, fp8 weight_block_size), "
-    "awq and gptq 4-bit, ModelOpt NVFP4"
+    "int4 (awq, gptq, compressed-tensors pack-quantized symmetric), ModelOpt NVFP4"
 )
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ int32 holds column 8 c + AWQ_ORDER[i]
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitudes of the FP4 codes 0..7; bit 3 is the sign
-_DROPPED = ("input_scale", "k_scale", "v_scale", "kv_scale", "output_scale", "weight_global_scale")
+_DROPPED = (
+    "input_scale",
+    "k_scale",
+    "v_scale",
+    "kv_scale",
+    "output_scale",
+    "weight_global_scale",
+    "weight_shape",
+)
 
 
 class QuantizationFormatError(ValueError):
@@ -56,7 +65,7 @@ class Scheme:
     @property
     def stored_format(self) -> str:
         """The trtedge format its weights become (``--weights auto`` keeps it)."""
-        return "int4" if self.method in ("awq", "gptq") else "fp8"
+        return "int4" if self.method in ("awq", "gptq", "packed-int4") else "fp8"
 
     def record(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -101,6 +110,11 @@ def _compressed_tensors(qc: dict) -> Scheme:
     fp8 = weights and all(w.get("type") == "float" and w.get("num_bits") == 8 for w in weights)
     if fmt == "float-quantized" and fp8:
         return Scheme("fp8", "compressed-tensors")
+    int4 = weights and all(w.get("type") == "int" and w.get("num_bits") == 4 for w in weights)
+    if fmt == "pack-quantized" and int4 and all(w.get("symmetric", True) for w in weights):
+        return Scheme("packed-int4", "compressed-tensors")
+    if fmt == "pack-quantized" and int4:
+        raise _refuse("compressed-tensors pack-quantized with asymmetric int4 weights (zero points)")
     kinds = sorted({f"{w.get('type')}{w.get('num_bits')}" for w in weights})
     raise _refuse(f"compressed-tensors format {fmt!r} with weights {', '.join(kinds) or 'none'}")
 
@@ -127,20 +141,23 @@ _PARTS = {
     "nvfp4": ("weight", "weight_scale", "weight_scale_2"),
     "awq": ("qweight", "qzeros", "scales"),
     "gptq": ("qweight", "qzeros", "scales"),
+    "packed-int4": ("weight_packed", "weight_scale"),
 }
+_ACT_ORDER = ("g_idx", "weight_g_idx")  # optional: the group of each input
 
 
 def convert(tensors: Iterable[tuple[str, torch.Tensor]], scheme: Scheme) -> Iterator[tuple[str, object]]:
     """The checkpoint's tensors with each quantized layer's parts replaced by one ``<layer>.weight``
     (a QuantizedTensor); plain tensors pass through. A layer's parts may sit in different files."""
     parts = tuple(p if p != "weight_scale" else scheme.scale_name for p in _PARTS[scheme.method])
+    buffered = set(parts) - {"weight"} | set(_ACT_ORDER)  # a "weight" only when its dtype is packed
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors:
         prefix, _, leaf = name.rpartition(".")
         if leaf in _DROPPED:
             continue
         quantized_weight = leaf == "weight" and _is_quantized_weight(tensor, scheme)
-        if leaf not in parts[1:] + ("qweight", "g_idx") and not quantized_weight:
+        if leaf not in buffered and not quantized_weight:
             yield name, tensor
             continue
         layer = pending.setdefault(prefix, {})
@@ -149,7 +166,7 @@ def convert(tensors: Iterable[tuple[str, torch.Tensor]], scheme: Scheme) -> Iter
             del pending[prefix]
             yield prefix + ".weight", _layer(prefix, layer, scheme)
     for prefix, layer in pending.items():
-        if set(layer) == {"g_idx"}:
+        if set(layer) <= set(_ACT_ORDER):
             continue  # the layer was complete before its g_idx came (ordered groups need none)
         missing = [p for p in parts if p not in layer]
         raise QuantizationFormatError(f"quantized layer {prefix!r} is incomplete: no {', '.join(missing)}")
@@ -169,6 +186,8 @@ def _layer(prefix: str, parts: dict[str, torch.Tensor], scheme: Scheme) -> Quant
             return fp8_from_nvfp4(parts["weight"], parts["weight_scale"], parts["weight_scale_2"])
         if scheme.method == "awq":
             return int4_from_awq(parts["qweight"], parts["qzeros"], parts["scales"], scheme.group_size)
+        if scheme.method == "packed-int4":
+            return int4_from_packed(parts["weight_packed"], parts["weight_scale"], parts.get("weight_g_idx"))
         return int4_from_gptq(
             parts["qweight"], parts["qzeros"], parts["scales"], parts.get("g_idx"), scheme.zero_offset
         )
@@ -250,6 +269,14 @@ def int4_from_gptq(
     q = _unpack_int32(qweight, 0)  # [K, N]
     zeros = _unpack_int32(qzeros, 1)[:, : scales.shape[1]] + offset
     return _int4_groups(q.T, zeros.T, scales.T, g_idx)
+
+
+def int4_from_packed(packed: torch.Tensor, scale: torch.Tensor, g_idx) -> QuantizedTensor:
+    """compressed-tensors pack-quantized (symmetric): ``packed`` int32 [N, K / 8] along K (input 8 j + i
+    at bits 4 i, stored as q + 8), ``scale`` [N, K / group]; ``w = q * s`` of the input's group."""
+    codes = _unpack_int32(packed, 1)  # [N, K], q + 8
+    zeros = torch.full(scale.shape, 8, dtype=torch.int32)
+    return _int4_groups(codes, zeros, scale, g_idx)
 
 
 def _int4_groups(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx) -> QuantizedTensor:
