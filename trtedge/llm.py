@@ -245,7 +245,14 @@ class LLM:
 
             self.audio = transducer_audio_processor(Path(self.checkpoint.path), self.model.cfg)
             return TransducerEngine(self.model, self.tokenizer, engine_config)
-        if getattr(self.model, "vision", None) is not None:
+        if (
+            getattr(self.model, "vision", None) is not None
+            and self.model.cfg.vision.get("family") == "nemotron_h_omni"
+        ):
+            from trtedge.runtime.multimodal.nemotron_video import NemotronVideoProcessor
+
+            self.vision = NemotronVideoProcessor.from_dir(Path(self.checkpoint.path), self.model.cfg.vision)
+        elif getattr(self.model, "vision", None) is not None:
             self.vision = VisionProcessor.from_dir(
                 Path(self.checkpoint.path),
                 self.model.cfg.vision["vision_config"],

@@ -46,6 +46,7 @@ VISION_MODEL_TYPES = {
     "qwen2_5_omni_thinker": "audio_config",
     "qwen3_omni_moe": "thinker_config",
     "qwen3_omni_moe_thinker": "audio_config",
+    "nemotron_h_omni": "vision_config",
 }
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4", "fp8")
@@ -400,6 +401,10 @@ class Bundle(BundleComponent):
             embeddings = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
             embeddings += ("backbone.embeddings.weight", "model.embeddings.weight")  # Nemotron-H
             embeddings += ("decoder.embedding.weight",)  # a transducer's prediction network
+            embeddings += (
+                "language_model.backbone.embeddings.weight",
+                "language_model.model.embeddings.weight",
+            )
             if not names & {*embeddings, *(f"thinker.{e}" for e in embeddings)}:  # Qwen2.5-Omni: thinker.
                 raise BundleError(f"{component.path}: bundle weights lack model.embed_tokens.weight")
             component.model_config  # noqa: B018 - raises on an unsupported config

@@ -21,7 +21,7 @@ SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe
 SUPPORTED_MODEL_TYPES += ("qwen2_5_vl", "qwen3_vl", "qwen3_asr", "qwen2_5_omni", "qwen2_5_omni_thinker")
 SUPPORTED_MODEL_TYPES += ("qwen3_omni_moe", "qwen3_omni_moe_thinker")
 SUPPORTED_MODEL_TYPES += ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text")
-SUPPORTED_MODEL_TYPES += ("nemotron_h", "nemotron3_5_asr")
+SUPPORTED_MODEL_TYPES += ("nemotron_h", "nemotron_h_omni", "nemotron3_5_asr")
 # RNN-T transcribers: no language model; served by runtime.transducer, transcription only.
 TRANSDUCER_MODEL_TYPES = ("nemotron3_5_asr",)
 # Gemma 3n / Gemma 4 (per-layer embeddings): the multimodal checkpoint -> its text model's type.
@@ -212,6 +212,12 @@ class ModelConfig:
             model_type = cfg["model_type"]
         if model_type in PLE_MODEL_TYPES:
             cfg = _ple_text_config(cfg, source)
+        if model_type == "nemotron_h_omni":  # Nemotron Omni: the Nemotron-H decoder behind a video tower
+            vision = _nemotron_omni_vision(cfg)
+            top = cfg
+            cfg = {**(cfg.get("text_config") or cfg.get("llm_config") or {}), "model_type": "nemotron_h"}
+            cfg.setdefault("torch_dtype", top.get("torch_dtype") or top.get("dtype"))
+            model_type = "nemotron_h"
         if model_type == "nemotron_h":
             cfg = _nemotron_h_config(cfg, source)
         try:
@@ -255,7 +261,9 @@ class ModelConfig:
                 final_logit_softcapping=cfg.get("final_logit_softcapping"),
                 **_moe_fields(cfg, model_type, num_layers),
                 linear=_linear_config(cfg, num_layers) if model_type in _QWEN3_5 else None,
-                mrope_section=_mrope_section(cfg) if vision is not None else (),
+                mrope_section=_mrope_section(cfg)
+                if vision is not None and model_type != "nemotron_h"
+                else (),
                 mrope_interleaved=model_type == "qwen3_vl",
                 vision=vision,
                 audio=audio,
@@ -265,6 +273,24 @@ class ModelConfig:
             )
         except KeyError as e:
             raise UnsupportedModelError(f"{source}: missing required field {e.args[0]!r}") from None
+
+
+def _nemotron_omni_vision(cfg: dict) -> dict:
+    """Nemotron Omni's vision fields (the released configs' older names read too)."""
+    image = cfg.get("image_token_id", cfg.get("img_context_token_id"))
+    if float(cfg.get("video_pruning_rate") or 0.0) > 0:
+        raise UnsupportedModelError(
+            "config.json: video_pruning_rate > 0 (Efficient Video Sampling drops video tokens) is not supported yet"
+        )
+    return {
+        "family": "nemotron_h_omni",
+        "vision_config": cfg.get("vision_config") or {},
+        "image_token_id": image,
+        "video_token_id": cfg.get("video_token_id", cfg.get("video_context_token_id")),
+        "downsample_ratio": cfg.get("downsample_ratio", 0.5),
+        "video_temporal_patch_size": cfg.get("video_temporal_patch_size", 2),
+        "video_pruning_rate": cfg.get("video_pruning_rate", 0.0),
+    }
 
 
 def _text_config(model_type: str, cfg: dict, top: dict | None) -> dict | None:

@@ -17,6 +17,12 @@ import torch.nn.functional as F
 from trtedge.runtime.executor.state_pool import RecurrentBatch, WindowPlan, copy_states
 from trtedge.runtime.models.config import ModelConfig, UnsupportedModelError
 from trtedge.runtime.models.layers import ACTIVATIONS, require
+from trtedge.runtime.models.nemotron_omni import (
+    UNUSED_PREFIXES,
+    RadioVideoEncoder,
+    is_omni_vision_tensor,
+    omni_vision_name,
+)
 from trtedge.runtime.ops import gated_delta as gd
 from trtedge.runtime.ops import ssd, triton_attention
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
@@ -350,8 +356,15 @@ class NemotronHModel:
         self.spec = spec = NemotronHSpec.from_config(cfg)
         per_layer: list[dict[str, torch.Tensor]] = [{} for _ in range(cfg.num_layers)]
         top: dict[str, torch.Tensor] = {}
+        vision: dict[str, torch.Tensor] = {}  # Nemotron Omni: the video tower and projector
         skipped = 0
         for name, tensor in tensors:
+            name = name.removeprefix("language_model.")  # Nemotron Omni's decoder
+            if is_omni_vision_tensor(name):
+                vision[omni_vision_name(name)] = tensor
+                continue
+            if name.startswith(UNUSED_PREFIXES):  # Nemotron Omni's audio branch: not served
+                continue
             if name.startswith(_SKIPPED):
                 skipped += 1
                 continue
@@ -365,6 +378,9 @@ class NemotronHModel:
                 top[name.replace("backbone.", "model.", 1)] = tensor
         if skipped:
             log.info("nemotron_h: skipped %d multi-token-prediction tensors", skipped)
+        self.vision = None
+        if vision and cfg.vision is not None:
+            self.vision = RadioVideoEncoder(cfg.vision, vision, dtype, device)
         self.embed = require(top, "model.embeddings.weight")
         self.norm = require(top, "model.norm_f.weight").float()
         head = top.get("lm_head.weight")
@@ -400,9 +416,12 @@ class NemotronHModel:
         }
 
     def forward(
-        self, input_ids, positions, kv_caches, batch: AttentionBatch, states: RecurrentBatch
+        self, input_ids, positions, kv_caches, batch: AttentionBatch, states: RecurrentBatch, embeds=None
     ) -> torch.Tensor:
+        """``embeds``: (rows, values) that replace the token embeddings of those rows (video tokens)."""
         x = F.embedding(input_ids, self.embed)
+        if embeds is not None:
+            x = x.index_copy(0, embeds[0], embeds[1].to(x.dtype))
         caches = iter(kv_caches)
         eps = self.cfg.rms_norm_eps
         for layer in self.layers:
@@ -421,7 +440,10 @@ class NemotronHModel:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(m.nbytes for m in [self.lm_head] + [m for layer in self.layers for m in layer.linears])
+        vision = self.vision.weight_bytes if self.vision is not None else 0
+        return vision + sum(
+            m.nbytes for m in [self.lm_head] + [m for layer in self.layers for m in layer.linears]
+        )
 
 
 def nemotron_h_dummy_tensors(cfg: ModelConfig, rand, ones):

@@ -80,6 +80,10 @@ ENCODER_PREFIXES = (
     "model.multi_modal_projector.",
     "thinker.audio_tower.",  # Qwen2.5-Omni's thinker
     "thinker.visual.",
+    "vision_model.",  # Nemotron Omni's RADIO tower, its projector (mlp1.) and final norm
+    "vision_final_layernorm.",
+    "vision_projector.",
+    "mlp1.",
 )
 
 

@@ -31,6 +31,10 @@ class PlaceholderTokens:
     vision_start: int = 151652
     vision_end: int = 151653
     mrope: bool = True  # the text model's rotary is M-RoPE (else the prompt keeps 1D positions)
+    # Nemotron Omni: each tubelet of a video is its own segment, between the ids this returns for it
+    # (its frames' label and <img>, then </img>); its tokens are ``video_pad`` (the image token)
+    video_segments: Callable[[MediaItem], list[tuple[list[int], list[int]]]] | None = None
+    video_pad: int | None = None
 
 
 def placeholder_tokens(cfg, tokenizer) -> PlaceholderTokens:
@@ -40,6 +44,8 @@ def placeholder_tokens(cfg, tokenizer) -> PlaceholderTokens:
     if cfg.vision is None:
         return PlaceholderTokens(image=None, video=None, audio=audio, mrope=bool(cfg.mrope_section))
     vision = cfg.vision
+    if vision.get("family") == "nemotron_h_omni":
+        return _nemotron_omni_tokens(vision, tokenizer)
     v = vision.get("vision_config") or {}
     timestamps = None
     if cfg.model_type == "qwen3_vl":
@@ -57,6 +63,22 @@ def placeholder_tokens(cfg, tokenizer) -> PlaceholderTokens:
         vision_end=int(vision.get("vision_end_token_id", 151653)),
         audio=audio,
     )
+
+
+def _nemotron_omni_tokens(vision: dict, tokenizer) -> PlaceholderTokens:
+    from trtedge.runtime.multimodal.nemotron_video import NemotronVideoProcessor, video_segments
+
+    def token(name: str) -> int:
+        i = tokenizer.token_to_id(name)
+        if i is None:
+            raise ValueError(f"the tokenizer has no {name} token (Nemotron Omni's video prompt needs it)")
+        return i
+
+    image = int(vision["image_token_id"]) if vision.get("image_token_id") is not None else token("<image>")
+    video = int(vision["video_token_id"]) if vision.get("video_token_id") is not None else token("<video>")
+    labels = NemotronVideoProcessor(temporal_patch_size=int(vision.get("video_temporal_patch_size", 2)))
+    segments = video_segments(labels, tokenizer, token("<img>"), token("</img>"))
+    return PlaceholderTokens(image=None, video=video, mrope=False, video_segments=segments, video_pad=image)
 
 
 def process_media(
@@ -118,6 +140,14 @@ def expand_placeholders(
         if not pending[kind]:
             raise ValueError(f"the prompt has more {kind} placeholders than {kind} parts")
         item = pending[kind].pop(0)
+        if kind == "video" and tokens.video_segments is not None:
+            pad = token if tokens.video_pad is None else tokens.video_pad
+            for (before, after), frame in zip(tokens.video_segments(item), split_frames(item)):
+                out.extend(before)
+                placed.append(dataclasses.replace(frame, offset=len(out)))
+                out.extend([pad] * frame.num_tokens)
+                out.extend(after)
+            continue
         if kind == "video" and tokens.timestamp_ids is not None:
             for time, frame in zip(frame_times(item), split_frames(item)):
                 out.extend(tokens.timestamp_ids(time))
