@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trtedge.runtime.multimodal.nemotron_video import NO_IMAGES, NemotronVideoProcessor
 from trtedge.server.audio import AUDIO_FORMATS, decode_audio, require_av
 from trtedge.server.decoding import decode_image, decode_video, require
 from trtedge.server.errors import APIError, bad_request
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 MEDIA_PARTS = {"image_url": "image", "video_url": "video", "input_audio": "audio", "audio_url": "audio"}
 DEFAULT_FPS = 2.0
+MAX_FPS = 60.0  # the request's fps limit (protocol.VideoURL)
 NO_VISION = "this model has no vision component; image and video inputs cannot be served"
 NO_AUDIO = "this model has no audio component; audio inputs cannot be served"
 _AUDIO_MIME = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac", "ogg": "audio/ogg"}
@@ -116,6 +118,8 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
             param="apply_chat_template",
             code="invalid_value",
         )
+    if isinstance(vision, NemotronVideoProcessor) and pictures:
+        _check_one_video(pictures, vision, serving.config.max_video_frames)
     if pictures:
         require(video=any(r.kind == "video" for r in refs))
     if clips:
@@ -137,9 +141,11 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
         else:
             limit = min(ref.nframes or config.max_video_frames, config.max_video_frames)
             fit = functools.partial(_frame_size, vision)
-            frames, fps = await in_media_thread(
-                decode_video, data, ref.param, ref.fps or DEFAULT_FPS, limit, fit
+            # nframes alone: that many frames spread over the whole video (the highest rate, capped)
+            fps = ref.fps or (
+                MAX_FPS if ref.nframes and isinstance(vision, NemotronVideoProcessor) else DEFAULT_FPS
             )
+            frames, fps = await in_media_thread(decode_video, data, ref.param, fps, limit, fit)
             part = {"type": "video", "video": frames, "fps": fps}
             tokens = _tokens(vision.video_tokens, ref, len(frames), *frames[0].size)
         del data
@@ -156,6 +162,38 @@ async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Medi
             )
         media[ref.where] = part
     return media
+
+
+def _check_one_video(pictures: list[MediaRef], vision: NemotronVideoProcessor, max_frames: int) -> None:
+    """Nemotron Omni: one video and no image per request, fps or nframes (not both), and a frame count
+    within the tubelet capacity, all before anything is fetched or decoded."""
+    videos = [r for r in pictures if r.kind == "video"]
+    if not videos:
+        raise bad_request(NO_IMAGES, param=pictures[0].param, code="invalid_media")
+    for ref in pictures:
+        if ref.kind == "image" or ref is not videos[0]:
+            what = "an image" if ref.kind == "image" else "a second video"
+            raise bad_request(
+                f"this model takes one video and no image per request; {what} is here",
+                param=ref.param,
+                code="invalid_media",
+            )
+    ref = videos[0]
+    if ref.fps is not None and ref.nframes is not None:
+        raise bad_request(
+            "send fps or nframes, not both: fps samples that many frames a second, nframes that many frames "
+            "over the whole video",
+            param=f"{ref.param}.nframes",
+            code="invalid_value",
+        )
+    frames = min(ref.nframes or max_frames, max_frames)
+    if ref.nframes is not None and vision.num_tubelets(frames) > vision.max_tubelets:
+        raise bad_request(
+            f"nframes {ref.nframes} makes {vision.num_tubelets(frames)} tubelets, more than the "
+            f"{vision.max_tubelets} one video may take",
+            param=f"{ref.param}.nframes",
+            code="invalid_value",
+        )
 
 
 def _decode_fitted(data: bytes, ref: MediaRef, vision) -> tuple[Any, int]:
