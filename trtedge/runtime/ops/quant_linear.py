@@ -9,6 +9,8 @@ int8 and int4 weights are dequantized into a bf16 / fp16 copy for the dense prod
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
@@ -17,9 +19,11 @@ from trtedge.runtime.ops import triton_quant
 from trtedge.runtime.ops.triton_attention import available
 from trtedge.runtime.ops.triton_gemv import _bucket, _graph_time
 
+log = logging.getLogger("trtedge")
+
 MAX_ROWS = triton_quant.MAX_ROWS
 _DEFAULT_PLAN = triton_quant.DEFAULT_PLAN
-_plans: dict[tuple, tuple[int, int, int, int]] = {}
+_plans: dict[tuple, tuple[int, ...]] = {}
 
 
 def usable(device: torch.device, dtype: torch.dtype) -> bool:
@@ -61,7 +65,7 @@ class _QuantLinear:
             out = self.prefill(rows)
         return out.view(*x.shape[:-1], self.out_features)
 
-    def plan(self, rows: torch.Tensor) -> tuple[int, int, int, int]:
+    def plan(self, rows: torch.Tensor) -> tuple[int, ...]:
         key = (
             self.kind,
             self.out_features,
@@ -76,11 +80,22 @@ class _QuantLinear:
             _plans[key] = self._tune(rows.shape[0], rows.dtype)
         return _plans[key]
 
-    def _tune(self, rows: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    def _tune(self, rows: int, dtype: torch.dtype) -> tuple[int, ...]:
         x = torch.randn(rows, self.in_features, device=self.quantized.device, dtype=dtype)
         plans = triton_quant.candidates(self.table, self.out_features, self.in_features)
         plans = [p for p in plans if p[2] == 1 or rows <= MAX_ROWS] or [_DEFAULT_PLAN]
-        times = {plan: _graph_time(lambda plan=plan: self.decode(x, plan)) for plan in plans}
+        times = {}
+        for plan in plans:
+            try:
+                times[plan] = _graph_time(lambda plan=plan: self.decode(x, plan))
+            except Exception as e:  # a tiling this GPU / Triton cannot compile: the others remain
+                log.warning(
+                    "%s product plan %s failed here, skipped (%s: %s)", self.kind, plan, type(e).__name__, e
+                )
+        if not times:
+            raise RuntimeError(
+                f"no {self.kind} product compiled for a [{self.out_features}, {self.in_features}] weight"
+            )
         return min(times, key=times.get)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -109,10 +109,11 @@ if triton is not None:
     def _int4_kernel(
         x_ptr, w_ptr, s_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
         M, N, K, stride_x, stride_y,
-        HAS_BIAS: tl.constexpr,
+        HAS_BIAS: tl.constexpr, SCALE_AFTER: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ):  # fmt: skip
-        """int4 weights in the GPU layout ([N, K / 2] bytes, scale / min [N, K / 32] float16)."""
+        """int4 weights in the GPU layout ([N, K / 2] bytes, scale / min [N, K / 32] float16).
+        SCALE_AFTER: scale the products of the codes (else each dequantized weight)."""
         HALF: tl.constexpr = BLOCK_K // 2
         SPANS: tl.constexpr = BLOCK_K // 64
         pid_n = tl.program_id(1)
@@ -127,34 +128,68 @@ if triton is not None:
         lo = pid_k * span
         hi = tl.minimum(lo + span, K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(lo, hi, BLOCK_K):
-            kl = k0 + k_low
-            n_ok = rn[:, None] < N
-            b_mask = n_ok & (kl[None, :] < hi)
-            packed = tl.load(
-                w_ptr + rn[:, None] * (K // 2) + (k0 // 2 + rb)[None, :],
-                mask=b_mask,
-                other=0,
-                eviction_policy="evict_first",
-            )
-            g = k0 // 32 + 2 * rs  # the low nibbles' group of each span
-            g_mask = n_ok & ((k0 + 64 * rs)[None, :] < hi)
-            g_ptr = rn[:, None] * groups + g[None, :]
-            s_lo = tl.load(s_ptr + g_ptr, mask=g_mask, other=0.0).to(tl.float32)
-            s_hi = tl.load(s_ptr + g_ptr + 1, mask=g_mask, other=0.0).to(tl.float32)
-            m_lo = tl.load(m_ptr + g_ptr, mask=g_mask, other=0.0).to(tl.float32)
-            m_hi = tl.load(m_ptr + g_ptr + 1, mask=g_mask, other=0.0).to(tl.float32)
-            s_lo = tl.reshape(tl.broadcast_to(s_lo[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
-            s_hi = tl.reshape(tl.broadcast_to(s_hi[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
-            m_lo = tl.reshape(tl.broadcast_to(m_lo[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
-            m_hi = tl.reshape(tl.broadcast_to(m_hi[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
-            x_mask = (rm[:, None] < M) & (kl[None, :] < hi)
-            x_lo = tl.load(x_ptr + rm[:, None] * stride_x + kl[None, :], mask=x_mask, other=0.0)
-            x_hi = tl.load(x_ptr + rm[:, None] * stride_x + kl[None, :] + 32, mask=x_mask, other=0.0)
-            w_lo = ((packed & 0xF).to(tl.float32) * s_lo + m_lo).to(x_lo.dtype)
-            w_hi = ((packed >> 4).to(tl.float32) * s_hi + m_hi).to(x_lo.dtype)
-            acc += tl.dot(x_lo, tl.trans(w_lo))
-            acc += tl.dot(x_hi, tl.trans(w_hi))
+        if SCALE_AFTER:
+            # the codes times the activations first, then each group's scale and min on the sums:
+            # one span (two groups) at a time, ~1 operation a weight instead of ~3
+            rj = tl.arange(0, 32)
+            for k0 in range(lo, hi, BLOCK_K):
+                for s in tl.static_range(SPANS):
+                    kb = k0 + 64 * s
+                    ok = kb < hi
+                    n_ok = (rn < N) & ok
+                    packed = tl.load(
+                        w_ptr + rn[:, None] * (K // 2) + (kb // 2 + rj)[None, :],
+                        mask=n_ok[:, None],
+                        other=0,
+                        eviction_policy="evict_first",
+                    )
+                    g = rn * groups + kb // 32
+                    s_lo = tl.load(s_ptr + g, mask=n_ok, other=0.0).to(tl.float32)
+                    s_hi = tl.load(s_ptr + g + 1, mask=n_ok, other=0.0).to(tl.float32)
+                    m_lo = tl.load(m_ptr + g, mask=n_ok, other=0.0).to(tl.float32)
+                    m_hi = tl.load(m_ptr + g + 1, mask=n_ok, other=0.0).to(tl.float32)
+                    x_mask = (rm[:, None] < M) & ok
+                    x_lo = tl.load(
+                        x_ptr + rm[:, None] * stride_x + (kb + rj)[None, :], mask=x_mask, other=0.0
+                    )
+                    x_hi = tl.load(
+                        x_ptr + rm[:, None] * stride_x + (kb + 32 + rj)[None, :], mask=x_mask, other=0.0
+                    )
+                    d_lo = tl.dot(x_lo, tl.trans((packed & 0xF).to(x_lo.dtype)))
+                    d_hi = tl.dot(x_hi, tl.trans((packed >> 4).to(x_lo.dtype)))
+                    sum_lo = tl.sum(x_lo.to(tl.float32), axis=1)
+                    sum_hi = tl.sum(x_hi.to(tl.float32), axis=1)
+                    acc += d_lo * s_lo[None, :] + sum_lo[:, None] * m_lo[None, :]
+                    acc += d_hi * s_hi[None, :] + sum_hi[:, None] * m_hi[None, :]
+        else:
+            for k0 in range(lo, hi, BLOCK_K):
+                kl = k0 + k_low
+                n_ok = rn[:, None] < N
+                b_mask = n_ok & (kl[None, :] < hi)
+                packed = tl.load(
+                    w_ptr + rn[:, None] * (K // 2) + (k0 // 2 + rb)[None, :],
+                    mask=b_mask,
+                    other=0,
+                    eviction_policy="evict_first",
+                )
+                g = k0 // 32 + 2 * rs  # the low nibbles' group of each span
+                g_mask = n_ok & ((k0 + 64 * rs)[None, :] < hi)
+                g_ptr = rn[:, None] * groups + g[None, :]
+                s_lo = tl.load(s_ptr + g_ptr, mask=g_mask, other=0.0).to(tl.float32)
+                s_hi = tl.load(s_ptr + g_ptr + 1, mask=g_mask, other=0.0).to(tl.float32)
+                m_lo = tl.load(m_ptr + g_ptr, mask=g_mask, other=0.0).to(tl.float32)
+                m_hi = tl.load(m_ptr + g_ptr + 1, mask=g_mask, other=0.0).to(tl.float32)
+                s_lo = tl.reshape(tl.broadcast_to(s_lo[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
+                s_hi = tl.reshape(tl.broadcast_to(s_hi[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
+                m_lo = tl.reshape(tl.broadcast_to(m_lo[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
+                m_hi = tl.reshape(tl.broadcast_to(m_hi[:, :, None], (BLOCK_N, SPANS, 32)), (BLOCK_N, HALF))
+                x_mask = (rm[:, None] < M) & (kl[None, :] < hi)
+                x_lo = tl.load(x_ptr + rm[:, None] * stride_x + kl[None, :], mask=x_mask, other=0.0)
+                x_hi = tl.load(x_ptr + rm[:, None] * stride_x + kl[None, :] + 32, mask=x_mask, other=0.0)
+                w_lo = ((packed & 0xF).to(tl.float32) * s_lo + m_lo).to(x_lo.dtype)
+                w_hi = ((packed >> 4).to(tl.float32) * s_hi + m_hi).to(x_lo.dtype)
+                acc += tl.dot(x_lo, tl.trans(w_lo))
+                acc += tl.dot(x_hi, tl.trans(w_hi))
         _finish(
             acc, rm, rn, M, N, b_ptr, y_ptr, stride_y, part_ptr, count_ptr, pid_n, pid_k,
             HAS_BIAS, BLOCK_M, SPLIT_K,
@@ -252,7 +287,7 @@ def w8_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -
     a column tile are neighbours in the grid, so they read its weight slab from L2 after the first."""
     m, k = x.shape
     n = q.data.shape[0]
-    block_n, block_k, split, warps = plan
+    block_n, block_k, split, warps, _ = plan
     groups = q.scale.shape[1] if q.scale.dim() == 2 else 1
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     fp8 = q.format == "fp8"
@@ -270,13 +305,13 @@ def int4_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace)
     """x [M, K] times GPU-layout int4 ``q`` [N, K] -> [M, N] in x's dtype (row tiles as ``w8_product``)."""
     m, k = x.shape
     n = q.data.shape[0]
-    block_n, block_k, split, warps = plan
+    block_n, block_k, split, warps, after = plan
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     assert split == 1 or m <= MAX_ROWS, "split-K partials hold one row tile"
     _int4_kernel[(-(-m // MAX_ROWS), -(-n // block_n), split)](
         x, q.data, q.scale, q.min, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
         m, n, k, x.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None,
+        HAS_BIAS=bias is not None, SCALE_AFTER=bool(after),
         BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=warps, num_stages=3,
     )  # fmt: skip
     return y
@@ -306,20 +341,22 @@ def int4_dequantize(q: QuantizedTensor, dtype: torch.dtype, out: torch.Tensor | 
     return out
 
 
-# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps) candidates; the fastest per shape and row bucket is kept
-# (``quant_linear``). An 8-bit weight moves BLOCK_K bytes a row per step, an int4 one BLOCK_K / 2.
+# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, int4 variant) candidates; the fastest per shape and row
+# bucket is kept (``quant_linear``). An 8-bit weight moves BLOCK_K bytes a row per step, an int4 one
+# BLOCK_K / 2; int4 variant 1 scales the products of the codes (``SCALE_AFTER``).
 W8_CANDIDATES = (
-    (32, 128, 1, 4), (64, 128, 1, 4), (32, 256, 1, 4), (64, 256, 1, 4), (128, 256, 1, 8),
-    (32, 256, 4, 4), (64, 256, 4, 4), (32, 512, 2, 4), (32, 128, 8, 4),
+    (32, 128, 1, 4, 0), (64, 128, 1, 4, 0), (32, 256, 1, 4, 0), (64, 256, 1, 4, 0), (128, 256, 1, 8, 0),
+    (32, 256, 4, 4, 0), (64, 256, 4, 4, 0), (32, 512, 2, 4, 0), (32, 128, 8, 4, 0),
 )  # fmt: skip
 INT4_CANDIDATES = (
-    (32, 128, 1, 4), (64, 256, 1, 4), (32, 512, 1, 4), (64, 512, 1, 8), (128, 256, 1, 8),
-    (32, 256, 4, 4), (64, 256, 4, 8), (32, 512, 4, 4), (32, 256, 8, 4),
+    (32, 128, 1, 4, 0), (64, 256, 1, 4, 0), (32, 512, 1, 4, 0), (64, 512, 1, 8, 0), (128, 256, 1, 8, 0),
+    (32, 256, 4, 4, 0), (64, 256, 4, 8, 0), (32, 512, 4, 4, 0), (32, 256, 8, 4, 0),
+    (32, 256, 1, 4, 1), (64, 256, 1, 4, 1), (64, 512, 1, 8, 1), (32, 256, 4, 4, 1), (64, 256, 4, 4, 1),
 )  # fmt: skip
-DEFAULT_PLAN = (32, 128, 1, 4)  # a capture that reaches an untimed shape uses it
+DEFAULT_PLAN = (32, 128, 1, 4, 0)  # a capture that reaches an untimed shape uses it
 
 
-def candidates(table, n: int, k: int) -> list[tuple[int, int, int, int]]:
+def candidates(table, n: int, k: int) -> list[tuple[int, ...]]:
     """The plans of ``table`` that fit a weight [n, k]: each split at least one BLOCK_K deep, and
     split-K only where the columns alone make few programs."""
     return [p for p in table if k // p[2] >= p[1] and (p[2] == 1 or -(-n // p[0]) <= 512)]
