@@ -32,7 +32,7 @@ from trtedge.runtime.output import (
     RequestOutput,
 )
 from trtedge.runtime.profiling import ProfilingMetrics
-from trtedge.runtime.sampling_params import GuidedDecodingParams, SamplingParams, check_logit_bias
+from trtedge.runtime.sampling_params import GuidedDecodingParams, ParamError, SamplingParams, check_logit_bias
 from trtedge.runtime.speculative import SpeculativeConfig, check_draft
 from trtedge.runtime.speech.api import NO_SPEECH, SpeechOptions, SpeechOutput, load_speech_output
 from trtedge.runtime.speech.pipeline import SpeechInputError
@@ -462,7 +462,7 @@ class LLM:
             (t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab), None
         )
         if bad is not None:
-            raise ValueError(f"prompt token id {bad!r} is not in the vocabulary [0, {vocab})")
+            raise ParamError("prompt", f"prompt token id {bad!r} is not in the vocabulary [0, {vocab})")
 
     def compile_guide(self, guide: GuidedDecodingParams | dict) -> None:
         """Compile a structured-output guide now (it is cached for the requests that use it). Raises
@@ -490,7 +490,7 @@ class LLM:
         params = params or SamplingParams()
         min_priority = self.config.min_request_priority
         if min_priority is not None and priority < min_priority:
-            raise ValueError(f"priority {priority} is below min_request_priority {min_priority}")
+            raise ParamError("priority", f"priority {priority} is below min_request_priority {min_priority}")
         prompt = self.encode_prompt(prompt, **prompt_options)
         ids = prompt.ids if isinstance(prompt, MultimodalPrompt) else prompt
         self.check_lengths(len(ids), params.max_tokens)
@@ -709,9 +709,9 @@ class LLM:
     # ---- lifecycle ----------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("this LLM is closed")
+            raise EngineUnavailableError("this LLM is closed")
         if self.tp is not None and self.tp.error is not None:
-            raise RuntimeError(f"engine failed: {self.tp.error}")
+            raise EngineUnavailableError(f"engine failed: {self.tp.error}")
 
     def close(self) -> None:
         with self._close_lock:
@@ -763,6 +763,7 @@ __all__ = [
     "EngineError",
     "EngineUnavailableError",
     "GuidedUnavailableError",
+    "ParamError",
     "PromptTooLongError",
     "TemplateError",
     "structured_output_available",

@@ -42,7 +42,7 @@ from trtedge.runtime.output import (
     RequestHandle,
     StreamDelta,
 )
-from trtedge.runtime.sampling_params import SamplingParams
+from trtedge.runtime.sampling_params import ParamError, SamplingParams
 
 log = logging.getLogger("trtedge")
 
@@ -425,6 +425,8 @@ def _kind(error: BaseException) -> str:
     from trtedge.runtime import engine
     from trtedge.runtime.structured import GuidedUnavailableError
 
+    if isinstance(error, ParamError):
+        return f"ParamError:{error.param}"  # the field it is about crosses too
     for cls in (engine.EngineUnavailableError, engine.EngineError, GuidedUnavailableError, ValueError):
         if isinstance(error, cls):
             return cls.__name__
@@ -435,6 +437,8 @@ def _error(kind: str, message: str) -> BaseException:
     from trtedge.runtime import engine
     from trtedge.runtime.structured import GuidedUnavailableError
 
+    if kind.startswith("ParamError:"):
+        return ParamError(kind.removeprefix("ParamError:"), message)
     cls = {
         "EngineError": engine.EngineError,
         "EngineUnavailableError": engine.EngineUnavailableError,

@@ -36,7 +36,7 @@ from trtedge.runtime.output import (
     StreamDelta,
 )
 from trtedge.runtime.profiling import MULTIMODAL, SCHEDULE, SPECULATIVE, Profiler
-from trtedge.runtime.sampling_params import SamplingParams, check_logit_bias
+from trtedge.runtime.sampling_params import ParamError, SamplingParams, check_logit_bias
 from trtedge.runtime.speculative import SpeculativeConfig, build_decoder
 from trtedge.runtime.speculative.decoder import SpecStats, may_speculate
 from trtedge.runtime.structured import GuidedDecoding
@@ -291,10 +291,11 @@ class Engine:
         if params.cache_generated_tokens is None:
             return replace(params, cache_generated_tokens=not hybrid_spec)
         if params.cache_generated_tokens and hybrid_spec:
-            raise ValueError(
+            raise ParamError(
+                "cache_generated_tokens",
                 "cache_generated_tokens must not be true with speculative decoding on a hybrid model "
                 f"({self.runner.model.cfg.model_type}: only the prompt's recurrent state is cached); "
-                "leave it unset, set it to false, or set disable_spec_decode"
+                "leave it unset, set it to false, or set disable_spec_decode",
             )
         return params
 

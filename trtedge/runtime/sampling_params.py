@@ -12,6 +12,18 @@ MAX_GUIDE_BYTES = 128 * 1024
 GUIDE_KINDS = ("json", "json_object", "regex", "ebnf", "structural_tag", "choice")
 
 
+class ParamError(ValueError):
+    """A bad value of one request field: ``param`` names it (``top_p``, ``guided_decoding.regex``), so a
+    front door can say which field is wrong without reading the message."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+    def __reduce__(self):
+        return type(self), (self.param, str(self))
+
+
 @dataclass(frozen=True)
 class GuidedDecodingParams:
     """Constrain the output to a guide; set exactly one of ``json`` (a JSON schema, dict or text),
@@ -32,35 +44,47 @@ class GuidedDecodingParams:
     def __post_init__(self) -> None:
         if self.choice is not None:
             if isinstance(self.choice, str) or not all(isinstance(c, str) and c for c in self.choice):
-                raise ValueError("guided_decoding.choice must be a list of non-empty strings")
+                raise ParamError(
+                    "guided_decoding.choice", "guided_decoding.choice must be a list of non-empty strings"
+                )
             if not self.choice:
-                raise ValueError("guided_decoding.choice must not be empty")
+                raise ParamError("guided_decoding.choice", "guided_decoding.choice must not be empty")
             object.__setattr__(self, "choice", tuple(self.choice))
         for name in ("json", "structural_tag"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (dict, str)):
-                raise ValueError(f"guided_decoding.{name} must be an object or a JSON string")
+                raise ParamError(
+                    f"guided_decoding.{name}", f"guided_decoding.{name} must be an object or a JSON string"
+                )
             if isinstance(value, str):
                 try:
                     parsed = json.loads(value)
                 except ValueError as e:
-                    raise ValueError(f"guided_decoding.{name} is not valid JSON: {e}") from None
+                    raise ParamError(
+                        f"guided_decoding.{name}", f"guided_decoding.{name} is not valid JSON: {e}"
+                    ) from None
                 if not isinstance(parsed, dict):
-                    raise ValueError(f"guided_decoding.{name} must be a JSON object")
+                    raise ParamError(
+                        f"guided_decoding.{name}", f"guided_decoding.{name} must be a JSON object"
+                    )
         for name in ("regex", "ebnf"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"guided_decoding.{name} must be a non-empty string")
+                raise ParamError(
+                    f"guided_decoding.{name}", f"guided_decoding.{name} must be a non-empty string"
+                )
         chosen = [k for k in GUIDE_KINDS if getattr(self, k) not in (None, False)]
         if len(chosen) != 1:
-            raise ValueError(
+            raise ParamError(
+                "guided_decoding",
                 f"guided_decoding needs exactly one of {', '.join(GUIDE_KINDS)}; got "
-                + (", ".join(chosen) if chosen else "none")
+                + (", ".join(chosen) if chosen else "none"),
             )
         size = len(self.key[1].encode())
         if size > MAX_GUIDE_BYTES:
-            raise ValueError(
-                f"guided_decoding.{chosen[0]} is {size} bytes; at most {MAX_GUIDE_BYTES} allowed"
+            raise ParamError(
+                f"guided_decoding.{chosen[0]}",
+                f"guided_decoding.{chosen[0]} is {size} bytes; at most {MAX_GUIDE_BYTES} allowed",
             )
 
     @classmethod
@@ -70,10 +94,13 @@ class GuidedDecodingParams:
         if isinstance(value, dict):
             unknown = set(value) - set(cls.__dataclass_fields__)
             if unknown:
-                raise ValueError(f"guided_decoding has unknown field(s): {', '.join(sorted(unknown))}")
+                raise ParamError(
+                    "guided_decoding", f"guided_decoding has unknown field(s): {', '.join(sorted(unknown))}"
+                )
             return cls(**value)
-        raise ValueError(
-            f"guided_decoding must be a GuidedDecodingParams or a dict, got {type(value).__name__}"
+        raise ParamError(
+            "guided_decoding",
+            f"guided_decoding must be a GuidedDecodingParams or a dict, got {type(value).__name__}",
         )
 
     @property
@@ -137,7 +164,7 @@ class SamplingParams:
         _num("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True)
         _int("top_k", self.top_k, lo=-1)
         if self.top_k == 0:
-            raise ValueError("top_k must be -1 (off) or a positive integer, got 0")
+            raise ParamError("top_k", "top_k must be -1 (off) or a positive integer, got 0")
         _num("min_p", self.min_p, lo=0.0, hi=1.0)
         _num("repetition_penalty", self.repetition_penalty, lo=0.0, lo_open=True)
         _num("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
@@ -146,7 +173,7 @@ class SamplingParams:
             _int("seed", self.seed, lo=0, hi=2**64 - 1)
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop must hold non-empty strings, got {s!r}")
+                raise ParamError("stop", f"stop must hold non-empty strings, got {s!r}")
         for t in self.stop_token_ids:
             _int("stop_token_ids", t, lo=0)
         if self.logprobs is not None:
@@ -155,18 +182,19 @@ class SamplingParams:
             _int("prompt_logprobs", self.prompt_logprobs, lo=0, hi=MAX_TOP_LOGPROBS)
         _int("n", self.n, lo=1, hi=128)
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
-            raise ValueError(f"cache_salt must be a non-empty string, got {self.cache_salt!r}")
+            raise ParamError("cache_salt", f"cache_salt must be a non-empty string, got {self.cache_salt!r}")
         if self.logit_bias:
             if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
-                raise ValueError(
-                    f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} allowed"
+                raise ParamError(
+                    "logit_bias",
+                    f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} allowed",
                 )
             bias = {}
             for k, v in self.logit_bias.items():
                 try:
                     token = int(k)
                 except (TypeError, ValueError):
-                    raise ValueError(f"logit_bias keys must be token ids, got {k!r}") from None
+                    raise ParamError("logit_bias", f"logit_bias keys must be token ids, got {k!r}") from None
                 _int("logit_bias token id", token, lo=0)
                 _num(f"logit_bias[{token}]", v, lo=-100.0, hi=100.0)
                 bias[token] = float(v)
@@ -177,15 +205,20 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
 
+def _field(name: str) -> str:
+    """The request field a check's name is about: "logit_bias[5]" and "logit_bias token id" are logit_bias."""
+    return name.split(" ", 1)[0].split("[", 1)[0]
+
+
 def _int(name: str, value, lo: int | None = None, hi: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise ParamError(_field(name), f"{name} must be an integer, got {value!r}")
     _range(name, value, lo, hi)
 
 
 def _num(name: str, value, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise ParamError(_field(name), f"{name} must be a finite number, got {value!r}")
     _range(name, value, lo, hi, lo_open)
 
 
@@ -197,11 +230,12 @@ def _range(name, value, lo, hi, lo_open: bool = False) -> None:
             bounds = f"in ({lo:g}, {hi:g}]" if hi is not None else f"> {lo:g}"
         else:
             bounds = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} must be {bounds}, got {value!r}")
+        raise ParamError(_field(name), f"{name} must be {bounds}, got {value!r}")
 
 
 def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
     if params.logit_bias and max(params.logit_bias) >= vocab_size:
-        raise ValueError(
-            f"logit_bias token id {max(params.logit_bias)} is not below the vocabulary size {vocab_size}"
+        raise ParamError(
+            "logit_bias",
+            f"logit_bias token id {max(params.logit_bias)} is not below the vocabulary size {vocab_size}",
         )
