@@ -68,3 +68,47 @@ def test_the_check_sees_a_reach(tmp_path, monkeypatch):
         "trtedge/server/bad.py:3: .runner",
         "trtedge/server/bad.py:3: .tokenizer",
     ]
+
+
+def server_import_cycles(package: Path = PACKAGE) -> list[list[str]]:
+    """Cycles among the server's modules (every import counts, TYPE_CHECKING ones too)."""
+    root = package / "server"
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = ("trtedge", *path.relative_to(package).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trtedge.server"):
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names if a.name.startswith("trtedge.server")}
+        graph[name] = imported - {name}
+    cycles, done = [], set()
+
+    def visit(name: str, stack: list[str]) -> None:
+        if name in stack:
+            cycles.append(stack[stack.index(name) :] + [name])
+            return
+        if name in done or name not in graph:
+            return
+        for other in sorted(graph[name]):
+            visit(other, [*stack, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    return cycles
+
+
+def test_the_server_modules_import_each_other_without_cycles():
+    assert server_import_cycles() == []
+
+
+def test_the_cycle_check_sees_one(tmp_path):
+    (tmp_path / "server").mkdir()
+    (tmp_path / "server" / "a.py").write_text("from trtedge.server.b import x\n")
+    (tmp_path / "server" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trtedge.server.a import y\n"
+    )
+    assert server_import_cycles(tmp_path) == [["trtedge.server.a", "trtedge.server.b", "trtedge.server.a"]]

@@ -14,8 +14,8 @@ import pytest
 
 from tests.server.scripted import make_scripted_checkpoint
 from trtedge.server.app import build_app
+from trtedge.server.chat_prompt import plan_chat
 from trtedge.server.config import ServeConfig, ServerConfigError
-from trtedge.server.core import plan_chat
 from trtedge.server.openai.protocol import ChatCompletionRequest
 
 WEATHER = {

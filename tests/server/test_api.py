@@ -235,7 +235,7 @@ def test_internal_error_is_500_without_internals(llm, monkeypatch):
     def boom(*args, **kwargs):
         raise KeyError("secret internal detail")
 
-    monkeypatch.setattr(app.state.serving, "_params", boom)
+    monkeypatch.setattr(app.state.serving, "params", boom)
     r = request(app, "POST", CHAT, json={"messages": PARIS})
     error = assert_error(r, 500)
     assert "secret" not in r.text and "Traceback" not in r.text and error["type"] == "internal_error"
@@ -476,3 +476,23 @@ def test_openapi_document_describes_what_the_server_validates(llm):
     )
     assert_error(bad, 400, param="max_tokens")
     assert "Error" in components
+
+
+def test_a_bias_past_the_vocabulary_is_a_400_naming_logit_bias(llm):
+    app = build_app(llm)  # the engine's check (the vocabulary is the model's), named as data
+    body = {"messages": PARIS, "max_tokens": 1, "logit_bias": {str(llm.vocab_size + 5): 1}}
+    r = request(app, "POST", CHAT, json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+
+
+def test_a_runtime_error_at_submit_is_a_500_not_a_503(llm, monkeypatch):
+    app = build_app(llm)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug, not an engine that is down")
+
+    monkeypatch.setattr(llm, "generate_stream", broken)
+    r = request(app, "POST", CHAT, json={"messages": PARIS, "max_tokens": 1})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+    assert "a bug" not in r.text
+    assert app.state.admission.num_active == 0  # the seat was given back

@@ -1,4 +1,4 @@
-"""The starlette app: routes kept thin; the work is in openai/serving.py."""
+"""The starlette app: routes kept thin; the work is in core.py (the pipeline) and each API's serving module."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesReques
 from trtedge.server.anthropic.serving import AnthropicServing, anthropic_error
 from trtedge.server.auth import APIKeyMiddleware
 from trtedge.server.config import BODY_TIMEOUT, ServeConfig
+from trtedge.server.core import ServingCore
 from trtedge.server.errors import APIError, engine_unavailable, internal_error, redact
 from trtedge.server.metrics import ServerMetrics
+from trtedge.server.openai.chat import ChatServing
+from trtedge.server.openai.completions import CompletionServing
 from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
-from trtedge.server.openai.serving import OpenAIServing
 from trtedge.server.openai.speech import SpeechRequest, speech, voices
 from trtedge.server.openai.tokenization import DetokenizeRequest, TokenizationServing, TokenizeRequest
 from trtedge.server.openai.transcription import (
@@ -76,7 +78,8 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
         llm.get_context_cache_metrics,
         llm.get_profiling_metrics,
     )
-    serving = OpenAIServing(llm, config, admission, metrics)
+    serving = ServingCore(llm, config, admission, metrics)
+    chat_serving, completion_serving = ChatServing(serving), CompletionServing(serving)
     anthropic = AnthropicServing(serving)
     responses = ResponsesServing(serving)
     tokenization = TokenizationServing(serving)
@@ -113,11 +116,11 @@ def build_app(llm: LLM, config: ServeConfig | None = None) -> Starlette:
 
     async def chat(request: Request) -> Response:
         body = parse_request(await read_body(request, config.max_body_bytes), ChatCompletionRequest)
-        return await serving.chat(body, request)
+        return await chat_serving.create(body, request)
 
     async def completions(request: Request) -> Response:
         body = parse_request(await read_body(request, config.max_body_bytes), CompletionRequest)
-        return await serving.completion(body, request)
+        return await completion_serving.create(body, request)
 
     async def messages(request: Request) -> Response:
         body = parse_request(await read_body(request, config.max_body_bytes), MessagesRequest)

@@ -1,380 +1,343 @@
-"""The translation core shared by /v1/chat/completions, /v1/messages and /v1/responses.
+"""The request pipeline every API shares (/v1/chat/completions, /v1/completions, /v1/messages,
+/v1/responses, /v1/audio/transcriptions).
 
-Every surface turns its request into an OpenAI ``ChatCompletionRequest`` (messages, tools, tool_choice,
-sampling); ``plan_chat`` renders it through the chat template into one engine request and picks the
-output parsers; ``ChoiceReader`` turns each choice's deltas into reasoning, content and tool-call events
-that each surface writes in its own wire format."""
+``ServingCore`` is the one path into the engine: it checks the model and the request's guide, builds
+``SamplingParams``, takes an admission seat, submits, and then either streams the API's events or
+collects every choice's output (``serve``); a client that leaves while queued gets 499. The APIs only
+translate their request into ``Choice``s (chat surfaces through ``chat_prompt.plan_chat``) and the
+outputs into their wire format."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
-import json
+import inspect
 import logging
-import uuid
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
-from trtedge.llm import TemplateError
-from trtedge.runtime.output import StreamDelta
-from trtedge.server.errors import bad_request, not_supported
-from trtedge.server.generation import Choice
-from trtedge.server.multimodal import MEDIA_PARTS, Media, in_media_thread, load_media
-from trtedge.server.openai.protocol import ChatCompletionRequest
-from trtedge.server.parsers import (
-    FORMATS,
-    Format,
-    OutputParser,
-    reasoning_parser,
-    tool_call_guide,
-    tool_format,
+from starlette.requests import Request
+from starlette.responses import Response
+
+from trtedge.llm import LLM, EngineUnavailableError, GuidedUnavailableError, PromptTooLongError
+from trtedge.runtime.output import StreamDelta, TokenLogprobs
+from trtedge.runtime.sampling_params import GuidedDecodingParams, ParamError, SamplingParams
+from trtedge.server import sse
+from trtedge.server.admission import Admission
+from trtedge.server.config import ServeConfig
+from trtedge.server.errors import (
+    APIError,
+    bad_request,
+    engine_unavailable,
+    internal_error,
+    shutting_down,
 )
-from trtedge.server.parsers.reasoning import HARMONY
-from trtedge.server.parsers.tool_prompt import renders_tools, with_tool_prompt
-
-if TYPE_CHECKING:
-    from trtedge.server.openai.serving import OpenAIServing
+from trtedge.server.generation import Choice, Generation
+from trtedge.server.metrics import ServerMetrics
+from trtedge.server.openai.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from trtedge.server.openai.structured import guide_from_request
 
 log = logging.getLogger("trtedge.server")
 
-_TEXT_PARTS = ("text", "input_text", "output_text")
+_SAMPLING_OPTIONS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
 
 
 @dataclass
-class ChatPlan:
-    """One chat request ready for the engine, and how to read what comes back."""
+class Output:
+    """One choice's output, collected."""
 
-    choices: list[Choice]
-    prompt_text: str
-    tool_format: Format | None = None  # None: tool calls are not parsed
-    tools: dict[str, dict] = field(default_factory=dict)  # name -> JSON schema of the arguments
-    reasoning: str | None = None
-    opened: bool = False  # the prompt ends inside a <think> block
-    parallel_tool_calls: bool = True
-
-    def reader(self) -> ChoiceReader:
-        return ChoiceReader(
-            OutputParser(self.reasoning, self.tool_format, self.tools, self.opened), self.parallel_tool_calls
-        )
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
 
 
-class ChoiceReader:
-    """One choice's deltas -> events ("reasoning", text), ("content", text), ("call", index, name),
-    ("arguments", index, fragment); ``finish_reason`` says "tool_calls" once a call was made."""
+class ServingCore:
+    """The model served, its admission queue and metrics, and the one request pipeline."""
 
-    def __init__(self, parser: OutputParser, parallel: bool):
-        self.parser = parser
-        self.parallel = parallel
-        self.num_calls = 0
+    def __init__(self, llm: LLM, config: ServeConfig, admission: Admission, metrics: ServerMetrics):
+        self.llm = llm
+        self.config = config
+        self.admission = admission
+        self.metrics = metrics
+        self.model_name = config.served_model_name or llm.model_name
+        self.created = int(time.time())
+        self.vocab_size = llm.vocab_size
+        self.tokenizer_info = llm.tokenizer_info()
+        self._live: weakref.WeakSet[Generation] = weakref.WeakSet()
 
-    def feed(self, delta: StreamDelta) -> list[tuple]:
-        events = self.parser.feed(delta.text, final=delta.finish_reason is not None)
-        if not self.parallel:
-            events = [e for e in events if e[0] not in ("call", "arguments") or e[1] == 0]
-        self.num_calls += sum(1 for e in events if e[0] == "call")
-        return events
+    def abandon_all(self) -> None:
+        """End every request in flight or queued with 503 ``shutting_down`` (a second Ctrl-C)."""
+        self.admission.refuse_waiting(shutting_down())
+        for gen in list(self._live):
+            gen.abandon(shutting_down())
 
-    def finish_reason(self, reason: str | None) -> str | None:
-        return "tool_calls" if reason == "stop" and self.num_calls else reason
+    # ---- the model -----------------------------------------------------------------------------
+    def model_card(self) -> dict:
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "trtedge",
+            "root": self.model_name,  # never a server path
+            "max_model_len": self.llm.config.max_kv_cache_capacity,
+        }
 
-
-def call_id(prefix: str = "call_") -> str:
-    return f"{prefix}{uuid.uuid4().hex[:24]}"
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """A chat request rendered through the chat template."""
-
-    text: str
-    ids: list[int]
-    tools: list[dict] | None
-    tool_choice: str | dict
-    template: str
-    engine_prompt: Any = None  # what the engine is given: ``ids``, or a MultimodalPrompt with images
-    tool_prompt: bool = False  # the tools went into the system prompt (the template shows none)
-
-    def __post_init__(self) -> None:
-        if self.engine_prompt is None:
-            object.__setattr__(self, "engine_prompt", self.ids)
-
-
-async def prepare_prompt(serving: OpenAIServing, req: ChatCompletionRequest) -> Prompt:
-    """``render_prompt`` after loading the request's images and videos (off the event loop when any)."""
-    media = await load_media(serving, req)
-    if not media:
-        return render_prompt(serving, req)
-    return await in_media_thread(render_prompt, serving, req, media)
-
-
-async def prepare_chat(
-    serving: OpenAIServing, req: ChatCompletionRequest, guide: Any = None, salt: str | None = None
-) -> ChatPlan:
-    """``plan_chat`` after loading the request's images and videos (off the event loop when any)."""
-    media = await load_media(serving, req)
-    if not media:
-        return plan_chat(serving, req, guide, salt)
-    return await in_media_thread(plan_chat, serving, req, guide, salt, media)
-
-
-def render_prompt(serving: OpenAIServing, req: ChatCompletionRequest, media: Media | None = None) -> Prompt:
-    """Validate tools and tool_choice and render the conversation into prompt tokens; ``media`` holds
-    the decoded media parts (see ``load_media``)."""
-    llm = serving.llm
-    tools = _tools(req)
-    choice = _tool_choice(req, tools)
-    template = serving.tokenizer_info.template_for(bool(tools))
-    messages = _template_messages(req, media or {})
-    tool_prompt = bool(
-        tools and req.apply_chat_template and not renders_tools(llm.apply_chat_template, template)
-    )
-    if tool_prompt:
-        log.debug("the chat template renders no tools: %d tools go into the system prompt", len(tools))
-        messages = with_tool_prompt(messages, tools)
-    if req.apply_chat_template and not renders_system_turns(llm.apply_chat_template, template):
-        messages = fold_system_messages(messages)
-    options = dict(
-        add_generation_prompt=req.add_generation_prompt,
-        tools=None if tool_prompt else tools,
-        enable_thinking=req.enable_thinking,
-        reasoning_effort=req.reasoning_effort,
-        chat_template_kwargs=req.chat_template_kwargs,
-    )
-
-    def render(messages: list[dict]) -> tuple[str, list[int], Any]:
-        if not req.apply_chat_template:
-            text = "\n".join(m.get("content") or "" for m in messages)
-            return text, llm.tokenize(text) or serving.empty_prompt(), None
-        if not media:
-            rendered = llm.render_chat(messages, **options)
-            return rendered.text, rendered.ids, None
-        try:
-            engine_prompt = llm.encode_prompt(messages, **options)
-        except TemplateError:
-            raise
-        except ValueError as e:  # the vision processor refused a picture
-            raise bad_request(str(e), param="messages", code="invalid_media") from None
-        ids = list(engine_prompt.ids)
-        return llm.detokenize(ids, skip_special_tokens=False), ids, engine_prompt
-
-    try:
-        try:
-            text, ids, engine_prompt = render(messages)
-        except TemplateError:
-            folded = fold_system_messages(messages)
-            if folded is messages:
-                raise
-            text, ids, engine_prompt = render(folded)  # the template refused system turns mid-way
-    except (TemplateError, ValueError) as e:
-        raise bad_request(f"cannot apply the chat template: {e}", param="messages") from None
-    return Prompt(text, ids, tools, choice, template, engine_prompt, tool_prompt)
-
-
-def renders_system_turns(render, template: str) -> bool:
-    """Whether ``template`` renders a system message after the first turn as it renders a system
-    prompt (ChatML does); Gemma's folds its system prompt into the first user turn and has no system
-    turn to show a later one in."""
-    return _renders_system_turns(render, template)
-
-
-@functools.lru_cache(maxsize=32)
-def _renders_system_turns(render, template: str) -> bool:
-    system, user = "trtedge-probe-system", "trtedge-probe-user"
-    try:
-        first = render([{"role": "system", "content": system}, {"role": "user", "content": user}])
-        later = render([{"role": "user", "content": user}, {"role": "system", "content": system}])
-    except Exception:  # refused: the TemplateError fallback merges them
-        return False
-    if system not in first or system not in later:
-        return False
-    head, tail = first[: first.index(system)], later[: later.index(system)]
-    n = min(len(head), len(tail), 16)
-    return n > 0 and head[-n:] == tail[-n:]
-
-
-def fold_system_messages(messages: list[dict]) -> list[dict]:
-    """``messages`` with every system message after the first turn merged into the leading system
-    prompt, for templates that allow a system message only first; ``messages`` itself when none is."""
-    later = [m for m in messages[1:] if m["role"] == "system"]
-    if not later:
-        return messages
-    head = messages[0] if messages[0]["role"] == "system" else None
-    texts = [_plain(m["content"]) for m in ([head] if head else []) + later]
-    rest = [m for m in messages[1 if head else 0 :] if m["role"] != "system"]
-    return [{"role": "system", "content": "\n\n".join(texts)}, *rest]
-
-
-def _plain(content: str | list[dict]) -> str:
-    if isinstance(content, str):
-        return content
-    return "\n".join(p.get("text", "") for p in content if p.get("type") == "text")
-
-
-def plan_chat(
-    serving: OpenAIServing,
-    req: ChatCompletionRequest,
-    guide: Any = None,
-    salt: str | None = None,
-    media: Media | None = None,
-) -> ChatPlan:
-    """Render the conversation and build the engine request and its output parsers; ``guide`` is the
-    request's own structured-output guide (response_format), if any; ``salt`` its cache domain;
-    ``media`` the decoded media parts."""
-    config = serving.config
-    prompt = render_prompt(serving, req, media)
-    tools, choice = prompt.tools, prompt.tool_choice
-    fmt = None
-    if tools and choice != "none":
-        fmt = (
-            FORMATS["generic"]
-            if prompt.tool_prompt
-            else tool_format(config.tool_call_parser, prompt.template)
-        )
-    if choice == "auto" and not config.enable_auto_tool_choice:
-        raise bad_request(
-            'tool_choice "auto" (the default when tools are given) needs the server flag '
-            '--enable-auto-tool-choice; or send tool_choice "none"',
-            param="tool_choice",
-        )
-    if choice not in ("auto", "none"):
-        tool_guide = tool_call_guide(tools, choice, fmt)
-        if tool_guide is None:
-            raise not_supported(
-                f"tool_choice {json.dumps(choice)} with the {fmt.name} tool-call format", "tool_choice"
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(
+                404,
+                f"model {model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
             )
-        if guide is not None:
+
+    def refuse_unserved(self, req: _Sampling) -> None:
+        """A request for another model, or below the server's --min-request-priority."""
+        self.check_model(req.model)
+        minimum = self.llm.config.min_request_priority
+        if minimum is not None and req.priority < minimum:
             raise bad_request(
-                f"tool_choice {json.dumps(choice)} decides the output's shape: drop the structured-output "
-                "field (response_format / guided_decoding)",
-                param="tool_choice",
+                f"priority {req.priority} is below the server's --min-request-priority {minimum}",
+                param="priority",
             )
-        guide = tool_guide
-    kwargs = dict(req.chat_template_kwargs or {})
-    thinking = req.enable_thinking if req.enable_thinking is not None else kwargs.get("enable_thinking")
-    max_tokens = req.max_completion_tokens or req.max_tokens
-    top = (req.top_logprobs or 0) if req.logprobs else None
-    params = serving._params(req, len(prompt.ids), max_tokens, top, "messages", guide=guide, salt=salt)
-    reasoning = reasoning_parser(config.reasoning_parser, prompt.template)
-    if reasoning != HARMONY and thinking is not True:
-        reasoning = (
-            None  # <think> is split only when the request turns thinking on; harmony always has channels
-        )
-    harmony = reasoning == HARMONY or (fmt is not None and fmt.keep_special_tokens)
-    if harmony and params.skip_special_tokens:
-        params = replace(params, skip_special_tokens=False)
-    return ChatPlan(
-        choices=[Choice(prompt.engine_prompt, params)],
-        prompt_text=prompt.text,
-        tool_format=fmt,
-        tools={t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or ()},
-        reasoning=reasoning,
-        opened=prompt.text.rstrip().endswith("<think>"),
-        parallel_tool_calls=req.parallel_tool_calls is not False,
-    )
 
+    def empty_prompt(self) -> list[int]:
+        """What an empty prompt is served as: the start of a document (OpenAI's default prompt is its
+        end-of-text token), i.e. the model's BOS token, else its first end-of-text token (else none)."""
+        info = self.tokenizer_info
+        if info.bos_token_id is not None:
+            return [info.bos_token_id]
+        return sorted(info.eos_token_ids)[:1]
 
-def _tools(req: ChatCompletionRequest) -> list[dict] | None:
-    tools = req.tools
-    param = "tools"
-    if tools is None and req.functions is not None:
-        tools, param = [{"type": "function", "function": f} for f in req.functions], "functions"
-    if not tools:
-        return None
-    for i, tool in enumerate(tools):
-        where = f"{param}.{i}"
-        if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-            raise bad_request(
-                'only function tools are served: {"type": "function", "function": {...}}',
-                param=f"{where}.type",
-            )
-        function = tool["function"]
-        if not isinstance(function.get("name"), str) or not function["name"]:
-            raise bad_request("a function tool needs a name", param=f"{where}.function.name")
-        if not isinstance(function.get("parameters", {}), dict):
-            raise bad_request("parameters must be a JSON schema object", param=f"{where}.function.parameters")
-    names = [t["function"]["name"] for t in tools]
-    if len(set(names)) != len(names):
-        raise bad_request("tool names must be unique", param=param)
-    return tools
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 (one serving object per server)
+    def token(self, token_id: int) -> tuple[str, bytes]:
+        """A token's text (a part of a character shown as U+FFFD) and its bytes, for logprobs."""
+        raw = self.llm.token_bytes(token_id)
+        return raw.decode("utf-8", errors="replace"), raw
 
+    def visible_logprobs(self, d: StreamDelta) -> list[TokenLogprobs]:
+        """Logprobs of the tokens that made text: an EOS that ended the answer is not reported."""
+        infos = list(d.logprobs or [])
+        if infos and d.finish_reason == "stop" and not d.text:
+            if infos[-1].token_id in self.tokenizer_info.eos_token_ids:
+                infos.pop()
+        return infos
 
-def _tool_choice(req: ChatCompletionRequest, tools: list[dict] | None) -> str | dict:
-    choice = req.tool_choice if req.tool_choice is not None else req.function_call
-    param = "tool_choice" if req.tool_choice is not None else "function_call"
-    if choice is None:
-        return "auto" if tools else "none"
-    if isinstance(choice, str):
-        if choice not in ("none", "auto", "required"):
-            raise bad_request('tool_choice must be "none", "auto", "required" or a function', param=param)
-        if choice != "none" and not tools:
-            raise bad_request(f'tool_choice "{choice}" needs tools', param=param)
-        return choice
-    function = choice.get("function") if "function" in choice else choice
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(name, str):
-        raise bad_request(
-            'a named tool_choice is {"type": "function", "function": {"name": ...}}', param=param
-        )
-    if name not in [t["function"]["name"] for t in tools or ()]:
-        raise bad_request(f"tool_choice names {name!r}, which is not among the tools", param=param)
-    return {"type": "function", "function": {"name": name}}
+    # ---- the request ---------------------------------------------------------------------------
+    async def guide(self, req: _Sampling) -> GuidedDecodingParams | None:
+        """The request's structured-output guide, compiled now (off the event loop, cached by the engine) so
+        that a bad one is a 400 naming the field before the request takes a seat."""
+        guide, field = guide_from_request(req)
+        await self.compile(guide, field)
+        return guide
 
-
-def _template_messages(req: ChatCompletionRequest, media: Media) -> list[dict]:
-    messages = []
-    for i, m in enumerate(req.messages):
-        content = m.content
-        if isinstance(content, list):
-            parts: list[dict] = []
-            for j, part in enumerate(content):
-                if part.type in MEDIA_PARTS and (i, j) in media:
-                    parts.append(media[i, j])
-                    continue
-                if part.type not in _TEXT_PARTS:
-                    raise not_supported(f"{part.type!r} content", f"messages.{i}.content.{j}")
-                if part.text is None:
-                    raise bad_request("a text part needs 'text'", param=f"messages.{i}.content.{j}.text")
-                parts.append({"type": "text", "text": part.text})
-            if any(p["type"] != "text" for p in parts):
-                content = parts
-            else:
-                content = "\n".join(p["text"] for p in parts)
-        role = "system" if m.role == "developer" else m.role
-        message: dict[str, Any] = {"role": role, "content": content or ""}
-        if m.name is not None:
-            message["name"] = m.name
-        if m.reasoning_content is not None:
-            message["reasoning_content"] = m.reasoning_content
-        if m.tool_calls:
-            if m.role != "assistant":
-                raise bad_request(
-                    "only assistant messages carry tool_calls", param=f"messages.{i}.tool_calls"
-                )
-            message["tool_calls"] = [
-                _template_call(c, f"messages.{i}.tool_calls.{k}") for k, c in enumerate(m.tool_calls)
-            ]
-        if m.role == "tool":
-            if m.tool_call_id is None:
-                raise bad_request("a tool message needs tool_call_id", param=f"messages.{i}.tool_call_id")
-            message["tool_call_id"] = m.tool_call_id
-        messages.append(message)
-    return messages
-
-
-def _template_call(call: dict, param: str) -> dict:
-    function = call.get("function")
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise bad_request("a tool call is {id, type: function, function: {name, arguments}}", param=param)
-    arguments = function.get("arguments", "{}")
-    if isinstance(arguments, str):
+    async def compile(self, guide: GuidedDecodingParams | None, field: str | None) -> None:
+        if guide is None:
+            return
         try:
-            arguments = json.loads(arguments or "{}")
-        except ValueError:
+            await asyncio.to_thread(self.llm.compile_guide, guide)
+        except GuidedUnavailableError as e:
+            raise APIError(501, str(e), param=field, code="structured_output_unavailable") from None
+        except ValueError as e:
+            raise bad_request(str(e), param=field, code="invalid_guide") from None
+
+    def params(
+        self,
+        req: _Sampling,
+        num_prompt_tokens: int,
+        max_tokens: int | None,
+        logprobs: int | None,
+        param: str,
+        guide: GuidedDecodingParams | None = None,
+        salt: str | None = None,
+        prompt_logprobs: int | None = None,
+    ) -> SamplingParams:
+        """The request's ``SamplingParams``: its fields over --override-generation-config's defaults;
+        ``max_tokens`` None: what is left of the context. ``param``: the field that holds the prompt."""
+        capacity = self.llm.config.max_kv_cache_capacity
+        defaults = self.config.generation_defaults  # --override-generation-config
+        if prompt_logprobs is None:
+            prompt_logprobs = req.prompt_logprobs
+        explicit = max_tokens is not None
+        if not explicit:
+            max_tokens = max(capacity - num_prompt_tokens, 1)  # what is left of the context, like vLLM
+            max_tokens = min(max_tokens, defaults.get("max_new_tokens", max_tokens))
+        if num_prompt_tokens == 0:
+            raise bad_request("the prompt is empty", param=param, code="invalid_value")
+        try:
+            self.llm.check_lengths(num_prompt_tokens, max_tokens)
+        except PromptTooLongError as e:
+            too_long = num_prompt_tokens > self.llm.config.max_input_len or not explicit
             raise bad_request(
-                "arguments must be a JSON object", param=f"{param}.function.arguments"
+                str(e), param=param if too_long else "max_tokens", code="context_length_exceeded"
             ) from None
-    # Chat templates read the arguments as a mapping (transformers' convention).
-    return {
-        "id": call.get("id"),
-        "type": "function",
-        "function": {"name": function["name"], "arguments": arguments},
-    }
+        options = {name: getattr(req, name) for name in _SAMPLING_OPTIONS if getattr(req, name) is not None}
+        options = {k: v for k, v in defaults.items() if k != "max_new_tokens"} | options
+        if options.get("top_k") == 0:
+            options["top_k"] = -1  # 0 is "off" too, as in vLLM (the document allows it)
+        stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+        stop = [s for s in stop if s]  # an empty stop string matches nothing: served as none
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                n=req.n,  # the engine forks the choices from one prefill; choice i > 0 derives its seed
+                stop=tuple(stop),
+                stop_token_ids=tuple(req.stop_token_ids or ()),
+                seed=req.seed,
+                logit_bias=req.logit_bias,
+                ignore_eos=req.ignore_eos,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                reuse_context=req.reuse_context,
+                cache_generated_tokens=req.cache_generated_tokens,
+                skip_special_tokens=req.skip_special_tokens,
+                disable_spec_decode=req.disable_spec_decode,
+                guided_decoding=guide,
+                cache_salt=salt,
+                **options,
+            )
+        except ValueError as e:
+            raise value_error(e, param) from None
+
+    async def serve(
+        self,
+        req: _Sampling,
+        choices: list[Choice],
+        rid: str,
+        request: Request,
+        arrival: float,
+        *,
+        events: Callable[[Generation], AsyncIterator[bytes]] | None,
+        answer: Callable[[list[Output]], Response | Awaitable[Response]],
+        with_eos: bool = False,
+        hold_seat: bool = False,
+    ) -> Response:
+        """The pipeline: take a seat (maybe waiting in the queue), submit ``choices``, then stream
+        ``events(generation)`` as server-sent events, or, with ``events`` None, answer ``answer(outputs)``
+        once every choice has finished (``with_eos``: see ``collect``; ``hold_seat``: the seat stays
+        taken while ``answer`` runs, as speech output needs). 499 when the client left while queued."""
+        started = await self.start(req, choices, rid, request, arrival)
+        if started is None:
+            return Response(status_code=499)
+        gen, watcher = started
+        if events is not None:
+            return sse.SSEResponse(events(gen), on_close=closer(gen, watcher))
+        outputs = await self.collect(gen, watcher, with_eos=with_eos, keep_open=hold_seat)
+        try:
+            response = answer(outputs)
+            return await response if inspect.isawaitable(response) else response
+        finally:
+            gen.close()
+
+    async def start(
+        self, req: _Sampling, choices: list[Choice], rid: str, request: Request, arrival: float
+    ) -> tuple[Generation, sse.DisconnectWatcher] | None:
+        """Take a seat (maybe waiting in the queue), then submit. None when the client left while
+        queued; the caller closes the generation and stops the watcher (``closer``)."""
+        for choice in choices:  # a guide compiles off the event loop, before the request takes a seat
+            await self.compile(choice.params.guided_decoding, "tools")
+        watcher = sse.DisconnectWatcher(request.receive)
+        try:
+            seat = await self.admission.acquire(req.priority, abort=watcher.gone)
+        except asyncio.CancelledError:
+            watcher.stop()
+            if watcher.gone.is_set():
+                return None
+            raise
+        except BaseException:
+            watcher.stop()
+            raise
+        self.metrics.queue_time.observe(time.monotonic() - arrival)
+        try:
+            gen = Generation(
+                self.llm,
+                choices,
+                seat=seat,
+                metrics=self.metrics,
+                request_id=rid,
+                priority=req.priority,
+                arrival=arrival,
+            )
+        except ValueError as e:
+            watcher.stop()
+            raise value_error(e, "messages" if isinstance(req, ChatCompletionRequest) else "prompt") from None
+        except EngineUnavailableError as e:
+            watcher.stop()
+            raise engine_unavailable(str(e)) from None
+        except BaseException:
+            watcher.stop()
+            seat.release()
+            raise
+        watcher.on_disconnect(gen.cancel)
+        self._live.add(gen)
+        return gen, watcher
+
+    async def collect(
+        self, gen: Generation, watcher: sse.DisconnectWatcher, with_eos: bool = False, keep_open: bool = False
+    ) -> list[Output]:
+        """Every choice's output; ``with_eos`` keeps the logprob of an EOS that ended a choice (completions
+        report it, as vLLM does: one entry per completion token); ``keep_open``: the caller closes ``gen``
+        (its seat stays taken meanwhile)."""
+        outputs = [Output() for _ in range(gen.num_choices)]
+        done = False
+        try:
+            async for i, d in gen.deltas():
+                o = outputs[i]
+                o.text.append(d.text)
+                o.token_ids.extend(d.token_ids)
+                o.logprobs.extend((d.logprobs or []) if with_eos else self.visible_logprobs(d))
+                o.finish_reason = d.finish_reason
+                o.prompt_tokens, o.completion_tokens = d.prompt_tokens, d.completion_tokens
+                o.cached_tokens = d.cached_tokens
+                if d.prompt_logprobs is not None:
+                    o.prompt_logprobs = d.prompt_logprobs
+            done = True
+        except APIError:
+            raise
+        except Exception:
+            log.exception("generation failed")
+            raise internal_error() from None
+        finally:
+            watcher.stop()
+            if not (keep_open and done):  # a failed one is closed here all the same
+                gen.close()
+        return outputs
+
+
+def closer(gen: Generation, watcher: sse.DisconnectWatcher) -> Callable[[], None]:
+    def close() -> None:
+        watcher.stop()
+        gen.close()
+
+    return close
+
+
+def stream_error(error: Exception) -> dict:
+    """The body of a stream's error event (an unexpected error is logged and shown as a 500)."""
+    if isinstance(error, APIError):
+        return error.body()
+    log.exception("generation failed mid-stream", exc_info=error)
+    return internal_error().body()
+
+
+def value_error(error: ValueError, default_param: str) -> APIError:
+    """A runtime ValueError as a 400 naming the request field it is about (a ``ParamError``'s, when the
+    request has that field; else ``default_param``)."""
+    param = error.param if isinstance(error, ParamError) else None
+    known = param in ChatCompletionRequest.model_fields or param in CompletionRequest.model_fields
+    return bad_request(str(error), param=param if known else default_param)

@@ -14,10 +14,11 @@ import asyncio
 import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtedge.runtime.multimodal.nemotron_video import NO_IMAGES, NemotronVideoProcessor
 from trtedge.server.audio import AUDIO_FORMATS, decode_audio, require_av
+from trtedge.server.core import ServingCore
 from trtedge.server.decoding import decode_image, decode_video, require
 from trtedge.server.errors import APIError, bad_request
 from trtedge.server.media import fetch_media
@@ -29,9 +30,6 @@ from trtedge.server.openai.protocol import (
     InputAudio,
     VideoURL,
 )
-
-if TYPE_CHECKING:
-    from trtedge.server.openai.serving import OpenAIServing
 
 MEDIA_PARTS = {"image_url": "image", "video_url": "video", "input_audio": "audio", "audio_url": "audio"}
 DEFAULT_FPS = 2.0
@@ -100,7 +98,7 @@ def _ref(part: ContentPart, where: tuple[int, int], param: str, role: str) -> Me
     return MediaRef(where, kind, source.url, param, fps=source.fps, nframes=source.nframes)
 
 
-async def load_media(serving: OpenAIServing, req: ChatCompletionRequest) -> Media:
+async def load_media(serving: ServingCore, req: ChatCompletionRequest) -> Media:
     """The decoded pictures of every media part, as template content parts; {} for a text-only request."""
     refs = media_refs(req)
     if not refs:

@@ -18,46 +18,52 @@ from trtedge.server import sse
 from trtedge.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from trtedge.server.anthropic.translate import error_body, to_chat_request
 from trtedge.server.auth import cache_salt
-from trtedge.server.core import ChatPlan, ChoiceReader, call_id, prepare_chat, prepare_prompt
+from trtedge.server.chat_prompt import ChatPlan, ChoiceReader, call_id, prepare_chat, prepare_prompt
+from trtedge.server.core import Output, ServingCore
 from trtedge.server.errors import APIError, internal_error
 from trtedge.server.generation import Generation
 from trtedge.server.openai.protocol import ChatCompletionRequest
-from trtedge.server.openai.serving import OpenAIServing
 from trtedge.server.parsers.output import merge
 
 PING_SECONDS = 5.0
 
 
 class AnthropicServing:
-    def __init__(self, openai: OpenAIServing, ping_seconds: float = PING_SECONDS):
-        self.openai = openai
+    def __init__(self, core: ServingCore, ping_seconds: float = PING_SECONDS):
+        self.core = core
         self.ping_seconds = ping_seconds
 
     async def count_tokens(self, req: CountTokensRequest) -> Response:
-        self.openai.check_model(req.model)
-        prompt = await prepare_prompt(self.openai, to_chat_request(req))
+        self.core.check_model(req.model)
+        prompt = await prepare_prompt(self.core, to_chat_request(req))
         return JSONResponse({"input_tokens": len(prompt.ids)})
 
     async def messages(self, req: MessagesRequest, request: Request) -> Response:
         arrival = time.monotonic()
-        serving = self.openai
-        serving.check_model(req.model)
+        core = self.core
+        core.check_model(req.model)
         chat = to_chat_request(req)
         guide = await self._guide(req, chat)
         try:
-            plan = await prepare_chat(serving, chat, guide, salt=cache_salt(request, chat.cache_salt))
+            plan = await prepare_chat(core, chat, guide, salt=cache_salt(request, chat.cache_salt))
         except APIError as e:
             if e.code != "context_length_exceeded":
                 raise
             raise await self._too_long(chat, req.max_tokens, e) from None
         rid = f"msg_{uuid.uuid4().hex[:24]}"
-        gen, watcher = await serving._start(chat, plan.choices, rid, request, arrival)
-        if gen is None:
-            return Response(status_code=499)
         stops = tuple(req.stop_sequences or ())
-        if req.stream:
-            return sse.SSEResponse(self._events(gen, plan, rid, stops), on_close=_closer(gen, watcher))
-        [out] = await serving._collect(gen, watcher)
+        return await core.serve(
+            chat,
+            plan.choices,
+            rid,
+            request,
+            arrival,
+            events=(lambda gen: self._events(gen, plan, rid, stops)) if req.stream else None,
+            answer=lambda outputs: self._answer(outputs, plan, rid, stops),
+        )
+
+    def _answer(self, outputs: list[Output], plan: ChatPlan, rid: str, stops: tuple[str, ...]) -> Response:
+        [out] = outputs
         reader = plan.reader()
         text = "".join(out.text)
         parsed = merge(reader.feed(StreamDelta(text, [], out.finish_reason)))
@@ -74,7 +80,7 @@ class AnthropicServing:
                 "id": rid,
                 "type": "message",
                 "role": "assistant",
-                "model": serving.model_name,
+                "model": self.core.model_name,
                 "content": content,
                 "stop_reason": reason,
                 "stop_sequence": stop,
@@ -87,9 +93,9 @@ class AnthropicServing:
         """``error`` (the prompt does not fit) in Anthropic's words, which clients parse: Claude Code
         retries with a smaller max_tokens on "input length and `max_tokens` exceed context limit:
         N + M > C" and compacts its conversation on "prompt is too long"."""
-        config = self.openai.llm.config
+        config = self.core.llm.config
         try:
-            num_prompt_tokens = len((await prepare_prompt(self.openai, chat)).ids)
+            num_prompt_tokens = len((await prepare_prompt(self.core, chat)).ids)
         except APIError:
             return error  # media past the limit: the prompt was never rendered
         if num_prompt_tokens > config.max_input_len:
@@ -107,7 +113,7 @@ class AnthropicServing:
     async def _guide(self, req: MessagesRequest, chat: ChatCompletionRequest) -> GuidedDecodingParams | None:
         """The guide of output_config.format (compiled now: a bad schema is a 400 naming that field)."""
         try:
-            return await self.openai._guide(chat)
+            return await self.core.guide(chat)
         except APIError as e:
             if e.param != "response_format":
                 raise
@@ -126,8 +132,8 @@ class AnthropicServing:
             return "tool_use", None
         if finish == "length":
             return "max_tokens", None
-        if stops and token_ids and token_ids[-1] not in self.openai.tokenizer_info.eos_token_ids:
-            full = self.openai.llm.detokenize(token_ids)
+        if stops and token_ids and token_ids[-1] not in self.core.tokenizer_info.eos_token_ids:
+            full = self.core.llm.detokenize(token_ids)
             found = [(full.find(s), s) for s in stops if s in full]
             if found:
                 return "stop_sequence", min(found)[1]
@@ -144,7 +150,7 @@ class AnthropicServing:
             "id": rid,
             "type": "message",
             "role": "assistant",
-            "model": self.openai.model_name,
+            "model": self.core.model_name,
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
@@ -264,14 +270,6 @@ def _usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
 
 def _tool_use(block_id: str, name: str, arguments: dict) -> dict:
     return {"type": "tool_use", "id": block_id, "name": name, "input": arguments}
-
-
-def _closer(gen: Generation, watcher: sse.DisconnectWatcher):
-    def close() -> None:
-        watcher.stop()
-        gen.close()
-
-    return close
 
 
 def anthropic_error(error: APIError) -> JSONResponse:

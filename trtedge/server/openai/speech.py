@@ -30,7 +30,7 @@ from trtedge.server.errors import bad_request
 from trtedge.server.openai.protocol import _Model
 
 if TYPE_CHECKING:
-    from trtedge.server.openai.serving import OpenAIServing
+    from trtedge.server.core import ServingCore
 
 MAX_INPUT_CHARS = 4096
 _OPTIONS = (
@@ -64,7 +64,7 @@ class SpeechRequest(_Model):
     priority: int = 0
 
 
-def voices(serving: OpenAIServing) -> Response:
+def voices(serving: ServingCore) -> Response:
     llm = serving.llm
     speech = llm.speech_output
     names = llm.voices
@@ -73,7 +73,7 @@ def voices(serving: OpenAIServing) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
-def _check(serving: OpenAIServing, req: SpeechRequest) -> Iterator:
+def _check(serving: ServingCore, req: SpeechRequest) -> Iterator:
     """The waveform stream of ``req``, or a 400 naming the field; nothing is made yet."""
     llm = serving.llm
     serving.check_model(req.model)
@@ -101,7 +101,7 @@ def _check(serving: OpenAIServing, req: SpeechRequest) -> Iterator:
     return stream
 
 
-async def speech(serving: OpenAIServing, req: SpeechRequest, request: Request) -> Response:
+async def speech(serving: ServingCore, req: SpeechRequest, request: Request) -> Response:
     from trtedge.runtime.speech.encode import MEDIA_TYPES, Encoder
 
     arrival = time.monotonic()

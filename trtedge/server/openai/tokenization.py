@@ -10,10 +10,10 @@ from typing import Annotated, Any
 from pydantic import Field
 from starlette.responses import JSONResponse, Response
 
-from trtedge.server.core import prepare_prompt
+from trtedge.server.chat_prompt import prepare_prompt
+from trtedge.server.core import ServingCore
 from trtedge.server.errors import bad_request
 from trtedge.server.openai.protocol import ChatCompletionRequest, ChatMessage, TokenId, _Model
-from trtedge.server.openai.serving import OpenAIServing
 
 
 class TokenizeRequest(_Model):
@@ -36,12 +36,12 @@ class DetokenizeRequest(_Model):
 
 
 class TokenizationServing:
-    def __init__(self, openai: OpenAIServing):
-        self.openai = openai
-        self.llm = openai.llm
+    def __init__(self, core: ServingCore):
+        self.core = core
+        self.llm = core.llm
 
     async def tokenize(self, req: TokenizeRequest) -> Response:
-        self.openai.check_model(req.model)
+        self.core.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("send exactly one of prompt and messages", param="prompt")
         llm = self.llm
@@ -55,21 +55,21 @@ class TokenizationServing:
                 tools=req.tools,
                 chat_template_kwargs=req.chat_template_kwargs,
             )
-            ids = list((await prepare_prompt(self.openai, chat)).ids)
-            bos = self.openai.tokenizer_info.bos_token_id
+            ids = list((await prepare_prompt(self.core, chat)).ids)
+            bos = self.core.tokenizer_info.bos_token_id
             if req.add_special_tokens and bos is not None and ids[:1] != [bos]:
                 ids.insert(0, bos)
         body: dict = {
             "count": len(ids),
-            "max_model_len": self.openai.llm.config.max_kv_cache_capacity,
+            "max_model_len": self.core.llm.config.max_kv_cache_capacity,
             "tokens": ids,
             "token_strs": [llm.token_piece(i) for i in ids] if req.return_token_strs else None,
         }
         return JSONResponse(body)
 
     async def detokenize(self, req: DetokenizeRequest) -> Response:
-        self.openai.check_model(req.model)
-        vocab = self.openai.vocab_size
+        self.core.check_model(req.model)
+        vocab = self.core.vocab_size
         bad = next((i for i, t in enumerate(req.tokens) if t >= vocab), None)
         if bad is not None:
             raise bad_request(
@@ -81,7 +81,7 @@ class TokenizationServing:
 
     def tokenizer_info(self) -> Response:
         """What vLLM reports: the tokenizer's configuration (special tokens, BOS handling, chat template)."""
-        tokenizer = self.openai.tokenizer_info
+        tokenizer = self.core.tokenizer_info
         info: dict = {
             "tokenizer_class": "PreTrainedTokenizerFast",  # a tokenizer.json, as transformers loads it
             "bos_token": None,
@@ -90,7 +90,7 @@ class TokenizationServing:
             "unk_token": None,
             **tokenizer.special_tokens,
             "add_bos_token": tokenizer.add_bos_token,
-            "model_max_length": self.openai.llm.config.max_kv_cache_capacity,
+            "model_max_length": self.core.llm.config.max_kv_cache_capacity,
             "vocab_size": tokenizer.vocab_size,
         }
         if tokenizer.chat_template:

@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from starlette.requests import Request
@@ -32,14 +31,11 @@ from trtedge.runtime.multimodal.transcription import (
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.server import sse
 from trtedge.server.audio import decode_audio, require_av
+from trtedge.server.core import ServingCore, closer, stream_error
 from trtedge.server.errors import APIError, bad_request
 from trtedge.server.generation import Choice
 from trtedge.server.multimodal import in_media_thread
 from trtedge.server.multipart import Upload, parse_form
-from trtedge.server.openai.serving import _closer, _stream_error
-
-if TYPE_CHECKING:
-    from trtedge.server.openai.serving import OpenAIServing
 
 FORM_SLACK = 1 << 20  # bytes of a form besides its file (field values, part headers)
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
@@ -139,7 +135,7 @@ def _boolean(value: str | None, name: str) -> bool:
     raise bad_request(f"{name} must be true or false, got {value!r}", param=name)
 
 
-async def transcribe(serving: OpenAIServing, request: Request, body: bytes) -> Response:
+async def transcribe(serving: ServingCore, request: Request, body: bytes) -> Response:
     """The route's work once the body (at most ``max_audio_bytes`` + FORM_SLACK) has arrived."""
     arrival = time.monotonic()
     config, llm = serving.config, serving.llm
@@ -175,13 +171,14 @@ async def transcribe(serving: OpenAIServing, request: Request, body: bytes) -> R
     num_audio = sum(it.num_tokens for it in prompt.items)
     params = _params(serving, len(prompt.ids), form.temperature)
     rid = f"trsc-{uuid.uuid4().hex}"
-    gen, watcher = await serving._start(form, [Choice(prompt, params)], rid, request, arrival)
-    if gen is None:
+    started = await serving.start(form, [Choice(prompt, params)], rid, request, arrival)
+    if started is None:
         return Response(status_code=499)
+    gen, watcher = started
     reader = TranscriptReader(header_done=not header)
     if form.stream:
-        return sse.SSEResponse(_events(gen, reader, num_audio), on_close=_closer(gen, watcher))
-    [out] = await serving._collect(gen, watcher)
+        return sse.SSEResponse(_events(gen, reader, num_audio), on_close=closer(gen, watcher))
+    [out] = await serving.collect(gen, watcher)
     reader.feed("".join(out.text))
     reader.finish()
     text = reader.text.strip()
@@ -192,8 +189,7 @@ async def transcribe(serving: OpenAIServing, request: Request, body: bytes) -> R
 
 def transcription_only(llm) -> bool:
     """Whether ``llm`` is an RNN-T transcriber: it serves transcriptions and nothing else."""
-    audio = getattr(llm, "audio", None)
-    return audio is not None and audio.transcription == "transducer"
+    return llm.audio is not None and llm.audio.transcription == "transducer"
 
 
 def refuse_generation(model_name: str):
@@ -237,7 +233,7 @@ def _transducer_prompt(audio, samples, language: str | None) -> MultimodalPrompt
         raise bad_request(str(e), param="file", code="invalid_audio") from None
 
 
-def _encode(serving: OpenAIServing, tp: TranscriptionPrompt) -> MultimodalPrompt:
+def _encode(serving: ServingCore, tp: TranscriptionPrompt) -> MultimodalPrompt:
     llm = serving.llm
     try:
         prompt = llm.encode_prompt(tp.messages)
@@ -252,7 +248,7 @@ def _encode(serving: OpenAIServing, tp: TranscriptionPrompt) -> MultimodalPrompt
     return dataclasses.replace(prompt, ids=prompt.ids + extra, positions=positions)
 
 
-def _params(serving: OpenAIServing, num_prompt_tokens: int, temperature: float) -> SamplingParams:
+def _params(serving: ServingCore, num_prompt_tokens: int, temperature: float) -> SamplingParams:
     llm = serving.llm
     capacity = llm.config.max_kv_cache_capacity
     max_tokens = max(capacity - num_prompt_tokens, 1)
@@ -292,5 +288,5 @@ async def _events(gen, reader: TranscriptReader, num_audio: int) -> AsyncIterato
     except Exception as e:
         if gen.cancelled:
             return
-        yield sse.event(_stream_error(e), name="error")
+        yield sse.event(stream_error(e), name="error")
     yield sse.DONE

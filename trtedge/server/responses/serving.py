@@ -13,33 +13,40 @@ from starlette.responses import JSONResponse, Response
 from trtedge.runtime.output import StreamDelta
 from trtedge.server import sse
 from trtedge.server.auth import cache_salt
-from trtedge.server.core import ChatPlan, call_id, prepare_chat
+from trtedge.server.chat_prompt import ChatPlan, call_id, prepare_chat
+from trtedge.server.core import Output, ServingCore
 from trtedge.server.errors import APIError, internal_error
 from trtedge.server.generation import Generation
-from trtedge.server.openai.serving import OpenAIServing
 from trtedge.server.responses.protocol import ResponsesRequest
 from trtedge.server.responses.translate import namespaces, to_chat_request
 
 
 class ResponsesServing:
-    def __init__(self, openai: OpenAIServing):
-        self.openai = openai
+    def __init__(self, core: ServingCore):
+        self.core = core
 
     async def create(self, req: ResponsesRequest, request: Request) -> Response:
         arrival = time.monotonic()
-        serving = self.openai
-        serving.check_model(req.model)
+        core = self.core
+        core.check_model(req.model)
         chat = to_chat_request(req)
-        guide = await serving._guide(chat)
-        plan = await prepare_chat(serving, chat, guide, salt=cache_salt(request, chat.cache_salt))
+        guide = await core.guide(chat)
+        plan = await prepare_chat(core, chat, guide, salt=cache_salt(request, chat.cache_salt))
         rid = f"resp_{uuid.uuid4().hex}"
-        gen, watcher = await serving._start(chat, plan.choices, rid, request, arrival)
-        if gen is None:
-            return Response(status_code=499)
-        head = _Head(rid, int(time.time()), serving.model_name, req, chat)
-        if req.stream:
-            return sse.SSEResponse(self._events(gen, plan, head), on_close=_closer(gen, watcher))
-        [out] = await serving._collect(gen, watcher)
+        head = _Head(rid, int(time.time()), core.model_name, req, chat)
+        return await core.serve(
+            chat,
+            plan.choices,
+            rid,
+            request,
+            arrival,
+            events=(lambda gen: self._events(gen, plan, head)) if req.stream else None,
+            answer=lambda outputs: self._answer(outputs, plan, head),
+        )
+
+    def _answer(self, outputs: list[Output], plan: ChatPlan, head: _Head) -> Response:
+        [out] = outputs
+        req = head.req
         items = _Items(namespaces(req.tools))
         reader = plan.reader()
         for event in reader.feed(StreamDelta("".join(out.text), [], out.finish_reason)):
@@ -251,11 +258,3 @@ class _Items:
 
 def _id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
-
-
-def _closer(gen: Generation, watcher: sse.DisconnectWatcher):
-    def close() -> None:
-        watcher.stop()
-        gen.close()
-
-    return close
