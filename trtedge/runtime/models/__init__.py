@@ -105,16 +105,32 @@ def prepare_tensors(tensors, checkpoint, weights: str, runnable: frozenset[str],
 
     sources = checkpoint.quantization or {}
     dequantized: dict[str, int] = {}
+    requantized = 0
+
+    def runs(q: QuantizedTensor) -> bool:
+        return q.format in runnable and (device.type != "cuda" or quant_linear.runs(q, device))
+
     for name, tensor in tensors:
         if not isinstance(tensor, QuantizedTensor):
             if (fmt := target_format(name, tensor.shape, weights, sources.get(name))) in runnable:
                 tensor = quantize(tensor.to(device), fmt)
+        if isinstance(tensor, QuantizedTensor) and tensor.format == "fp8" and not runs(tensor):
+            as_int8 = quantize(tensor.dequantize(), "int8")  # no fp8 kernel here (the CPU, pre-Ada GPUs)
+            if runs(as_int8):
+                tensor, requantized = as_int8, requantized + 1
         if isinstance(tensor, QuantizedTensor):
-            keep = tensor.format in runnable and (device.type != "cuda" or quant_linear.runs(tensor, device))
+            keep = runs(tensor)
             if not keep:
                 dequantized[tensor.format] = dequantized.get(tensor.format, 0) + 1
             tensor = tensor.to(device) if keep else tensor.dequantize(dtype)
         yield name, tensor
+    if requantized:
+        log.warning(
+            "%d fp8 tensors requantized to int8 per row at load (no fp8 kernel on %s; build with "
+            "--weights int8 to store them so)",
+            requantized,
+            device,
+        )
     if dequantized:
         counts = ", ".join(f"{n} {fmt}" for fmt, n in sorted(dequantized.items()))
         log.warning("%s tensors run dequantized to %s on %s (no kernel for them here)", counts, dtype, device)
