@@ -22,7 +22,7 @@ from trtedge.runtime.multimodal import MultimodalPrompt, media_kinds
 from trtedge.runtime.multimodal.audio import AudioProcessor, audio_processor
 from trtedge.runtime.multimodal.processor import VisionProcessor
 from trtedge.runtime.multimodal.prompt import expand_placeholders, placeholder_tokens, process_media
-from trtedge.runtime.multimodal.transducer_audio import transducer_audio_processor
+from trtedge.runtime.multimodal.transducer_audio import TransducerAudioProcessor, transducer_audio_processor
 from trtedge.runtime.output import (
     CancellableIterator,
     CompletionOutput,
@@ -346,6 +346,8 @@ class LLM:
         ``MultimodalPrompt`` for messages with image / video parts (see ``trtedge.runtime.multimodal``)."""
         if isinstance(prompt, MultimodalPrompt):
             return prompt
+        if isinstance(self.audio, TransducerAudioProcessor):  # an RNN-T transcriber: one clip, no template
+            return self.audio.from_messages(prompt)
         if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
             return list(prompt)
         if isinstance(prompt, str):

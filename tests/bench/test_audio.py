@@ -63,3 +63,19 @@ def test_http_backend_streams_transcriptions(checkpoint, clip, tmp_path):
     assert all(r.ok for r in results), [r.error for r in results]
     for r in results:
         assert r.output_tokens == 5 and r.prompt_tokens > 17 and r.chunk_times and r.ttft <= r.e2e
+
+
+def test_offline_bench_of_an_rnnt_transcriber(clip, tmp_path, monkeypatch):
+    """Nemotron-3.5-ASR (a transducer) benches in-process the same way: one clip a request."""
+    pytest.importorskip("transformers")
+    tiny = pytest.importorskip("tests.tiny_nemotron_asr")
+    checkpoint = tiny.make_tiny_nemotron_asr(tmp_path / "nemotron-asr")
+    monkeypatch.setenv("TRTEDGE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "audio.json"
+    args = ["bench", str(checkpoint), "--dataset", f"audio:{clip}", "--num-prompts", "2"]
+    args += ["--output-len", "3", "--warmup", "0", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    m = json.loads(out.read_text())["metrics"]
+    assert (m["completed"], m["failed"]) == (2, 0) and m["total_output_tokens"] <= 6
+    assert m["total_input_tokens"] == 2 * 18  # 1.3 s: 130 mel frames, 18 encoder frames (66, 34, 18)

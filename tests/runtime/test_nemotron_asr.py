@@ -121,3 +121,15 @@ def test_a_cancelled_stream_ends_and_frees_the_engine(llm):
     last = list(stream)[-1]
     assert last.finish_reason == "cancelled"
     assert llm.stats()["active_requests"] == 0 and llm.stats()["cancelled"] >= 1
+
+
+def test_a_chat_of_one_clip_transcribes_as_the_prompt_does(llm):
+    samples = CLIPS["short"]
+    params = SamplingParams(max_tokens=1000)
+    want = llm.generate(llm.audio.prompt(samples, "de"), params).token_ids
+    clip = {"type": "audio", "audio": samples, "language": "de"}
+    assert llm.chat([{"role": "user", "content": [clip]}], params).token_ids == want
+    with pytest.raises(ValueError, match="takes one audio clip and nothing else"):
+        llm.chat([{"role": "user", "content": [clip, {"type": "text", "text": "w1"}]}], params)
+    with pytest.raises(ValueError, match="takes one audio clip and nothing else"):
+        llm.chat([{"role": "user", "content": [clip, clip]}], params)

@@ -23,6 +23,10 @@ from trtedge.runtime.multimodal import MediaItem, MultimodalPrompt
 from trtedge.runtime.multimodal.audio import SAMPLE_RATE, mel_filters
 
 LOG_GUARD = 2.0**-24
+ONLY_AUDIO = (
+    "this model is an RNN-T transcriber: it takes one audio clip and nothing else, "
+    '[{"role": "user", "content": [{"type": "audio", "audio": samples}]}] or LLM.audio.prompt(samples)'
+)
 AUTO = "auto"
 
 
@@ -152,6 +156,26 @@ class TransducerAudioProcessor:
             f"language {language!r} is not one the model transcribes; send a code such as "
             f"{', '.join(codes)}, a locale such as en-US, or auto"
         )
+
+    def from_messages(self, messages) -> TransducerPrompt:
+        """The request of a chat holding one audio part (``{"type": "audio", "audio": samples}``, an
+        optional ``"language"`` beside it) and nothing else to hear; ValueError otherwise."""
+        parts = []
+        for m in messages if isinstance(messages, list) else ():
+            content = m.get("content") if isinstance(m, dict) else None
+            for part in content if isinstance(content, list) else ():
+                if isinstance(part, dict) and part.get("type") == "audio":
+                    parts.append(part)
+                elif not (isinstance(part, dict) and part.get("type") == "text" and not part.get("text")):
+                    raise ValueError(ONLY_AUDIO)
+            if isinstance(content, str) and content:
+                raise ValueError(ONLY_AUDIO)
+        if len(parts) != 1:
+            raise ValueError(ONLY_AUDIO)
+        samples = parts[0].get("audio")
+        if not isinstance(samples, np.ndarray):
+            raise ValueError("'audio' must be a 1D numpy array of mono samples")
+        return self.prompt(samples, parts[0].get("language"))
 
     def prompt(self, samples: np.ndarray, language: str | None = None) -> TransducerPrompt:
         """The request for one clip (``language``: see ``prompt_id``)."""
