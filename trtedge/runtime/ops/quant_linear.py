@@ -134,7 +134,10 @@ class Fp8Linear(_QuantLinear):
             return super().prefill(rows)
         m = rows.shape[0]
         xq, scale_a = triton_quant.fp8_rows(rows, -(-m // 16) * 16)  # rows in multiples of 16
-        out = torch._scaled_mm(xq, self.weight_t, scale_a, self.scale_b, out_dtype=rows.dtype)[:m]
+        out = torch._scaled_mm(
+            xq, self.weight_t, scale_a, self.scale_b, out_dtype=rows.dtype, use_fast_accum=True
+        )
+        out = out[:m]
         return out if self.bias is None else out + self.bias
 
 
