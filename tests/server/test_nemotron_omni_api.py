@@ -127,3 +127,16 @@ def test_refusals_come_before_decoding_and_name_the_field(llm, parts, param):
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert_clean(app, llm)
+
+
+def test_a_video_over_the_tubelet_capacity_stops_at_its_first_frame(llm, monkeypatch):
+    import trtedge.server.multimodal as mm
+
+    seen = []
+    check = mm._omni_frames
+    monkeypatch.setattr(mm, "_omni_frames", lambda *a: seen.append(a[2]) or check(*a))
+    app = build_app(llm, ServeConfig(max_video_frames=1000))
+    r = post(app, ask(video(url(mp4(300, 30)), fps=30)))  # 300 frames: 150 tubelets, the cap is 128
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content.0.video_url"
+    assert "150 tubelets" in r.json()["error"]["message"] and seen == [300]
+    assert_clean(app, llm)

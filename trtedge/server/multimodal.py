@@ -139,6 +139,8 @@ async def load_media(serving: ServingCore, req: ChatCompletionRequest) -> Media:
         else:
             limit = min(ref.nframes or config.max_video_frames, config.max_video_frames)
             fit = functools.partial(_frame_size, vision)
+            if isinstance(vision, NemotronVideoProcessor):
+                fit = functools.partial(_omni_frames, vision, ref.param)
             # nframes alone: that many frames spread over the whole video (the highest rate, capped)
             fps = ref.fps or (
                 MAX_FPS if ref.nframes and isinstance(vision, NemotronVideoProcessor) else DEFAULT_FPS
@@ -192,6 +194,19 @@ def _check_one_video(pictures: list[MediaRef], vision: NemotronVideoProcessor, m
             param=f"{ref.param}.nframes",
             code="invalid_value",
         )
+
+
+def _omni_frames(
+    vision: NemotronVideoProcessor, param: str, num_frames: int, width: int, height: int
+) -> None:
+    """Nemotron Omni's ``fit``: at the first frame, the video's frame count is checked against the
+    tubelet capacity (before the rest is decoded); the frames stay as decoded, for the processor's
+    own antialiased resize."""
+    try:
+        vision.video_tokens(num_frames, width, height)
+    except ValueError as e:
+        raise bad_request(str(e), param=param, code="invalid_media") from None
+    return None
 
 
 def _decode_fitted(data: bytes, ref: MediaRef, vision) -> tuple[Any, int]:
