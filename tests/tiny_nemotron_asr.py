@@ -26,6 +26,7 @@ ENCODER = dict(
     conv_kernel_size=5,
     sliding_window=9,  # 8 frames of left context: 2 chunks of 3 + ...
     default_num_lookahead_tokens=2,  # chunks of 3 encoder frames
+    max_position_embeddings=300,  # 24 s of audio
     dropout=0.0,
     layerdrop=0.0,
     activation_dropout=0.0,

@@ -109,6 +109,14 @@ def test_a_clip_over_max_input_len_is_refused(llm):
     assert_clean(app, llm)
 
 
+def test_a_clip_past_the_encoder_positions_is_refused(llm):
+    app = build_app(llm, ServeConfig(max_audio_seconds=60.0))
+    r = send(app, {}, tiny_asr.encode_clip(tiny_asr.tone(30.0), "wav"))  # 376 encoder frames > 300
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_audio"
+    assert "at most 300" in r.json()["error"]["message"] and r.json()["error"]["param"] == "file"
+    assert_clean(app, llm)
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [

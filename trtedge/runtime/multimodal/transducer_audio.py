@@ -54,6 +54,7 @@ class TransducerAudioProcessor:
     window_dtype: str = "float32"  # some checkpoints keep the window and filters rounded to bf16
     num_stages: int = 3  # strided convolutions of the encoder (log2 of the subsampling factor)
     stride: int = 2
+    max_frames: int = 5000  # encoder frames the relative positions cover (max_position_embeddings)
     transcription: str = "transducer"  # how a transcription is asked for (server: the route's branch)
     filters: torch.Tensor = field(init=False, repr=False, compare=False)
     window: torch.Tensor = field(init=False, repr=False, compare=False)
@@ -98,6 +99,7 @@ class TransducerAudioProcessor:
             window_dtype=str(pre.get("mel_filters_dtype", "float32")),
             num_stages=int(math.log2(int(encoder.get("subsampling_factor", 8)))),
             stride=int(encoder.get("subsampling_conv_stride", 2)),
+            max_frames=int(encoder.get("max_position_embeddings", 5000)),
         )
 
     def num_frames(self, num_samples: int) -> int:
@@ -180,6 +182,12 @@ class TransducerAudioProcessor:
     def prompt(self, samples: np.ndarray, language: str | None = None) -> TransducerPrompt:
         """The request for one clip (``language``: see ``prompt_id``)."""
         prompt_id = self.prompt_id(language)
+        frames = self.num_frames(int(np.asarray(samples).shape[0]))
+        if frames > self.max_frames:
+            seconds = (self.max_frames << self.num_stages) * self.hop_length // self.sampling_rate
+            raise ValueError(
+                f"the clip is {frames} encoder frames; this model takes at most {self.max_frames} (about {seconds} s)"
+            )
         item = self.audio(samples)
         ids = [self.placeholder_id] * item.num_tokens
         return TransducerPrompt(ids, (item,), None, prompt_id=prompt_id, lookahead=self.lookahead)
