@@ -36,9 +36,21 @@ ENC_STD, DEC_STD, HEAD_STD = 0.3, 0.2, 0.3
 LANGUAGES = {"en-US": 0, "en": 0, "de-DE": 1, "de": 1, "fr": 2, "auto": 5}
 
 
-def make_config(**overrides):
+def make_config(streaming: bool = False, **overrides):
+    """``streaming``: the English-only predecessor (``nemotron_asr_streaming``: no language prompt)."""
     import transformers
 
+    if streaming:
+        fields = dict(
+            vocab_size=VOCAB,
+            decoder_hidden_size=24,
+            num_decoder_layers=2,
+            encoder_config={k: v for k, v in ENCODER.items() if k != "model_type"},
+            blank_token_id=BLANK,
+            pad_token_id=BLANK,
+            max_symbols_per_step=3,
+        )
+        return transformers.NemotronAsrStreamingConfig(**{**fields, **overrides})
     fields = dict(
         vocab_size=VOCAB,
         decoder_hidden_size=24,
@@ -54,12 +66,13 @@ def make_config(**overrides):
     return transformers.Nemotron3_5AsrConfig(**{**fields, **overrides})
 
 
-def make_model(seed: int = 0, blank_bias: float = 5.0, **overrides):
+def make_model(seed: int = 0, blank_bias: float = 5.0, streaming: bool = False, **overrides):
     """The HF reference model (eval, float32)."""
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.Nemotron3_5AsrForRNNT(make_config(**overrides)).eval()
+    cls = transformers.NemotronAsrStreamingForRNNT if streaming else transformers.Nemotron3_5AsrForRNNT
+    model = cls(make_config(streaming, **overrides)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:  # layer norms near identity: the frames keep what tells them apart
@@ -77,24 +90,29 @@ def make_model(seed: int = 0, blank_bias: float = 5.0, **overrides):
     return model
 
 
-def make_tiny_nemotron_asr(directory: Path, seed: int = 0, **overrides) -> Path:
+def make_tiny_nemotron_asr(directory: Path, seed: int = 0, streaming: bool = False, **overrides) -> Path:
     """Save the model, a word-level tokenizer (Metaspace pieces, as SentencePiece's) and the
     processor's config (16 mel bins, a small language dictionary) into ``directory``."""
     import transformers
 
-    model = make_model(seed, **overrides)
+    model = make_model(seed, streaming=streaming, **overrides)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     _write_tokenizer(directory)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     features = transformers.NemotronAsrStreamingFeatureExtractor(feature_size=ENCODER["num_mel_bins"])
-    processor = transformers.Nemotron3_5AsrProcessor(
-        features,
-        tokenizer,
-        prompt_dictionary=LANGUAGES,
-        num_prompts=8,
-        supported_num_lookahead_tokens=[2, 0],
-    )
+    if streaming:
+        processor = transformers.NemotronAsrStreamingProcessor(
+            features, tokenizer, supported_num_lookahead_tokens=[2, 0]
+        )
+    else:
+        processor = transformers.Nemotron3_5AsrProcessor(
+            features,
+            tokenizer,
+            prompt_dictionary=LANGUAGES,
+            num_prompts=8,
+            supported_num_lookahead_tokens=[2, 0],
+        )
     processor.save_pretrained(directory)
     return directory
 

@@ -133,3 +133,24 @@ def test_a_chat_of_one_clip_transcribes_as_the_prompt_does(llm):
         llm.chat([{"role": "user", "content": [clip, {"type": "text", "text": "w1"}]}], params)
     with pytest.raises(ValueError, match="takes one audio clip and nothing else"):
         llm.chat([{"role": "user", "content": [clip, clip]}], params)
+
+
+def test_the_english_only_predecessor_transcribes_as_transformers(tmp_path):
+    """nemotron_asr_streaming: the same transducer without the language prompt."""
+    from trtedge import LLM
+
+    path = tiny.make_tiny_nemotron_asr(tmp_path / "m", streaming=True)
+    model = transformers.NemotronAsrStreamingForRNNT.from_pretrained(path, dtype=torch.float32).eval()
+    samples = CLIPS["long"]
+    inputs = transformers.AutoProcessor.from_pretrained(path)(samples, sampling_rate=16000)
+    with torch.no_grad():
+        ref = [
+            t
+            for t in model.generate(**inputs, max_new_tokens=2000).sequences[0, 1:].tolist()
+            if t != tiny.BLANK
+        ]
+    with LLM(str(path), cache_dir=str(tmp_path / "cache"), dtype="float32", device="cpu") as llm:
+        out = llm.generate(llm.audio.prompt(samples), SamplingParams(max_tokens=2000))
+        with pytest.raises(ValueError, match="no language prompt"):
+            llm.audio.prompt(samples, "en")
+    assert ref and out.token_ids == ref

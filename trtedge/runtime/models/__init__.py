@@ -47,6 +47,7 @@ ARCHITECTURES = {
     "qwen3_omni_moe": Qwen3OmniModel,
     "nemotron_h": NemotronHModel,
     "nemotron3_5_asr": NemotronASRModel,
+    "nemotron_asr_streaming": NemotronASRModel,
 }
 # Families whose layers take QuantizedTensor weights; others get them dequantized.
 _QUANTIZED_ARCHITECTURES = {

@@ -21,9 +21,10 @@ SUPPORTED_MODEL_TYPES += ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe
 SUPPORTED_MODEL_TYPES += ("qwen2_5_vl", "qwen3_vl", "qwen3_asr", "qwen2_5_omni", "qwen2_5_omni_thinker")
 SUPPORTED_MODEL_TYPES += ("qwen3_omni_moe", "qwen3_omni_moe_thinker")
 SUPPORTED_MODEL_TYPES += ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text")
-SUPPORTED_MODEL_TYPES += ("nemotron_h", "nemotron_h_omni", "nemotron3_5_asr")
+SUPPORTED_MODEL_TYPES += ("nemotron_h", "nemotron_h_omni", "nemotron3_5_asr", "nemotron_asr_streaming")
 # RNN-T transcribers: no language model; served by runtime.transducer, transcription only.
-TRANSDUCER_MODEL_TYPES = ("nemotron3_5_asr",)
+_TRANSDUCER_VOCAB = {"nemotron3_5_asr": 13088, "nemotron_asr_streaming": 1025}  # transformers' defaults
+TRANSDUCER_MODEL_TYPES = ("nemotron3_5_asr", "nemotron_asr_streaming")
 # Gemma 3n / Gemma 4 (per-layer embeddings): the multimodal checkpoint -> its text model's type.
 _PLE_FAMILIES = {"gemma3n": "gemma3n_text", "gemma4": "gemma4_text"}
 PLE_MODEL_TYPES = ("gemma3n_text", "gemma4_text")
@@ -193,7 +194,11 @@ class ModelConfig:
         if model_type in TRANSDUCER_MODEL_TYPES:  # the encoder's shapes stand in for the text model's
             top = cfg
             enc = cfg.get("encoder_config") or {}
-            cfg = {**enc, "model_type": model_type, "vocab_size": top.get("vocab_size", 13088)}
+            cfg = {
+                **enc,
+                "model_type": model_type,
+                "vocab_size": top.get("vocab_size", _TRANSDUCER_VOCAB[model_type]),
+            }
             cfg.setdefault("torch_dtype", top.get("torch_dtype") or top.get("dtype"))
             cfg["max_position_embeddings"] = enc.get("max_position_embeddings", 5000)
             audio = {"audio_config": enc}

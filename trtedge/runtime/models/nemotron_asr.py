@@ -1,4 +1,5 @@
-"""Nemotron-3.5-ASR (``nemotron3_5_asr``): an RNN-T transcriber.
+"""Nemotron-3.5-ASR (``nemotron3_5_asr``) and its English-only predecessor (``nemotron_asr_streaming``,
+no language prompt): RNN-T transcribers.
 
 A FastConformer encoder (causal depthwise-separable 8x subsampling, Transformer-XL relative attention
 under a ``chunked_limited`` mask, causal convolution modules), the language prompt fused into every
@@ -137,6 +138,7 @@ class NemotronASRModel:
         self.lstm = self._lstm(int(top.get("num_decoder_layers", 2)))
         hidden = int(enc["hidden_size"])
         self.inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hidden, 2, dtype=torch.float32) / hidden))
+        self.has_prompt = "prompt_projector.linear_1.weight" in self.w
         self.weight_bytes = sum(t.numel() * t.element_size() for t in (*self.w.values(), *self.dw.values()))
 
     def _lstm(self, num_layers: int) -> torch.nn.LSTM:
@@ -177,15 +179,18 @@ class NemotronASRModel:
         mask = chunked_limited_mask(n, self.left_context, right, self.device)
         for layer in self.layers:
             x = layer(x, pos, mask)
-        prompt = self.default_prompt if prompt_id is None else prompt_id
-        one_hot = torch.zeros(n, self.num_prompts, dtype=x.dtype, device=self.device)
-        one_hot[:, prompt] = 1
-        x = F.linear(
-            torch.cat([x, one_hot], -1),
-            w["prompt_projector.linear_1.weight"],
-            w["prompt_projector.linear_1.bias"],
-        )
-        x = F.linear(F.relu(x), w["prompt_projector.linear_2.weight"], w["prompt_projector.linear_2.bias"])
+        if self.has_prompt:  # Nemotron-3.5-ASR: the language slot, one-hot, fused into every frame
+            prompt = self.default_prompt if prompt_id is None else prompt_id
+            one_hot = torch.zeros(n, self.num_prompts, dtype=x.dtype, device=self.device)
+            one_hot[:, prompt] = 1
+            x = F.linear(
+                torch.cat([x, one_hot], -1),
+                w["prompt_projector.linear_1.weight"],
+                w["prompt_projector.linear_1.bias"],
+            )
+            x = F.linear(
+                F.relu(x), w["prompt_projector.linear_2.weight"], w["prompt_projector.linear_2.bias"]
+            )
         x = F.linear(x, w["encoder_projector.weight"], w["encoder_projector.bias"])
         return x.float()
 

@@ -83,12 +83,13 @@ class TransducerAudioProcessor:
         encoder's config (``encoder``) and the model's (``top``) for what they leave out."""
         proc = _read_json(path / "processor_config.json")
         pre = _read_json(path / "preprocessor_config.json") or proc.get("feature_extractor") or {}
-        languages = proc.get("prompt_dictionary") or DEFAULT_LANGUAGES
+        prompts = "num_prompts" in top  # Nemotron-3.5-ASR; nemotron_asr_streaming has no language prompt
+        languages = (proc.get("prompt_dictionary") or DEFAULT_LANGUAGES) if prompts else {}
         lookahead = proc.get("default_num_lookahead_tokens", encoder.get("default_num_lookahead_tokens", 13))
         return cls(
             num_mel_bins=int(pre.get("feature_size", encoder.get("num_mel_bins", 128))),
             languages={str(k): int(v) for k, v in languages.items()},
-            default_prompt_id=int(top.get("default_prompt_id", languages.get(AUTO, 101))),
+            default_prompt_id=int(top.get("default_prompt_id", languages.get(AUTO, 101 if prompts else 0))),
             lookahead=int(lookahead),
             placeholder_id=int(top.get("blank_token_id", int(top.get("vocab_size", 13088)) - 1)),
             sampling_rate=int(pre.get("sampling_rate", SAMPLE_RATE)),
@@ -148,6 +149,10 @@ class TransducerAudioProcessor:
         "auto"; None: the model's default); ValueError naming the codes it knows otherwise."""
         if language is None:
             return self.default_prompt_id
+        if not self.languages:
+            raise ValueError(
+                "this model has no language prompt (it transcribes one language); leave language out"
+            )
         if language in self.languages:
             return self.languages[language]
         folded = {k.lower(): v for k, v in self.languages.items()}
