@@ -135,3 +135,22 @@ def test_over_the_tubelet_capacity_and_images_are_refused(llm):
     with pytest.raises(ValueError, match="image input is not supported"):
         llm.encode_prompt(image)
     assert llm.stats()["active_requests"] == 0
+
+
+def test_a_processor_that_does_not_match_the_tower_is_refused_at_load(tmp_path):
+    import json
+
+    from trtedge.runtime.multimodal.nemotron_video import NemotronVideoProcessor
+
+    vision = {"vision_config": dict(tiny.VISION), "video_temporal_patch_size": 2}
+    (tmp_path / "video_preprocessor_config.json").write_text(
+        json.dumps({**tiny.VIDEO_PROCESSOR, "patch_size": 8})
+    )
+    with pytest.raises(
+        ValueError, match=r"patch_size \(8\) must equal the model's vision_config.patch_size \(4\)"
+    ):
+        NemotronVideoProcessor.from_dir(tmp_path, vision)
+    (tmp_path / "video_preprocessor_config.json").write_text(json.dumps(tiny.VIDEO_PROCESSOR))
+    assert NemotronVideoProcessor.from_dir(tmp_path, vision).patch_size == 4
+    with pytest.raises(ValueError, match="video_temporal_patch_size"):
+        NemotronVideoProcessor.from_dir(tmp_path, {**vision, "video_temporal_patch_size": 4})

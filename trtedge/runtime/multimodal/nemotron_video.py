@@ -55,6 +55,7 @@ class NemotronVideoProcessor:
         pre = _read_json(path / "video_preprocessor_config.json")
         pre = pre or _read_json(path / "processor_config.json").get("video_processor") or {}
         tower = vision.get("vision_config") or {}
+        _check_profile(pre, tower, vision)
         return cls(
             patch_size=int(pre.get("patch_size", tower.get("patch_size", 16))),
             temporal_patch_size=int(
@@ -181,6 +182,30 @@ def video_segments(processor: NemotronVideoProcessor, tokenizer, start: int, end
         return out
 
     return segments
+
+
+def _check_profile(pre: dict, tower: dict, vision: dict) -> None:
+    """The processor's patches and tubelets must be the ones the tower embeds (checked at load)."""
+    pairs = [
+        ("patch_size", pre.get("patch_size"), "vision_config.patch_size", tower.get("patch_size")),
+        (
+            "temporal_patch_size",
+            pre.get("temporal_patch_size"),
+            "video_temporal_patch_size",
+            vision.get("video_temporal_patch_size"),
+        ),
+        (
+            "vision_config.video_temporal_patch_size",
+            tower.get("video_temporal_patch_size"),
+            "video_temporal_patch_size",
+            vision.get("video_temporal_patch_size"),
+        ),
+    ]
+    for name, value, other, expected in pairs:
+        if value is not None and expected is not None and int(value) != int(expected):
+            raise ValueError(
+                f"the video processor's {name} ({value}) must equal the model's {other} ({expected})"
+            )
 
 
 def _read_json(path: Path) -> dict:
