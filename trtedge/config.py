@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from trtedge.runtime.artifacts.choices import DEVICES, DTYPES, LOAD_FORMATS, WEIGHTS
 from trtedge.runtime.models.ple import PleConfigError, PleRuntimeConfig
 from trtedge.runtime.speculative import SpeculativeConfig, SpeculativeConfigError, check_supported
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEVICES = ("auto", "cpu", "cuda")
-WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4", "fp8")
-LOAD_FORMATS = ("auto", "dummy")
 COMPONENTS = ("all", "llm")  # what a launch loads: everything the model has, or its language model only
 DEFAULT_MAX_INPUT_LEN = 4096
 

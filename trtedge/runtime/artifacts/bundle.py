@@ -28,6 +28,7 @@ from trtedge.runtime.artifacts.cache import (  # noqa: F401 - clear/prune are pu
     clear_engine_cache,
     prune_engine_cache,
 )
+from trtedge.runtime.artifacts.choices import DTYPES, WEIGHTS
 from trtedge.runtime.artifacts.prequantized import Scheme
 from trtedge.runtime.speculative.config import METHODS, SpeculativeConfig, SpeculativeConfigError
 
@@ -48,8 +49,6 @@ VISION_MODEL_TYPES = {
     "qwen3_omni_moe_thinker": "audio_config",
     "nemotron_h_omni": "vision_config",
 }
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
-_WEIGHTS = ("auto", "float", "bf16", "fp32", "int8", "int4", "fp8")
 
 _SAMPLES = 16
 _SAMPLE_BYTES = 64 * 1024
@@ -92,10 +91,10 @@ class BuildProfile:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BundleError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.dtype not in _DTYPES:
-            raise BundleError(f"--dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
-        if self.weights not in _WEIGHTS:
-            raise BundleError(f"--weights must be one of {', '.join(_WEIGHTS)}, got {self.weights!r}")
+        if self.dtype not in DTYPES:
+            raise BundleError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.weights not in WEIGHTS:
+            raise BundleError(f"--weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
         unknown = [c for c in self.components if c not in COMPONENTS]
         if unknown or not self.components:
             raise BundleError(
