@@ -10,8 +10,8 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from trtedge.commands import DRAFT_STEP_FLAGS, VERIFY_TOKENS_FLAGS
 from trtedge.commands.exit_codes import FAILED, INTERRUPTED, USAGE
+from trtedge.commands.launch_options import SPECULATIVE, launch_options, llm_options
 
 HELP = (
     "Benchmark a model offline (in-process) or a running OpenAI-compatible server (--url): "
@@ -39,6 +39,21 @@ app = typer.Typer(cls=_RunByDefault, no_args_is_help=False)
 
 
 @app.command("run", help="Run a benchmark (the default: `trtedge bench MODEL ...` runs this).")
+@launch_options(
+    "max_batch_size",
+    "max_kv_cache_capacity",
+    "dtype",
+    "device",
+    "weights",
+    "load_format",
+    *SPECULATIVE,
+    "tensor_parallel_size",
+    prefix="Offline: ",
+    changed={
+        "max_batch_size": (None, "Engine batch (default: the highest concurrency, or 8)."),
+        "max_kv_cache_capacity": (None, "Tokens per request (default: fits the workload)."),
+    },
+)
 def run(
     model: str = typer.Argument(
         None, help="HF id, local HF directory or .gguf file; default: embedded SmolLM2-135M (offline)."
@@ -87,41 +102,12 @@ def run(
     ),
     json_path: str = typer.Option(None, "--json", help="Write every figure and the configuration here."),
     plot_path: str = typer.Option(None, "--plot", help="Draw latency CDFs or a sweep's curves (PNG)."),
-    max_batch_size: int = typer.Option(
-        None, "--max-batch-size", help="Offline: engine batch (default: the highest concurrency, or 8)."
-    ),
-    max_kv_cache_capacity: int = typer.Option(
-        None, "--max-kv-cache-capacity", help="Offline: tokens per request (default: fits the workload)."
-    ),
-    dtype: str = typer.Option("auto", "--dtype", help="Offline: auto|float32|bfloat16|float16."),
-    device: str = typer.Option("auto", "--device", help="Offline: auto|cpu|cuda."),
-    weights: str = typer.Option(
-        "auto",
-        "--weights",
-        help="Offline: auto|float|bf16|fp32|int8|int4|fp8 (auto: a GGUF or pre-quantized checkpoint keeps its class; fp8: CUDA only).",
-    ),
-    load_format: str = typer.Option(
-        "auto", "--load-format", help="Offline: auto|dummy (random weights from config.json alone)."
-    ),
-    speculative_config: str = typer.Option(
-        None, "--speculative-config", help='Offline: speculative decoding JSON {"method": ..., "model": ...}.'
-    ),
-    draft_top_k: int = typer.Option(None, "--draft-top-k", help="Offline: children per draft-tree level."),
-    max_spec_draft_tokens: int = typer.Option(
-        None, *DRAFT_STEP_FLAGS, help="Offline: draft depth per step (num_speculative_tokens)."
-    ),
-    max_spec_verify_tokens: int = typer.Option(
-        None, *VERIFY_TOKENS_FLAGS, help="Offline: most draft tokens verified per step."
-    ),
-    tensor_parallel_size: int = typer.Option(
-        1, "--tensor-parallel-size", help="Offline: split the model over N GPUs (CPU: N processes)."
-    ),
+    launch: dict | None = None,
 ) -> None:
     from rich.console import Console
 
     from trtedge.bench import report, suite
     from trtedge.bench.metrics import parse_goodput
-    from trtedge.config import speculative_from_flags
 
     console = Console(stderr=True)
     if url and model:
@@ -144,12 +130,10 @@ def run(
             goodput=parse_goodput(goodput),
             sampling=sampling,
         )
-        speculative = speculative_from_flags(
-            speculative_config, draft_top_k, max_spec_draft_tokens, max_spec_verify_tokens
-        )
+        options = llm_options(launch)
     except ValueError as e:
         _fail(str(e))
-    if speculative is not None and url:
+    if options["speculative_config"] is not None and url:
         _fail("--speculative-config is for offline runs; give it to `trtedge serve` for --url")
 
     if dataset.startswith("audio:") and not os.path.isfile(dataset[6:]):
@@ -169,19 +153,7 @@ def run(
             env = {**suite.environment(), "url": url, "model": backend.model, "server": backend.server_info()}
             vocab = vocab_size or 32000
         else:
-            llm = _load(
-                config,
-                model,
-                max_batch_size,
-                max_kv_cache_capacity,
-                dtype,
-                device,
-                weights,
-                load_format,
-                tensor_parallel_size,
-                console,
-                speculative,
-            )
+            llm = _load(config, model, options, console)
             from trtedge.bench.backends import OfflineBackend
 
             backend = OfflineBackend(llm, sampling)
@@ -259,40 +231,26 @@ def write_outputs(payload: dict, json_path: str | None, plot_path: str | None, c
         console.print(escape(f"--plot skipped: {why_not}" if why_not else f"wrote {plot_path}"))
 
 
-def _load(
-    config,
-    model,
-    max_batch_size,
-    max_kv_cache_capacity,
-    dtype,
-    device,
-    weights,
-    load_format,
-    tp,
-    console,
-    speculative,
-):
+def _load(config, model, options: dict, console):
+    """The LLM for an offline run: the batch and the context fitted to the workload unless given."""
     from trtedge.llm import LLM
 
-    batch = max_batch_size or config.max_concurrency or 8
-    if max_kv_cache_capacity is None:
+    options = dict(options)
+    batch = options.pop("max_batch_size") or config.max_concurrency or 8
+    capacity = options.pop("max_kv_cache_capacity")
+    if capacity is None:
         ratio = 1 + config.range_ratio
         need = int(config.input_len * ratio) + int(config.output_len * ratio) + 16
         text_prompts = config.dataset not in ("random", "fixed")
-        max_kv_cache_capacity = 4096 if text_prompts else max(256, -(-need // 256) * 256)
+        capacity = 4096 if text_prompts else max(256, -(-need // 256) * 256)
     with console.status("loading the model..."):
         return LLM(
             model,
             max_batch_size=batch,
             enable_in_flight_batching=batch > 1,
-            max_kv_cache_capacity=max_kv_cache_capacity,
-            max_input_len=max_kv_cache_capacity - 1,
-            dtype=dtype,
-            device=device,
-            weights=weights,
-            load_format=load_format,
-            speculative_config=speculative,
-            tensor_parallel_size=tp,
+            max_kv_cache_capacity=capacity,
+            max_input_len=capacity - 1,
+            **options,
         )
 
 

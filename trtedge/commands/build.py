@@ -11,6 +11,7 @@ import typer
 
 from trtedge.commands.completion import cached_models
 from trtedge.commands.exit_codes import FAILED, USAGE
+from trtedge.commands.launch_options import launch_options
 
 HELP = (
     "Compile a checkpoint into a cached runtime bundle: convert weights (GGUF dequantization, dtype "
@@ -19,6 +20,24 @@ HELP = (
 )
 
 
+@launch_options(
+    "cache_dir",
+    "max_input_len",
+    "max_kv_cache_capacity",
+    "max_batch_size",
+    "dtype",
+    "weights",
+    "speculative_config",
+    "tensor_parallel_size",
+    "engine_cache_max_size_gb",
+    changed={
+        "speculative_config": (
+            None,
+            'JSON {"method": ..., "model": ...}: method draft_model pairs the draft checkpoint with the '
+            "bundle (cache key of both); other methods build the plain bundle.",
+        ),
+    },
+)
 def build(
     model: str = typer.Argument(
         None,
@@ -31,64 +50,45 @@ def build(
         help="all, or a comma list of: llm, draft, vision (audio: the same, for an audio model's encoder), "
         "talker,code_predictor,code2wav (speech output, together).",
     ),
-    cache_dir: str = typer.Option(
-        None, "--cache-dir", help="Cache directory (default $TRTEDGE_CACHE_DIR or ~/.cache/trtedge)."
-    ),
-    max_input_len: int = typer.Option(4096, "--max-input-len", help="Longest prompt in tokens."),
-    max_kv_cache_capacity: int = typer.Option(
-        8192, "--max-kv-cache-capacity", help="Prompt + output tokens per request."
-    ),
-    max_batch_size: int = typer.Option(1, "--max-batch-size", help="Most requests in one batch."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
-    weights: str = typer.Option(
-        "auto",
-        "--weights",
-        help="Stored weights: auto|float|bf16|fp32|int8|int4|fp8 (auto: a GGUF or pre-quantized checkpoint keeps its class; fp8: CUDA only).",
-    ),
-    speculative_config: str = typer.Option(
-        None,
-        "--speculative-config",
-        help='JSON {"method": ..., "model": ...}: method draft_model pairs the draft checkpoint with '
-        "the bundle (cache key of both); other methods build the plain bundle.",
-    ),
-    tensor_parallel_size: int = typer.Option(
-        1, "--tensor-parallel-size", help="The launch's --tensor-parallel-size (part of the bundle key)."
-    ),
-    max_size_gb: float = typer.Option(
-        50.0, "--engine-cache-max-size-gb", help="Evict least-recently-used bundles past this many GiB."
-    ),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log details to stderr."),
+    launch: dict | None = None,
 ) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
     )
     from trtedge import CheckpointError
+    from trtedge.config import DEFAULT_MAX_INPUT_LEN
     from trtedge.runtime.artifacts.bundle import BuildProfile, BundleError, check_max_size_gb, prepare_bundle
 
+    capacity, max_input_len = launch["max_kv_cache_capacity"], launch["max_input_len"]
+    if max_input_len is None:  # as a launch with the same flags resolves it
+        max_input_len = min(DEFAULT_MAX_INPUT_LEN, max(capacity, 1))
     try:
-        check_max_size_gb(max_size_gb)
+        check_max_size_gb(launch["engine_cache_max_size_gb"])
         profile = BuildProfile.create(
             components=components,
-            speculative=speculative_config,
+            speculative=launch["speculative_config"],
             max_input_len=max_input_len,
-            max_kv_cache_capacity=max_kv_cache_capacity,
-            max_batch_size=max_batch_size,
-            dtype=dtype,
-            weights=weights,
-            tensor_parallel_size=tensor_parallel_size,
+            max_kv_cache_capacity=capacity,
+            max_batch_size=launch["max_batch_size"],
+            dtype=launch["dtype"],
+            weights=launch["weights"],
+            tensor_parallel_size=launch["tensor_parallel_size"],
         )
-        if max_input_len > max_kv_cache_capacity:
-            raise BundleError(
-                f"--max-input-len {max_input_len} exceeds --max-kv-cache-capacity {max_kv_cache_capacity}"
-            )
+        if max_input_len > capacity:
+            raise BundleError(f"--max-input-len {max_input_len} exceeds --max-kv-cache-capacity {capacity}")
     except BundleError as e:
         _fail(str(e), USAGE)
     start = time.perf_counter()
     try:
         with _progress(quiet=as_json) as report:
             bundle = prepare_bundle(
-                model, profile, cache_dir=cache_dir, max_size_gb=max_size_gb, progress=report
+                model,
+                profile,
+                cache_dir=launch["cache_dir"],
+                max_size_gb=launch["engine_cache_max_size_gb"],
+                progress=report,
             )
     except CheckpointError as e:  # MODEL does not exist or cannot be read: bad input, as for serve and chat
         _fail(str(e), USAGE)

@@ -8,9 +8,9 @@ import time
 
 import typer
 
-from trtedge.commands import DRAFT_STEP_FLAGS, VERIFY_TOKENS_FLAGS
 from trtedge.commands.completion import cached_models
 from trtedge.commands.exit_codes import FAILED, INTERRUPTED, USAGE
+from trtedge.commands.launch_options import SPECULATIVE, launch_options, llm_options
 
 HELP = (
     "Chat with a model in the terminal: streamed answers, then time to first token, tokens/s, latency "
@@ -19,6 +19,19 @@ HELP = (
 )
 
 
+@launch_options(
+    "cache_dir",
+    "max_input_len",
+    "max_kv_cache_capacity",
+    "enable_context_reuse",
+    "dtype",
+    "device",
+    "weights",
+    "engine_cache_max_size_gb",
+    "clear_engine_cache",
+    *SPECULATIVE,
+    "tensor_parallel_size",
+)
 def chat(
     model: str = typer.Argument(
         None,
@@ -43,65 +56,22 @@ def chat(
     markdown: bool = typer.Option(
         True, "--markdown/--no-markdown", help="Render finished answers as Markdown (interactive)."
     ),
-    cache_dir: str = typer.Option(
-        None, "--cache-dir", help="Cache directory (default $TRTEDGE_CACHE_DIR or ~/.cache/trtedge)."
-    ),
-    max_input_len: int = typer.Option(
-        None,
-        "--max-input-len",
-        help="Longest prompt in tokens (default: min(4096, --max-kv-cache-capacity)).",
-    ),
-    max_kv_cache_capacity: int = typer.Option(
-        8192, "--max-kv-cache-capacity", help="Prompt + output tokens per request."
-    ),
-    enable_context_reuse: bool = typer.Option(
-        False, "--enable-context-reuse", help="Reuse the KV cache of the conversation so far (faster turns)."
-    ),
-    dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
-    device: str = typer.Option("auto", "--device", help="auto|cpu|cuda."),
-    weights: str = typer.Option(
-        "auto",
-        "--weights",
-        help="auto|float|bf16|fp32|int8|int4|fp8 (auto: a GGUF or pre-quantized checkpoint keeps its class; fp8: CUDA only).",
-    ),
-    engine_cache_max_size_gb: float = typer.Option(
-        50.0, "--engine-cache-max-size-gb", help="Evict least-recently-used bundles past this many GiB."
-    ),
-    clear_engine_cache: bool = typer.Option(
-        False, "--clear-engine-cache", help="Remove compiled bundles first (downloads are kept)."
-    ),
-    speculative_config: str = typer.Option(
-        None, "--speculative-config", help='Speculative decoding JSON {"method": ..., "model": ...} (local).'
-    ),
-    draft_top_k: int = typer.Option(None, "--draft-top-k", help="Children per draft-tree level (eagle3)."),
-    max_spec_draft_tokens: int = typer.Option(
-        None, *DRAFT_STEP_FLAGS, help="Draft depth per step (num_speculative_tokens)."
-    ),
-    max_spec_verify_tokens: int = typer.Option(
-        None, *VERIFY_TOKENS_FLAGS, help="Most draft tokens verified per step."
-    ),
-    tensor_parallel_size: int = typer.Option(
-        1, "--tensor-parallel-size", help="Split the model over N GPUs (CPU: N processes)."
-    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log loading details to stderr."),
+    launch: dict | None = None,
 ) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(message)s", stream=sys.stderr
     )
-    from trtedge.runtime.sampling_params import SamplingParams
+    from trtedge.runtime.sampling_params import ParamError, SamplingParams
 
     try:
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
         )
-    except ValueError as e:
-        _fail(f"--{str(e).split(' ', 1)[0].replace('_', '-')}: {e}")
-    from trtedge.config import speculative_from_flags
-
+    except ParamError as e:
+        _fail(f"--{e.param.replace('_', '-')}: {e}")
     try:
-        speculative = speculative_from_flags(
-            speculative_config, draft_top_k, max_spec_draft_tokens, max_spec_verify_tokens
-        )
+        llm_kwargs = llm_options(launch)
     except ValueError as e:
         _fail(str(e))
     # A session needs a terminal on both ends; `trtedge chat > answer.txt` reads the question from stdin.
@@ -113,19 +83,6 @@ def chat(
     if no_chat_template and interactive:
         _fail("--no-chat-template needs --prompt or piped stdin")
 
-    llm_kwargs = dict(
-        cache_dir=cache_dir,
-        max_input_len=max_input_len,
-        max_kv_cache_capacity=max_kv_cache_capacity,
-        context_cache_config={"enabled": enable_context_reuse},
-        dtype=dtype,
-        device=device,
-        weights=weights,
-        engine_cache_max_size_gb=engine_cache_max_size_gb,
-        clear_engine_cache=clear_engine_cache,
-        speculative_config=speculative,
-        tensor_parallel_size=tensor_parallel_size,
-    )
     try:
         if url is not None:
             backend = _http_backend(url, api_key, model)

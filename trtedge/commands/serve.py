@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import ipaddress
 import logging
 import re
@@ -12,8 +11,30 @@ import sys
 
 import typer
 
-from trtedge.commands import DRAFT_STEP_FLAGS, VERIFY_TOKENS_FLAGS, exit_codes
+from trtedge.commands import exit_codes
 from trtedge.commands.completion import cached_models
+from trtedge.commands.launch_options import CONTEXT_CACHE, PLE, SPECULATIVE, launch_options
+
+SERVE_LAUNCH_FLAGS = (
+    "cache_dir",
+    "engine_cache_max_size_gb",
+    "clear_engine_cache",
+    "max_input_len",
+    "max_batch_size",
+    "max_kv_cache_capacity",
+    "enable_in_flight_batching",
+    "min_request_priority",
+    *CONTEXT_CACHE,
+    "mm_embedding_cache_bytes",
+    *PLE,
+    *SPECULATIVE,
+    "dtype",
+    "device",
+    "weights",
+    "load_format",
+    "tensor_parallel_size",
+    "distributed_init_method",
+)
 
 HELP = (
     "Serve a model over OpenAI- and Anthropic-compatible HTTP APIs (/v1/chat/completions, "
@@ -21,6 +42,7 @@ HELP = (
 )
 
 
+@launch_options(*SERVE_LAUNCH_FLAGS)
 def serve(
     ctx: typer.Context,
     model: str = typer.Argument(
@@ -117,108 +139,10 @@ def serve(
         "into /metrics.",
     ),
     log_level: str = typer.Option("info", "--log-level", help="critical|error|warning|info|debug|trace."),
-    cache_dir: str = typer.Option(
-        None,
-        "--cache-dir",
-        envvar="TRTEDGE_CACHE_DIR",
-        help="Cache directory (default $TRTEDGE_CACHE_DIR or ~/.cache/trtedge).",
-    ),
-    engine_cache_max_size_gb: float = typer.Option(
-        None, "--engine-cache-max-size-gb", help="Evict least-recently-used bundles past this many GiB (50)."
-    ),
-    clear_engine_cache: bool = typer.Option(
-        False, "--clear-engine-cache", help="Clear compiled bundles before loading."
-    ),
-    max_input_len: int = typer.Option(4096, "--max-input-len", help="Longest prompt in tokens."),
-    max_batch_size: int = typer.Option(1, "--max-batch-size", help="Most requests generating together."),
-    max_kv_cache_capacity: int = typer.Option(
-        8192, "--max-kv-cache-capacity", help="Prompt + output tokens per request."
-    ),
-    enable_in_flight_batching: bool = typer.Option(
-        False, "--enable-in-flight-batching", help="New requests join the running batch at the next step."
-    ),
-    min_request_priority: int = typer.Option(
-        None, "--min-request-priority", help="Refuse requests whose priority is below this."
-    ),
-    enable_context_reuse: bool = typer.Option(
-        False, "--enable-context-reuse", help="Reuse the KV cache of shared prompt prefixes."
-    ),
-    context_cache_max_records: int = typer.Option(
-        1024, "--context-cache-max-records", help="Most cached prefix blocks kept for reuse."
-    ),
-    context_cache_recurrent_snapshot_pool_bytes: int = typer.Option(
-        None,
-        "--context-cache-recurrent-snapshot-pool-bytes",
-        help="Hybrid models (Qwen3.5): bytes of recurrent-state snapshots kept for reuse (default: 4 x --max-batch-size snapshots).",
-    ),
-    context_cache_partial_kv_snapshot_pool_bytes: int = typer.Option(
-        0,
-        "--context-cache-partial-kv-snapshot-pool-bytes",
-        help="Bytes of snapshots of a prefix's last, partly filled KV block, so that a prefix reuses its "
-        "partial block too (0: full blocks only).",
-    ),
-    mm_embedding_cache_bytes: int = typer.Option(
-        512 * 2**20,
-        "--mm-embedding-cache-bytes",
-        help="Vision models: bytes of image/video encoder outputs kept for repeated media (0: off).",
-    ),
     components: str = typer.Option(
         "all",
         "--components",
         help="all, or llm: load a vision-language or audio model text-only (and without speech output).",
-    ),
-    ple_residency: str = typer.Option(
-        "resident",
-        "--ple-residency",
-        help="Gemma 3n / Gemma 4: resident (the per-layer embedding table on the device) or cached "
-        "(on the host, a pool of --ple-cache-slots rows on the device).",
-    ),
-    ple_cache_slots: int = typer.Option(
-        None,
-        "--ple-cache-slots",
-        help="--ple-residency cached: rows in the device pool (>= 2; slot 0 is padding).",
-    ),
-    ple_file: str = typer.Option(
-        None,
-        "--ple-file",
-        help="A safetensors file holding the per-layer embedding table, read instead of the checkpoint's.",
-    ),
-    speculative_config: str = typer.Option(
-        None,
-        "--speculative-config",
-        help='JSON {"method": "ngram|draft_model|eagle3|mtp", "model": ..., "num_speculative_tokens": k, '
-        '"draft_top_k": t, "verify_tokens": v}.',
-    ),
-    draft_top_k: int = typer.Option(
-        None, "--draft-top-k", help="Children per draft-tree level (eagle3); overrides draft_top_k."
-    ),
-    max_spec_draft_tokens: int = typer.Option(
-        None, *DRAFT_STEP_FLAGS, help="Draft depth per step; overrides num_speculative_tokens."
-    ),
-    max_spec_verify_tokens: int = typer.Option(
-        None, *VERIFY_TOKENS_FLAGS, help="Most draft tokens verified per step; overrides verify_tokens."
-    ),
-    dtype: str = typer.Option("auto", "--dtype", help="auto|float32|bfloat16|float16."),
-    device: str = typer.Option("auto", "--device", help="auto|cpu|cuda."),
-    weights: str = typer.Option(
-        "auto",
-        "--weights",
-        help="auto|float|bf16|fp32|int8|int4|fp8 (auto: a GGUF or pre-quantized checkpoint keeps its class; fp8: CUDA only).",
-    ),
-    load_format: str = typer.Option(
-        "auto",
-        "--load-format",
-        help="auto|dummy. dummy: random weights from config.json alone, to measure a model's shape.",
-    ),
-    tensor_parallel_size: int = typer.Option(
-        1,
-        "--tensor-parallel-size",
-        help="Split the model over N GPUs (CPU: N processes); N must divide the attention and KV heads.",
-    ),
-    distributed_init_method: str = typer.Option(
-        None,
-        "--distributed-init-method",
-        help="torch.distributed rendezvous URL (env:// under torchrun, tcp://HOST:PORT); default: local.",
     ),
     config: str = typer.Option(
         None,
@@ -229,10 +153,12 @@ def serve(
     print_config: bool = typer.Option(
         False, "--print-config", help="Print the effective configuration as TOML, with sources, and exit."
     ),
+    launch: dict | None = None,
 ) -> None:
     from trtedge.commands import config_file
 
-    values = {k: v for k, v in locals().items() if k not in ("ctx", "config", "print_config")}
+    own = {k: v for k, v in locals().items() if k not in ("ctx", "config", "print_config", "launch")}
+    values = {**own, **launch}
     types = {k: t for k, t in config_file.settable(serve).items() if k not in ("config", "print_config")}
     try:
         settings = config_file.resolve(
@@ -244,16 +170,12 @@ def serve(
 
 
 def _serve(print_config: bool, settings: dict) -> None:
-    from trtedge.config import ConfigError, ContextCacheConfig, LaunchConfig, speculative_from_flags
+    from trtedge.commands.launch_options import launch_config, llm_options
+    from trtedge.config import ConfigError
     from trtedge.server.config import ServeConfig, ServerConfigError
 
     v = {name: s.value for name, s in settings.items()}
     model = v["model"]
-    launch_keys = ("cache_dir", "max_input_len", "max_kv_cache_capacity", "max_batch_size")
-    launch_keys += ("enable_in_flight_batching", "dtype", "device", "weights", "min_request_priority")
-    launch_keys += ("load_format", "tensor_parallel_size", "distributed_init_method")
-    launch_keys += ("mm_embedding_cache_bytes", "components")
-    launch_kwargs = {"model": model, **{k: v[k] for k in launch_keys}}
     serve_keys = ("host", "port", "served_model_name", "api_key", "api_key_file", "reasoning_parser")
     serve_keys += ("tool_call_parser", "override_generation_config")
     serve_keys += ("enable_auto_tool_choice", "max_queued_requests", "queue_timeout")
@@ -263,21 +185,10 @@ def _serve(print_config: bool, settings: dict) -> None:
     serve_keys += ("engine_cache_max_size_gb", "clear_engine_cache")
     try:
         config = ServeConfig.from_env(**{k: v[k] for k in serve_keys}, log_level=v["log_level"].lower())
-        context = ContextCacheConfig(
-            v["enable_context_reuse"],
-            v["context_cache_max_records"],
-            v["context_cache_recurrent_snapshot_pool_bytes"],
-            v["context_cache_partial_kv_snapshot_pool_bytes"],
-        )
-        spec_keys = ("speculative_config", "draft_top_k", "max_spec_draft_tokens", "max_spec_verify_tokens")
-        launch_kwargs["speculative"] = speculative_from_flags(*(v[k] for k in spec_keys))
-        ple = {
-            "residency": v["ple_residency"],
-            "cache_slots": v["ple_cache_slots"],
-            "file_path": v["ple_file"],
-        }
-        launch_kwargs["ple"] = LaunchConfig(**launch_kwargs, context_cache=context, ple=ple).ple
-    except (ServerConfigError, ConfigError) as e:
+        options = llm_options({k: v[k] for k in SERVE_LAUNCH_FLAGS})
+        options["components"] = v["components"]
+        launch_config(model, options)  # refused before the port is bound and the model loads
+    except (ServerConfigError, ConfigError, ValueError) as e:
         _fail(_with_source(str(e), settings))
     if print_config:
         from trtedge.commands.config_file import to_toml
@@ -305,19 +216,8 @@ def _serve(print_config: bool, settings: dict) -> None:
         )
     if model is None:
         typer.echo("Using the embedded default model SmolLM2-135M-Instruct (pass MODEL to choose another).")
-    del launch_kwargs["model"]
-    llm_kwargs = {**launch_kwargs, "context_cache_config": context}
-    llm_kwargs["speculative_config"] = llm_kwargs.pop("speculative")
-    llm_kwargs["ple_config"] = llm_kwargs.pop("ple")
-    accepted = inspect.signature(LLM).parameters
-    for name in ("engine_cache_max_size_gb", "clear_engine_cache"):
-        value = getattr(config, name)
-        if name in accepted and value not in (None, False):
-            llm_kwargs[name] = value
-        elif value not in (None, False):
-            typer.echo(f"note: --{name.replace('_', '-')} is not used by this version's runtime", err=True)
     try:
-        llm = LLM(model, **llm_kwargs)
+        llm = LLM(model, **options)
     except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as e:
         _fail(str(e))
     llm.set_profiling_enabled(v["enable_profiling"])
