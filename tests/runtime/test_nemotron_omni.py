@@ -154,3 +154,36 @@ def test_a_processor_that_does_not_match_the_tower_is_refused_at_load(tmp_path):
     assert NemotronVideoProcessor.from_dir(tmp_path, vision).patch_size == 4
     with pytest.raises(ValueError, match="video_temporal_patch_size"):
         NemotronVideoProcessor.from_dir(tmp_path, {**vision, "video_temporal_patch_size": 4})
+
+
+def test_video_requests_survive_preemption_and_reuse_their_prefix(llm, tmp_path_factory, checkpoint):
+    """Three video requests in a pool too small for them: preempted, recomputed (the video encoded
+    again), the same tokens as alone and every slot and block free after; a prompt that extends one
+    with the same video reuses its prefix snapshot with unchanged output."""
+    from trtedge import LLM, ContextCacheConfig
+    from trtedge.runtime.engine import Engine, EngineConfig
+
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    prompts = [llm.encode_prompt(chat(tiny.frames(5, seed=s), text=f"w{5 + s}")) for s in range(3)]
+    expected = [llm.generate(p, params).token_ids for p in prompts]
+    config = EngineConfig(
+        max_batch_size=3, max_kv_cache_capacity=128, enable_in_flight_batching=True, num_blocks=10
+    )
+    engine = Engine(llm.engine.runner.model, llm.tokenizer, config)
+    try:
+        outs = [[t for d in s for t in d.token_ids] for s in [engine.submit(p, params) for p in prompts]]
+        assert engine.stats.preemptions > 0 and outs == expected
+        assert engine.blocks.state.num_free_slots == 3 and engine.blocks.num_free_blocks == 10
+    finally:
+        engine.shutdown()
+    cache = tmp_path_factory.getbasetemp() / "trtedge-cache"
+    kw = dict(
+        cache_dir=str(cache), dtype="float32", device="cpu", max_kv_cache_capacity=512, max_input_len=400
+    )
+    with LLM(str(checkpoint), context_cache_config=ContextCacheConfig(enabled=True), **kw) as warm:
+        first = warm.chat(chat(tiny.frames(9)), params)  # 5 tubelets: a 113-token prompt
+        again = warm.chat(chat(tiny.frames(9), text="w5 w6 w7 w9 w8"), params)
+        assert warm.stats()["state_slots_free"] == warm.stats()["state_slots_total"]
+    # the snapshot at the first prompt's last full block (112 tokens, the video and "w5 w6 w7")
+    assert first.metrics.reused_tokens == 0 and again.metrics.reused_tokens == 112
+    assert again.token_ids == llm.chat(chat(tiny.frames(9), text="w5 w6 w7 w9 w8"), params).token_ids
