@@ -104,6 +104,12 @@ class LocalBackend:
         """``LLM.chat_template_origin``: "model", "default" (a file without one: a base model?) or None."""
         return self.llm.chat_template_origin
 
+    def speak(self, text: str, voice: str | None = None):
+        """``text`` spoken by the model (float32 mono, 24 kHz); BackendError without speech output."""
+        if self.llm.speech_output is None:
+            raise BackendError(f"{self.model_name} has no speech output (a Qwen3-Omni model speaks)")
+        return self.llm.speech(text, voice=voice).audio
+
     def stream(self, messages: list[dict] | str, params: SamplingParams) -> ChatStream:
         """Messages go through the chat template; a string is sent as raw text."""
         llm = self.llm
@@ -283,6 +289,22 @@ class HttpBackend:
             response.close()
             raise BackendError(f"HTTP {response.status_code}: {_error_message(text)}")
         return _HttpStream(response, start)
+
+    def speak(self, text: str, voice: str | None = None):
+        """``text`` spoken by the server (POST /v1/audio/speech as 24 kHz PCM) as float32 samples."""
+        import httpx
+        import numpy as np
+
+        body = {"model": self.model_name, "input": text, "response_format": "pcm"}
+        if voice:
+            body["voice"] = voice
+        try:
+            r = self._client.post("/v1/audio/speech", json=body)
+        except httpx.HTTPError as e:
+            raise BackendError(f"cannot reach {self.url}: {e}") from None
+        if r.status_code != 200:
+            raise BackendError(f"speech: HTTP {r.status_code}: {_error_message(r.text)}")
+        return np.frombuffer(r.content[: len(r.content) // 2 * 2], "<i2").astype(np.float32) / 32768.0
 
     def describe(self) -> list[tuple[str, str]]:
         context = f"{self.max_context} tokens" if self.max_context else "not reported by the server"

@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "think": ("[on|off]", "show or hide the model's <think> reasoning"),
     "audio": ("PATH|none", "send an audio file (wav, flac, mp3, ogg, m4a, webm) with the next message"),
+    "speak": ("[on|off]", "speak each answer aloud (a model with speech output, e.g. Qwen3-Omni)"),
+    "save-audio": ("PATH", "write the last answer's speech as a WAV file"),
     "stats": ("", "totals of this session"),
     "save": ("FILE", "write the conversation as a JSON transcript"),
     "load": ("FILE", "read a conversation saved with /save (or a JSON list of messages)"),
@@ -56,6 +58,7 @@ class CommandResult:
     message: str = ""
     error: bool = False
     action: str | None = None
+    argument: str = ""  # what the action needs ("save-audio": the path)
 
 
 @dataclass
@@ -90,6 +93,8 @@ class ChatSession:
         self.totals = SessionTotals()
         self.context_tokens = 0  # prompt + answer tokens of the last turn: what the conversation occupies
         self.attachments: list[dict] = []  # /audio parts that go with the next user message
+        self.speak = False  # /speak on: each answer is spoken after it is shown
+        self.last_audio = None  # the last answer's speech (float32, 24 kHz), once made
 
     # ---- conversation ---------------------------------------------------------------------------
     def conversation(self) -> list[dict]:
@@ -108,6 +113,10 @@ class ChatSession:
 
     def add_answer(self, text: str) -> None:
         self.messages.append({"role": "assistant", "content": text})
+        self.last_audio = None
+
+    def last_answer(self) -> str | None:
+        return next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant"), None)
 
     def drop_unanswered(self) -> None:
         """Forget a question whose answer failed or came back empty."""
@@ -149,7 +158,7 @@ class ChatSession:
             if len(matches) != 1:
                 return CommandResult(f"unknown command /{name}; /help lists them", error=True)
             name = matches[0]
-        return getattr(self, f"_cmd_{name}")(arg)
+        return getattr(self, f"_cmd_{name.replace('-', '_')}")(arg)
 
     def _cmd_help(self, arg: str) -> CommandResult:
         return CommandResult(help_text())
@@ -210,6 +219,21 @@ class ChatSession:
             return CommandResult(f"/audio: {e}", error=True)
         self.attachments.append(part)
         return CommandResult(f"attached {arg}; it goes with your next message")
+
+    def _cmd_speak(self, arg: str) -> CommandResult:
+        value = arg.lower()
+        if value in ("on", "off"):
+            self.speak = value == "on"
+        elif value:
+            return CommandResult("/speak takes on or off", error=True)
+        return CommandResult(f"answers are {'spoken' if self.speak else 'not spoken'}")
+
+    def _cmd_save_audio(self, arg: str) -> CommandResult:
+        if not arg:
+            return CommandResult("/save-audio needs a file name", error=True)
+        if self.last_answer() is None:
+            return CommandResult("/save-audio: no answer yet", error=True)
+        return CommandResult(action="save-audio", argument=arg)
 
     def _cmd_stats(self, arg: str) -> CommandResult:
         return CommandResult(

@@ -30,6 +30,7 @@ from trtedge.chat.session import (
     context_warning,
     format_metrics,
 )
+from trtedge.chat.speech import SAMPLE_RATE, play, save_wav
 
 # Text that rich renders differently from how it streamed: fences, headings, lists, emphasis, tables.
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")  # rich opens a list with a blank line
@@ -66,7 +67,9 @@ class SlashCompleter(Completer):
             options = ("on", "off")
         elif command == "/params" and "=" not in word:
             options = tuple(f"{k}=" for k in PARAM_KEYS)
-        elif command in ("/save", "/load", "/audio"):
+        elif command == "/speak":
+            options = ("on", "off")
+        elif command in ("/save", "/load", "/audio", "/save-audio"):
             yield from self._paths.get_completions(Document(arg, len(arg)), complete_event)
             return
         else:
@@ -172,6 +175,8 @@ class ChatApp:
                 self.console.print(Text(result.message))
         if result.action == "retry":
             self._answer()
+        elif result.action == "save-audio":
+            self._save_audio(Path(result.argument).expanduser())
         elif result.action == "model":
             rows = self.backend.describe()
             width = max(len(k) for k, _ in rows)
@@ -208,6 +213,37 @@ class ChatApp:
             self.console.print(Text("[cancelled]", style="dim"))
         if metrics is not None:
             self._status(metrics)
+        if session.speak and answer.strip() and not stream.cancelled:
+            audio = self._speech()
+            if audio is not None:
+                problem = play(audio)
+                if problem:
+                    self.console.print(Text(f"error: {problem}", style="bold red"))
+
+    def _speech(self):
+        """The last answer's speech, made once (None after an error, which is shown)."""
+        session = self.session
+        if session.last_audio is None:
+            try:
+                session.last_audio = self.backend.speak(session.last_answer(), None)
+            except (BackendError, ValueError) as e:
+                self.console.print(Text(f"error: {e}", style="bold red"))
+                return None
+            except KeyboardInterrupt:
+                self.console.print(Text("[cancelled]", style="dim"))
+                return None
+        return session.last_audio
+
+    def _save_audio(self, path: Path) -> None:
+        audio = self._speech()
+        if audio is None:
+            return
+        try:
+            save_wav(path, audio)
+        except OSError as e:
+            self.console.print(Text(f"error: /save-audio: {e}", style="bold red"))
+            return
+        self.console.print(Text(f"wrote {path} ({audio.shape[0] / SAMPLE_RATE:.1f} s of speech)"))
 
     def _render(self, stream: ChatStream) -> str:
         """Show the stream as it comes; return the answer without its reasoning."""
