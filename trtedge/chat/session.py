@@ -9,6 +9,7 @@ from pathlib import Path
 
 from trtedge.chat.backends import TurnMetrics
 from trtedge.runtime.sampling_params import SamplingParams
+from trtedge.runtime.text.streaming import ReasoningSplitter
 
 TRANSCRIPT_FORMAT = "trtedge-chat/1"
 CONTEXT_WARNING = 0.8  # warn once the conversation fills this share of the context
@@ -441,48 +442,12 @@ def format_totals(t: SessionTotals, context_tokens: int, max_context: int | None
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
-class ThinkSplitter:
-    """Splits streamed text into reasoning (inside ``<think>...</think>``) and answer pieces, whatever
-    the deltas' boundaries (a tag may arrive split across deltas)."""
-
-    OPEN, CLOSE = "<think>", "</think>"
+class ThinkSplitter(ReasoningSplitter):
+    """Splits streamed text into reasoning (inside ``<think>...</think>``, every such block) and answer
+    pieces, whatever the deltas' boundaries: the server parsers' splitter, for any server's text."""
 
     def __init__(self) -> None:
-        self.thinking = False
-        self._held = ""
-
-    def feed(self, text: str) -> list[tuple[bool, str]]:
-        """(is_reasoning, text) pieces ready to show; a possible partial tag is held back."""
-        buf = self._held + text
-        self._held = ""
-        out: list[tuple[bool, str]] = []
-        while buf:
-            tag = self.CLOSE if self.thinking else self.OPEN
-            at = buf.find(tag)
-            if at >= 0:
-                if at:
-                    out.append((self.thinking, buf[:at]))
-                buf = buf[at + len(tag) :]
-                self.thinking = not self.thinking
-                continue
-            hold = _partial_suffix(buf, tag)
-            if len(buf) > hold:
-                out.append((self.thinking, buf[: len(buf) - hold]))
-            self._held = buf[len(buf) - hold :]
-            break
-        return out
-
-    def flush(self) -> list[tuple[bool, str]]:
-        held, self._held = self._held, ""
-        return [(self.thinking, held)] if held else []
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
+        super().__init__(every_block=True)
 
 
 def _seconds(s: float) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from trtedge.server.parsers.formats import Format
 from trtedge.server.parsers.harmony import scan_harmony
-from trtedge.server.parsers.reasoning import split_reasoning
+from trtedge.server.parsers.reasoning import reasoning_splitter
 from trtedge.server.parsers.tool_calls import Parsed, ToolCall, ToolCallStream
 
 
@@ -29,16 +29,18 @@ class OutputParser:
         opened: bool = False,
     ):
         self.reasoning_parser = reasoning_parser
-        self.opened = opened
         self.tools = ToolCallStream(tool_format, tools) if tool_format is not None else None
-        self._text = ""
+        harmony = reasoning_parser == "openai" or (tool_format is not None and tool_format.name == "openai")
+        self._splitter = (
+            None if reasoning_parser is None or harmony else reasoning_splitter(reasoning_parser, opened)
+        )
+        self._text = ""  # harmony: the whole output so far (its channels are scanned whole)
         self._reasoning = 0
-        self._content = ""
 
     def feed(self, delta: str, final: bool = False) -> list[tuple]:
-        self._text += delta
         events: list[tuple] = []
         if self.reasoning_parser == "openai" or (self.tools is not None and self.tools.fmt.name == "openai"):
+            self._text += delta
             reasoning, content, calls = scan_harmony(self._text, final)
             if len(reasoning) > self._reasoning:
                 events.append(("reasoning", reasoning[self._reasoning :]))
@@ -46,15 +48,14 @@ class OutputParser:
             if self.tools is None:
                 self.tools = ToolCallStream(None)
             return events + self.tools.emit(Parsed(content, calls))
-        if self.reasoning_parser is None:
+        if self._splitter is None:
             content_delta = delta
         else:
-            reasoning, content = split_reasoning(self.reasoning_parser, self._text, final, self.opened)
-            if len(reasoning) > self._reasoning:
-                events.append(("reasoning", reasoning[self._reasoning :]))
-                self._reasoning = len(reasoning)
-            content_delta = content[len(self._content) :] if content.startswith(self._content) else ""
-            self._content += content_delta
+            pieces = self._splitter.feed(delta) + (self._splitter.flush() if final else [])
+            reasoning = "".join(piece for is_reasoning, piece in pieces if is_reasoning)
+            if reasoning:
+                events.append(("reasoning", reasoning))
+            content_delta = "".join(piece for is_reasoning, piece in pieces if not is_reasoning)
         if self.tools is None:
             if content_delta:
                 events.append(("content", content_delta))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trtedge.runtime.text.streaming import held_back
 from trtedge.server.parsers.formats import FORMATS, Format
 from trtedge.server.parsers.harmony import scan_harmony
 from trtedge.server.parsers.json_scan import Malformed, PartialCall, skip_ws
@@ -44,7 +45,7 @@ def scan(fmt: Format, text: str, final: bool, tools: dict | None = None) -> Pars
         if k < 0:
             tail = text[pos:]
             if not final:
-                tail = tail[: len(tail) - _held(tail, fmt.start)]
+                tail = tail[: len(tail) - held_back(tail, fmt.start)]
             content.append(_between(tail, after_call, closed=final))
             break
         content.append(_between(text[pos:k], after_call, closed=True))
@@ -97,14 +98,6 @@ def _between(segment: str, after_call: bool, closed: bool) -> str:
     if after_call and not segment.strip():
         return ""
     return segment
-
-
-def _held(text: str, marker: str) -> int:
-    """How many trailing characters of ``text`` could begin ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
 
 
 def parse_tool_calls(fmt: Format, text: str, tools: dict | None = None) -> tuple[str, list[ToolCall]]:
