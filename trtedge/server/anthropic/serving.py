@@ -4,6 +4,7 @@ core (one model, one admission controller, one path into the engine), answered i
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
@@ -52,15 +53,9 @@ class AnthropicServing:
             raise await self._too_long(chat, req.max_tokens, e) from None
         rid = f"msg_{uuid.uuid4().hex[:24]}"
         stops = tuple(req.stop_sequences or ())
-        return await core.serve(
-            chat,
-            plan.choices,
-            rid,
-            request,
-            arrival,
-            events=(lambda gen: self._events(gen, plan, rid, stops)) if req.stream else None,
-            answer=lambda outputs: self._answer(outputs, plan, rid, stops),
-        )
+        events = functools.partial(self._events, plan=plan, rid=rid, stops=stops) if req.stream else None
+        answer = functools.partial(self._answer, plan=plan, rid=rid, stops=stops)
+        return await core.serve(chat, plan.choices, rid, request, arrival, events=events, answer=answer)
 
     def _answer(self, outputs: list[Output], plan: ChatPlan, rid: str, stops: tuple[str, ...]) -> Response:
         [out] = outputs

@@ -3,6 +3,7 @@ answered as a chat.completion or its chunks."""
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -40,15 +41,13 @@ class ChatServing:
         if audio is not None:
             check_prompt(plan)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        context = dict(req=req, plan=plan, rid=rid, created=created, audio=audio)
+        events = functools.partial(self._chunks, **context) if req.stream else None
+        answer = functools.partial(self._answer, **context)
+        # with audio the seat stays taken until the Talker has spoken
+        hold = audio is not None
         return await core.serve(
-            req,
-            plan.choices,
-            rid,
-            request,
-            arrival,
-            events=(lambda gen: self._chunks(gen, req, plan, rid, created, audio)) if req.stream else None,
-            answer=lambda outputs: self._answer(outputs, req, plan, rid, created, audio),
-            hold_seat=audio is not None,  # with audio the seat stays taken until the Talker has spoken
+            req, plan.choices, rid, request, arrival, events=events, answer=answer, hold_seat=hold
         )
 
     async def _answer(

@@ -3,6 +3,7 @@ text_completion or its chunks; echo and logprobs as OpenAI reports them, prompt_
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -88,15 +89,11 @@ class CompletionServing:
             prompt_ids += [ids] * req.n
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         view = _CompletionView(echoes, prompt_ids, with_echo_logprobs, score_only)
+        context = dict(req=req, rid=rid, created=created, view=view)
+        events = functools.partial(self._chunks, **context) if req.stream else None
+        answer = functools.partial(self._answer, **context)
         return await core.serve(
-            req,
-            choices,
-            rid,
-            request,
-            arrival,
-            events=(lambda gen: self._chunks(gen, req, rid, created, view)) if req.stream else None,
-            answer=lambda outputs: self._answer(outputs, req, rid, created, view),
-            with_eos=True,
+            req, choices, rid, request, arrival, events=events, answer=answer, with_eos=True
         )
 
     def _answer(self, outputs: list[Output], req, rid: str, created: int, view: _CompletionView) -> Response:

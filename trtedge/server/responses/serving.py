@@ -3,6 +3,7 @@ Response object or its event stream. Responses are not stored (previous_response
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -34,15 +35,9 @@ class ResponsesServing:
         plan = await prepare_chat(core, chat, guide, salt=cache_salt(request, chat.cache_salt))
         rid = f"resp_{uuid.uuid4().hex}"
         head = _Head(rid, int(time.time()), core.model_name, req, chat)
-        return await core.serve(
-            chat,
-            plan.choices,
-            rid,
-            request,
-            arrival,
-            events=(lambda gen: self._events(gen, plan, head)) if req.stream else None,
-            answer=lambda outputs: self._answer(outputs, plan, head),
-        )
+        events = functools.partial(self._events, plan=plan, head=head) if req.stream else None
+        answer = functools.partial(self._answer, plan=plan, head=head)
+        return await core.serve(chat, plan.choices, rid, request, arrival, events=events, answer=answer)
 
     def _answer(self, outputs: list[Output], plan: ChatPlan, head: _Head) -> Response:
         [out] = outputs
