@@ -10,6 +10,7 @@ import time
 import torch
 
 from trtedge.runtime.executor.sampler import to_device
+from trtedge.runtime.models.protocol import CausalLM
 from trtedge.runtime.ops.attention import AttentionBatch
 
 log = logging.getLogger("trtedge")
@@ -73,7 +74,13 @@ class BlockTableRows:
 
 class DecodeGraphs:
     def __init__(
-        self, model, kv_caches, max_batch_size: int, max_blocks: int, block_size: int, scratch_block: int
+        self,
+        model: CausalLM,
+        kv_caches,
+        max_batch_size: int,
+        max_blocks: int,
+        block_size: int,
+        scratch_block: int,
     ):
         device = model.device
         self.model = model

@@ -16,6 +16,7 @@ from trtedge.runtime.models.moe import MoeModel, expert_names
 from trtedge.runtime.models.nemotron_asr import NemotronASRModel
 from trtedge.runtime.models.nemotron_h import NemotronHModel, nemotron_h_dummy_tensors
 from trtedge.runtime.models.ple import find_ple_tensor
+from trtedge.runtime.models.protocol import CausalLM
 from trtedge.runtime.models.qwen2_5_omni import Qwen25OmniModel
 from trtedge.runtime.models.qwen2_5_vl import Qwen25VLModel
 from trtedge.runtime.models.qwen3_5 import Qwen35Model, hybrid_dummy_tensors
@@ -210,7 +211,7 @@ def load_model(
     max_positions: int,
     load_format: str = "auto",
     ple=None,
-):
+) -> CausalLM:
     """``ple``: a PleRuntimeConfig, where a model with per-layer embeddings keeps their table."""
     cfg = checkpoint.model_config
     dev = resolve_device(device)
