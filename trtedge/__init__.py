@@ -10,6 +10,7 @@ from trtedge._version import __version__
 _EXPORTS = {
     "LLM": "trtedge.llm",
     "PromptTooLongError": "trtedge.llm",
+    "ParamError": "trtedge.runtime.sampling_params",
     "ConfigError": "trtedge.config",
     "ContextCacheConfig": "trtedge.config",
     "PleRuntimeConfig": "trtedge.config",
