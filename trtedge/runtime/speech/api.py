@@ -23,7 +23,8 @@ class SpeechOptions:
     (on the Talker's codes), ``max_audio_length`` (seconds of audio at most), ``codec_chunk_frames``
     (frames per Code2Wav chunk: the streaming granularity, 12.5 frames a second),
     ``talker_prefill_threshold`` (text tokens the thinker must have made before the Talker starts;
-    the Talker starts once the text is complete in this version, so it is validated only), ``seed``."""
+    the Talker starts once the text is complete in this version, so it is validated only), ``seed``,
+    ``speed`` (0.25 to 4 times as fast, the pitch kept)."""
 
     voice: str | None = None
     talker_temperature: float = 0.9
@@ -34,6 +35,7 @@ class SpeechOptions:
     codec_chunk_frames: int = DEFAULT_CHUNK_FRAMES
     talker_prefill_threshold: int = 1
     seed: int | None = None
+    speed: float = 1.0  # 0.25 to 4, the pitch kept (PyAV's atempo filter)
 
     def __post_init__(self) -> None:
         def bad(name: str, what: str):
@@ -67,6 +69,8 @@ class SpeechOptions:
         integer("talker_prefill_threshold", 1)
         if self.seed is not None:
             integer("seed", 0)
+        if not 0.25 <= number("speed") <= 4.0:
+            bad("speed", "in [0.25, 4]")
 
     @classmethod
     def coerce(cls, value) -> SpeechOptions:
@@ -129,8 +133,21 @@ def stream_waveform(speech: SpeechPipeline, ids: list[int], options: SpeechOptio
     voice = options.voice or speech.default_voice
     prompt = speech.prompt(ids, voice)
     frames = speech.frames(prompt, options.sampling(speech.cfg.frames_per_second))
+    tempo = None
+    if options.speed != 1.0:
+        from trtedge.runtime.speech.tempo import Tempo
+
+        tempo = Tempo(float(options.speed), speech.sample_rate)
     for piece in speech.waveform(frames, options.codec_chunk_frames):
-        yield piece.cpu().numpy()
+        samples = piece.cpu().numpy()
+        if tempo is not None:
+            samples = tempo.feed(samples)
+        if samples.size:
+            yield samples
+    if tempo is not None:
+        rest = tempo.finish()
+        if rest.size:
+            yield rest
 
 
 def load_speech_output(bundle, dtype: str, device: str) -> SpeechPipeline | None:

@@ -4,7 +4,8 @@ output (Qwen3-Omni's Talker, code predictor and Code2Wav).
 Fields: ``input`` (required, at most 4096 characters and --max-input-len tokens), ``voice`` (one of
 GET /v1/voices; default the model's first, Ethan for Qwen3-Omni), ``model``, ``instructions`` (the
 user turn the Talker reads before the text), ``response_format`` (pcm: 24 kHz mono signed 16-bit
-little-endian, the default; wav, mp3, opus, aac, flac), ``speed`` (1.0 only), ``stream_format`` (audio:
+little-endian, the default; wav, mp3, opus, aac, flac), ``speed`` (0.25 to 4, the pitch kept),
+``stream_format`` (audio:
 the bytes as they are made; sse: ``speech.audio.delta`` events with base64 audio, then
 ``speech.audio.done``), and the reference's ``talker_temperature``, ``talker_top_k``, ``talker_top_p``,
 ``repetition_penalty``, ``max_audio_length``, ``codec_chunk_frames``, ``talker_prefill_threshold`` and
@@ -91,9 +92,9 @@ def _check(serving: ServingCore, req: SpeechRequest) -> Iterator:
             "input",
             "input_too_long",
         )
-    if req.speed != 1.0:
-        raise bad_request("speed other than 1.0 is not supported yet", "speed", "unsupported_value")
     options = {k: getattr(req, k) for k in _OPTIONS if getattr(req, k) is not None}
+    if req.speed != 1.0:
+        options["speed"] = req.speed
     try:
         stream = llm.speech_stream(req.input, voice=req.voice, instructions=req.instructions, **options)
     except SpeechInputError as e:
