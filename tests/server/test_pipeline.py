@@ -27,3 +27,11 @@ def test_the_field_comes_from_the_error_not_its_wording():
     assert value_error(ValueError("temperature went wrong"), "messages").param == "messages"
     # a field the HTTP request does not have (the runtime's own name) is not shown as one
     assert value_error(ParamError("guided_decoding.regex", "bad"), "prompt").param == "prompt"
+
+
+def test_a_param_error_crosses_the_engine_core_process_with_its_field():
+    from trtedge.runtime.client import _error, _kind
+
+    error = _error(_kind(ParamError("cache_generated_tokens", "no")), "no")
+    assert isinstance(error, ParamError) and error.param == "cache_generated_tokens" and str(error) == "no"
+    assert type(_error(_kind(ValueError("plain")), "plain")) is ValueError
