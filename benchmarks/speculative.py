@@ -170,10 +170,10 @@ def device(args) -> None:
             ) as llm:
                 rows.append((name, run(llm, prompt, args.tokens, args.repeats)))
         table(f"{args.shape} shape (random weights, {args.dtype}), batch 1, {args.tokens} new tokens", rows)
-        if args.agreeing_scale:
+        for scale in [s for s in args.agreeing_scale if s > 0]:
             # a target its own first 2 layers agree with (see write_agreeing_weights): draft_model's gain
             agreeing = write_agreeing_weights(
-                write_shape(Path(tmp) / "agreeing", args.shape), args.shape, args.agreeing_scale
+                write_shape(Path(tmp) / f"agreeing-{scale}", args.shape), args.shape, scale
             )
             first2 = write_shape(Path(tmp) / "agreeing-draft", args.shape)
             (first2 / "config.json").write_text(
@@ -197,7 +197,7 @@ def device(args) -> None:
                 ) as llm:
                     rows.append((name, run(llm, prompt, args.tokens, args.repeats)))
             table(
-                f"{args.shape} shape, layers past the 2nd scaled by {args.agreeing_scale} "
+                f"{args.shape} shape, layers past the 2nd scaled by {scale} "
                 f"({args.dtype}), batch 1, {args.tokens} new tokens",
                 rows,
             )
@@ -215,9 +215,10 @@ def main() -> None:
     parser.add_argument(
         "--agreeing-scale",
         type=float,
-        default=0.1,
+        nargs="+",
+        default=[0.1],
         help="device mode: also run draft_model on a target whose layers past the 2nd are scaled by this "
-        "(its first 2 layers, the draft, agree with it often); 0 skips it",
+        "(its first 2 layers, the draft, agree with it often; smaller agrees more); 0 skips it",
     )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)

@@ -81,7 +81,10 @@ class DecodeGraphs:
         max_blocks: int,
         block_size: int,
         scratch_block: int,
+        chain_depth: int = 0,
     ):
+        """``chain_depth``: also capture, per size, that many decode steps in one graph, each row's
+        argmax its next input (a draft model's chain, ``run_chain``)."""
         device = model.device
         self.model = model
         self.block_size = block_size
@@ -106,17 +109,45 @@ class DecodeGraphs:
                 self.logits[size] = self._step(size, kv_caches)
             pool = graph.pool()
             self.graphs[size] = graph
+        self.chain_depth = chain_depth
+        self.chains: dict[int, torch.cuda.CUDAGraph] = {}
+        self.chain_tokens: dict[int, torch.Tensor] = {}
+        for size in reversed(self.sizes) if chain_depth else ():
+            self._chain(size, kv_caches)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.chain_tokens[size] = self._chain(size, kv_caches)
+            pool = graph.pool()
+            self.chains[size] = graph
         torch.cuda.synchronize()
         log.info(
-            "captured %d decode CUDA graphs (batch %s) in %.1f s",
-            len(self.sizes),
+            "captured %d decode CUDA graphs (batch %s%s) in %.1f s",
+            len(self.sizes) + len(self.chains),
             self.sizes,
+            f"; and {chain_depth}-step chains" if chain_depth else "",
             time.perf_counter() - start,
         )
 
     def _step(self, size: int, kv_caches) -> torch.Tensor:
         hidden = self.model.forward(self.ids[:size], self.positions[:size], kv_caches, self._batch(size))
         return self.model.logits(hidden)
+
+    def _chain(self, size: int, kv_caches) -> torch.Tensor:
+        """``chain_depth`` decode steps, each row's argmax the next step's input at the next position
+        (its KV slot from the row's block table on the device): the tokens, [chain_depth, size]."""
+        bs, out = self.block_size, []
+        for step in range(self.chain_depth):
+            token = self._step(size, kv_caches).argmax(dim=-1)
+            out.append(token)
+            if step + 1 < self.chain_depth:
+                self.ids[:size].copy_(token)
+                self.positions[:size].add_(1)
+                self.context_lens[:size].add_(1)
+                store = self.context_lens[:size].long() - 1
+                block = self.tables[:size].gather(1, (store // bs)[:, None])[:, 0].long()
+                self.slots[:size].copy_(block * bs + store % bs)
+        return torch.stack(out)
 
     def _batch(self, size: int) -> AttentionBatch:
         return AttentionBatch(
@@ -142,9 +173,23 @@ class DecodeGraphs:
         fill: tuple[torch.Tensor, torch.Tensor] | None,
         seq_ids: list[int],
     ) -> torch.Tensor:
-        """Logits [len(ids), vocab] for one decode token per sequence. ``fill`` (rows, ids): input ids
-        still on the device (the last step's samples), written over the placeholders of ``ids``.
+        """Logits [len(ids), vocab] for one decode token per row. ``fill`` (rows, ids): input ids still
+        on the device (the last step's samples), written over the placeholders of ``ids``.
         ``seq_ids``: the rows' sequences, whose block tables stay on the device between steps."""
+        size = self._stage(ids, positions, slots, tables, context_lens, fill, seq_ids)
+        self.graphs[size].replay()
+        return self.logits[size][: len(ids)]
+
+    def run_chain(self, ids, positions, slots, tables, context_lens, fill, seq_ids) -> torch.Tensor:
+        """``chain_depth`` greedy decode steps from the rows given (as ``run`` takes them), each step's
+        argmax the next one's input: the tokens [chain_depth, len(ids)], in the graph's buffer. Every
+        row's block table must reach ``chain_depth`` tokens past its position."""
+        size = self._stage(ids, positions, slots, tables, context_lens, fill, seq_ids)
+        self.chains[size].replay()
+        return self.chain_tokens[size][:, : len(ids)]
+
+    def _stage(self, ids, positions, slots, tables, context_lens, fill, seq_ids) -> int:
+        """Copy a step's inputs into the static buffers; the padded size whose graph takes them."""
         n = len(ids)
         size = next(s for s in self.sizes if s >= n)
         pad = size - n
@@ -167,5 +212,4 @@ class DecodeGraphs:
         self.context_lens[:size].copy_(staged[3])
         seats = self.table_rows.seats(seq_ids, tables, size)
         torch.index_select(self.table_rows.rows, 0, seats, out=self.tables[:size])
-        self.graphs[size].replay()
-        return self.logits[size][:n]
+        return size

@@ -64,6 +64,7 @@ def build_decoder(
             blocks.block_size,
             graph_rows=graphs.sizes[-1] if graphs is not None else 0,
             max_blocks=-(-max_kv_cache_capacity // blocks.block_size),
+            chain_depth=config.num_speculative_tokens - 1,
         )
     else:
         from trtedge.runtime.speculative.eagle3 import Eagle3Proposer

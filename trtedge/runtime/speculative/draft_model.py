@@ -15,10 +15,18 @@ from trtedge.runtime.speculative.tree import Draft
 
 class DraftModelProposer:
     def __init__(
-        self, draft, target, num_blocks: int, block_size: int, graph_rows: int = 0, max_blocks: int = 0
+        self,
+        draft,
+        target,
+        num_blocks: int,
+        block_size: int,
+        graph_rows: int = 0,
+        max_blocks: int = 0,
+        chain_depth: int = 0,
     ):
         """``graph_rows``: capture the draft's decode CUDA graphs up to that many rows (0: eager; CUDA
-        only); ``max_blocks``: blocks a sequence's table may reach."""
+        only); ``max_blocks``: blocks a sequence's table may reach; ``chain_depth``: the draft steps
+        after the first (num_speculative_tokens - 1), captured as one graph."""
         if draft is None:
             raise ValueError(
                 "--speculative-config method draft_model needs model (no draft model was loaded)"
@@ -42,7 +50,13 @@ class DraftModelProposer:
             from trtedge.runtime.executor.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(
-                draft, self.cache.kv_caches, graph_rows, max_blocks, block_size, self.cache.scratch_block
+                draft,
+                self.cache.kv_caches,
+                graph_rows,
+                max_blocks,
+                block_size,
+                self.cache.scratch_block,
+                chain_depth=chain_depth,
             )
             self._rows = torch.arange(self.graphs.sizes[-1], dtype=torch.long, device=draft.device)
 
@@ -102,7 +116,16 @@ class DraftModelProposer:
         picked = torch.tensor(last, dtype=torch.long, device=logits.device)
         chosen = [list(range(len(rows)))]  # per step: the rows (indices into ``rows``) it drafted for
         tokens = [logits.index_select(0, picked).argmax(dim=-1)]
-        for step in range(1, max(limits[i] for i in active)):
+        depth = graphs.chain_depth
+        if depth and all(limits[i] == depth + 1 for i in active):  # the rest of every chain in one graph
+            row_seqs = [seqs[i].seq_id for i in active]
+            nxt = self._next_rows(chosen[0], rows, whole, row_seqs, depth)
+            chain = graphs.run_chain(
+                [0] * len(rows), *nxt[:-1], (self._rows[: len(rows)], tokens[0]), nxt[-1]
+            )
+            tokens.append(chain.reshape(-1))
+            chosen += [chosen[0]] * depth
+        for step in range(len(chosen), max(limits[i] for i in active)):
             sel = [r for r in chosen[-1] if limits[active[r]] > step]
             if not sel:
                 break
@@ -110,18 +133,8 @@ class DraftModelProposer:
             if len(sel) != len(chosen[-1]):
                 where = {r: n for n, r in enumerate(chosen[-1])}
                 prev = prev.index_select(0, torch.tensor([where[r] for r in sel], device=prev.device))
-            positions, slots, tables, context_lens, seq_ids = [], [], [], [], []
-            for r in sel:
-                st, table = rows[r].state, whole[r]
-                store = st.num_computed_tokens
-                positions.append(store)
-                slots.append(table[store // bs] * bs + store % bs)
-                tables.append(table)
-                context_lens.append(store + 1)
-                seq_ids.append(seqs[active[r]].seq_id)
-                st.num_computed_tokens = store + 1
-            fill = (self._rows[: len(sel)], prev)
-            logits = graphs.run([0] * len(sel), positions, slots, tables, context_lens, fill, seq_ids)
+            nxt = self._next_rows(sel, rows, whole, [seqs[i].seq_id for i in active], 1)
+            logits = graphs.run([0] * len(sel), *nxt[:-1], (self._rows[: len(sel)], prev), nxt[-1])
             chosen.append(sel)
             tokens.append(logits.argmax(dim=-1))
         values = torch.cat(tokens).tolist()  # the host's one read of the chain
@@ -136,6 +149,22 @@ class DraftModelProposer:
                     drafts[i].append(token)
             offset += len(sel)
         return [Draft.chain(d) if d else None for d in drafts]
+
+    def _next_rows(self, sel: list[int], rows: list[Row], whole: dict, seq_ids: list[int], steps: int):
+        """(positions, slots, tables, context lens, sequence ids) of one decode row for each of ``sel``
+        (indices into ``rows``) at its next position; each row's state moves ``steps`` tokens on."""
+        bs = self.cache.block_size
+        positions, slots, tables, context_lens, ids = [], [], [], [], []
+        for r in sel:
+            st, table = rows[r].state, whole[r]
+            store = st.num_computed_tokens
+            positions.append(store)
+            slots.append(table[store // bs] * bs + store % bs)
+            tables.append(table)
+            context_lens.append(store + 1)
+            ids.append(seq_ids[r])
+            st.num_computed_tokens = store + steps
+        return positions, slots, tables, context_lens, ids
 
     def verified(self, seq: Sequence, draft: Draft, path: list[int], aux) -> None:
         """Rows hold the sequence's tokens up to the root, then the draft tokens fed back; the accepted
