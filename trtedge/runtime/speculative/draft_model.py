@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.speculative import check_draft
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, last_rows
 from trtedge.runtime.speculative.tree import Draft
@@ -113,7 +114,7 @@ class DraftModelProposer:
             last.append(len(ids) - 1)
             row.state.num_computed_tokens = row.storage_start + len(row.ids)
         logits = graphs.run(ids, positions, slots, tables, context_lens, None, seq_ids)
-        picked = torch.tensor(last, dtype=torch.long, device=logits.device)
+        picked = to_device(last, torch.long, logits.device)  # (a pageable copy would wait for the step)
         chosen = [list(range(len(rows)))]  # per step: the rows (indices into ``rows``) it drafted for
         tokens = [logits.index_select(0, picked).argmax(dim=-1)]
         depth = graphs.chain_depth
@@ -132,7 +133,7 @@ class DraftModelProposer:
             prev = tokens[-1]
             if len(sel) != len(chosen[-1]):
                 where = {r: n for n, r in enumerate(chosen[-1])}
-                prev = prev.index_select(0, torch.tensor([where[r] for r in sel], device=prev.device))
+                prev = prev.index_select(0, to_device([where[r] for r in sel], torch.long, prev.device))
             nxt = self._next_rows(sel, rows, whole, [seqs[i].seq_id for i in active], 1)
             logits = graphs.run([0] * len(sel), *nxt[:-1], (self._rows[: len(sel)], prev), nxt[-1])
             chosen.append(sel)
