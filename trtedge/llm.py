@@ -214,7 +214,7 @@ class LLM:
             logging.getLogger("trtedge").getEffectiveLevel(),
         )
         try:
-            return CoreProcess(launch)
+            return CoreProcess(launch, tokenizer=self.tokenizer)
         except ValueError as e:
             raise ConfigError(str(e)) from None
 

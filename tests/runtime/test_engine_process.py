@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -65,6 +66,27 @@ def test_n_choices_stop_strings_and_prompt_logprobs_cross_the_queue(core, smollm
     assert [o.text for o in there.outputs] == [o.text for o in here.outputs]
     assert len(there.prompt_logprobs) == there.prompt_tokens and there.prompt_logprobs[0] is None
     assert [p.token_id for p in there.prompt_logprobs[1:]] == [p.token_id for p in here.prompt_logprobs[1:]]
+
+
+def test_text_is_made_on_the_client_side_and_a_stop_string_stops_the_core(core, smollm):
+    """The core sends token ids only; this side detokenizes, cuts at a stop string and tells the core
+    to stop the choice there: the same text, tokens, counts, metrics and statistics as in-process,
+    and the tokens the core made past the stop string are dropped."""
+    params = SamplingParams(max_tokens=40, temperature=0, stop=[" 7", "\n\n"], n=2)
+    before = core.stats()["completed"]
+    metrics = []
+    there = core.generate(PROMPTS[1], params, on_metrics=metrics.append)
+    here = smollm.generate(PROMPTS[1], params)
+    assert here.finish_reason == "stop" and here.completion_tokens < 2 * 40  # a stop string was hit
+    for a, b in zip(there.outputs, here.outputs):
+        assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids, b.finish_reason)
+    assert there.completion_tokens == here.completion_tokens
+    assert metrics and metrics[0].generated_tokens == here.completion_tokens
+    assert metrics[0].finish_reason == "stop"
+    streamed = "".join(d.text for d in core.generate_stream(PROMPTS[1], replace(params, n=1)))
+    assert streamed == here.outputs[0].text
+    stats = wait_idle(core)
+    assert stats["completed"] == before + 2 and stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
 def test_cancel_mid_stream_frees_the_seat_and_blocks(core):

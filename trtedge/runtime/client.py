@@ -27,7 +27,7 @@ import tempfile
 import threading
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -41,6 +41,7 @@ from trtedge.runtime.output import (
     LoopChannel,
     RequestHandle,
     StreamDelta,
+    TextStream,
 )
 from trtedge.runtime.sampling_params import ParamError, SamplingParams
 
@@ -63,6 +64,7 @@ class _Delta(msgspec.Struct, array_like=True):
     index: int
     cached_tokens: int
     prompt_logprobs: list[tuple[int, float, list[tuple[int, float]], int | None] | None] | None
+    stop_token: bool
 
 
 class _Failure(msgspec.Struct, array_like=True):
@@ -109,15 +111,23 @@ class CoreLaunch:
 @dataclass(eq=False)
 class _Open:
     channel: queue.Queue | LoopChannel
-    num_open: int
+    num_open: int  # choices the core has not finished
     on_metrics: Callable[[GenerationMetrics], None] | None
     batcher: LoopBatcher | None = None
+    texts: list[TextStream] = field(default_factory=list)  # per choice: its text, made on this side
+    # choices a stop string ended here: their final delta, handed out when the core's own final comes
+    stopped: dict[int, StreamDelta] = field(default_factory=dict)
 
 
 class CoreProcess:
     """An ``Engine`` in a child process, with the part of ``Engine``'s interface that ``LLM`` uses."""
 
-    def __init__(self, launch: CoreLaunch):
+    def __init__(self, launch: CoreLaunch, tokenizer=None):
+        """``tokenizer``: make the deltas' text on this side (the output thread detokenizes and applies
+        stop strings; the core only sends token ids) instead of in the core."""
+        self._tokenizer = tokenizer
+        if tokenizer is not None:
+            launch = replace(launch, engine_config=replace(launch.engine_config, detokenize=False))
         self._dir = tempfile.mkdtemp(prefix="trtedge-core-")  # 0700: only this user reaches the sockets
         self._zmq = zmq.Context()
         self._in = self._out = self._proc = None
@@ -185,6 +195,12 @@ class CoreProcess:
         if params.guided_decoding is not None:  # a bad guide is refused here, as in-process (cached there)
             self.call("compile_guide", params.guided_decoding)
         box = _Open(channel or queue.Queue(), params.n, on_metrics, channel.batcher if channel else None)
+        if self._tokenizer is not None:
+            ids = getattr(prompt_ids, "ids", prompt_ids)  # a MultimodalPrompt's ids, placeholders included
+            box.texts = [
+                TextStream(self._tokenizer, ids, params.skip_special_tokens, params.stop)
+                for _ in range(params.n)
+            ]
         with self._lock:
             self._raise_if_down()  # under the lock: _died cannot empty _open between check and entry
             rid = self._next = self._next + 1
@@ -331,7 +347,12 @@ class CoreProcess:
                 d.index,
                 d.cached_tokens,
                 _unpack_logprobs(d.prompt_logprobs),
+                d.stop_token,
             )
+            if box.texts:
+                delta = self._with_text(box, d.rid, delta)
+                if delta is None:
+                    continue
             box.channel.put(delta)
             if box.batcher is not None:
                 batchers.add(box.batcher)
@@ -341,6 +362,28 @@ class CoreProcess:
                 batchers.add(box.batcher)
         for batcher in batchers:
             batcher.flush()
+
+    def _with_text(self, box: _Open, rid: int, delta: StreamDelta) -> StreamDelta | None:
+        """The delta with its text made here; None for one not handed out. At a stop string the choice
+        ends here: the core is told to stop it there, its later deltas are dropped, and this final
+        delta waits for the core's own (which brings the request's metrics first)."""
+        index = delta.index
+        if index in box.stopped:
+            return box.stopped.pop(index) if delta.finish_reason is not None else None
+        text = box.texts[index]
+        final = delta.finish_reason is not None
+        if not delta.token_ids:  # a final without a token (cancelled, failed): what was held back
+            held, text.pending = text.pending, ""
+            return replace(delta, text=held)
+        made, hit = text.step(delta.token_ids[-1], not delta.stop_token, final)
+        if hit and not final:
+            box.stopped[index] = replace(delta, text=made, finish_reason="stop")
+            try:
+                self._send(("stop", rid, index, delta.completion_tokens))
+            except Exception:  # shut down meanwhile: the request is failed already
+                pass
+            return None
+        return replace(delta, text=made, finish_reason="stop" if hit else delta.finish_reason)
 
     def _died(self, reason: str) -> None:
         """The core is gone: every open request and call fails, new ones are refused."""
@@ -485,6 +528,7 @@ class _StepSink:
                         item.index,
                         item.cached_tokens,
                         _pack_logprobs(item.prompt_logprobs),
+                        item.stop_token,
                     )
                 )
 
@@ -571,6 +615,11 @@ def _core_main(directory: str, parent_pid: int) -> None:  # pragma: no cover - r
                 channel = handles.pop(message[1], None)
                 if channel is not None and channel.handle is not None:
                     channel.handle.cancel()
+            elif kind == "stop":  # a stop string ended a choice's text on the parent's side
+                _, rid, index, count = message
+                channel = handles.get(rid)
+                if channel is not None and channel.handle is not None:
+                    channel.handle.stop_choice(index, count)
             elif kind == "call":
                 _, cid, name, args = message
                 try:

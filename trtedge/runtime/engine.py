@@ -34,13 +34,14 @@ from trtedge.runtime.output import (
     LoopChannel,
     RequestHandle,
     StreamDelta,
+    TextStream,
 )
 from trtedge.runtime.profiling import MULTIMODAL, SCHEDULE, SPECULATIVE, Profiler
 from trtedge.runtime.sampling_params import ParamError, SamplingParams, check_logit_bias
 from trtedge.runtime.speculative import SpeculativeConfig, build_decoder
 from trtedge.runtime.speculative.decoder import SpecStats, may_speculate
 from trtedge.runtime.structured import GuidedDecoding
-from trtedge.runtime.text.tokenizer import IncrementalDetokenizer, Tokenizer
+from trtedge.runtime.text.tokenizer import Tokenizer
 
 log = logging.getLogger("trtedge")
 
@@ -77,6 +78,9 @@ class EngineConfig:
     # Overlap the host's update of a step with the device's next step. None: on for CUDA, where the model
     # has no recurrent layers, no media encoder, no tensor parallelism and no speculative decoding.
     async_scheduling: bool | None = None
+    # Make each delta's text here (detokenization, stop strings). False: the consumer does it (the
+    # engine core process's client, see client.py) and stops a choice at a stop string (``stop_choice``).
+    detokenize: bool = True
 
 
 @dataclass
@@ -116,8 +120,7 @@ class _Choice:
     seq: Sequence
     request: _Request
     index: int
-    detok: IncrementalDetokenizer
-    pending: str = ""  # text held back: could be the start of a stop string
+    text: TextStream | None  # None: the consumer makes the text (EngineConfig.detokenize false)
     first_token: float | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)
 
@@ -263,8 +266,10 @@ class Engine:
                 seq.checkpoint_limit = self.blocks.state.checkpoint_limit(
                     prompt_ids, params.reuse_context, params.cache_generated_tokens
                 )
-            detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
-            request.choices.append(_Choice(seq, request, index, detok))
+            text = None
+            if self.config.detokenize:
+                text = TextStream(self.tokenizer, prompt_ids, params.skip_special_tokens, params.stop)
+            request.choices.append(_Choice(seq, request, index, text))
         request.num_open = params.n
         with self._submit_lock:
             if self.error is not None:
@@ -274,7 +279,7 @@ class Engine:
             self._inbox.put(("add", request))
         self._wake.set()
         if channel is not None:
-            return RequestHandle(lambda: self._cancel(request))
+            return RequestHandle(lambda: self._cancel(request), lambda i, n: self._stop_choice(request, i, n))
         return CancellableIterator(request.channel, lambda: self._cancel(request), params.n)
 
     def _resolve_cache_generated(self, params: SamplingParams) -> SamplingParams:
@@ -301,6 +306,10 @@ class Engine:
 
     def _cancel(self, request: _Request) -> None:
         self._inbox.put(("cancel", request))
+        self._wake.set()
+
+    def _stop_choice(self, request: _Request, index: int, num_output_tokens: int) -> None:
+        self._inbox.put(("stop", (request, index, num_output_tokens)))
         self._wake.set()
 
     def shutdown(self) -> None:
@@ -538,6 +547,23 @@ class Engine:
                 for choice in request.choices:
                     if not choice.seq.is_finished:
                         self._finish(choice, "cancelled")
+            elif kind == "stop":
+                request, index, count = request
+                choice = request.choices[index]
+                if request in self._requests and not choice.seq.is_finished:
+                    self._stop_at(choice, count)
+
+    def _stop_at(self, choice: _Choice, num_output_tokens: int) -> None:
+        """The consumer found a stop string ending at output token ``num_output_tokens``: finish there,
+        dropping the tokens made past it (their blocks are not offered for reuse)."""
+        seq = choice.seq
+        extra = seq.num_output_tokens - num_output_tokens
+        if extra > 0:
+            del seq.token_ids[len(seq.token_ids) - extra :]
+            del choice.logprobs[num_output_tokens:]
+            seq.num_draft_tokens = 0
+            seq.num_computed_tokens = min(seq.num_computed_tokens, len(seq.token_ids))
+        self._finish(choice, "stop", publish=extra <= 0)
 
     def step(self) -> bool:
         """One engine step: schedule -> execute -> update. False if nothing ran. Asynchronously, the
@@ -729,23 +755,23 @@ class Engine:
         if info is not None:
             choice.logprobs.append(info)
         reason = None
-        if (
+        stop_token = (
             not params.ignore_eos
             and token in self.tokenizer.eos_token_ids
             or token in params.stop_token_ids
             or (seq.matcher is not None and seq.matcher.is_terminated())
-        ):
+        )
+        if stop_token:
             reason = "stop"
-            text = ""
-        else:
-            text = choice.detok.add(token)
-        if reason is None and (
+        elif (
             seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_kv_cache_capacity
         ):
             reason = "length"
-        text, stop_hit = self._apply_stop_strings(choice, text, final=reason is not None)
-        if stop_hit:
-            reason = "stop"
+        text = ""
+        if choice.text is not None:
+            text, stop_hit = choice.text.step(token, not stop_token, final=reason is not None)
+            if stop_hit:
+                reason = "stop"
         delta = StreamDelta(
             text,
             [token],
@@ -756,6 +782,7 @@ class Engine:
             choice.index,
             seq.num_cached_tokens,
             request.prompt_logprobs if first else None,
+            stop_token,
         )
         if reason is None:
             self._emit(request, delta)
@@ -794,39 +821,19 @@ class Engine:
             self._choices[choice.seq.seq_id] = choice
             self.scheduler.add(choice.seq)
 
-    def _apply_stop_strings(self, choice: _Choice, text: str, final: bool) -> tuple[str, bool]:
-        stops = choice.seq.params.stop
-        if final:
-            text += choice.detok.flush()
-        if not stops:
-            return text, False
-        buf = choice.pending + text
-        hits = [i for i in (buf.find(s) for s in stops) if i >= 0]
-        if hits:
-            choice.pending = ""
-            return buf[: min(hits)], True
-        if final:
-            choice.pending = ""
-            return buf, False
-        hold = 0
-        for s in stops:
-            for k in range(min(len(s) - 1, len(buf)), hold, -1):
-                if buf.endswith(s[:k]):
-                    hold = k
-                    break
-        choice.pending = buf[len(buf) - hold :] if hold else ""
-        return buf[: len(buf) - hold], False
-
-    def _finish(self, choice: _Choice, reason: str, delta: StreamDelta | None = None) -> None:
+    def _finish(
+        self, choice: _Choice, reason: str, delta: StreamDelta | None = None, publish: bool = True
+    ) -> None:
         seq, request = choice.seq, choice.request
-        self._publish(seq)
+        if publish:
+            self._publish(seq)
         self.scheduler.finish(seq, reason)
         if self.speculative is not None:
             self.speculative.release(seq)
         self._choices.pop(seq.seq_id, None)
         if delta is None:
             delta = StreamDelta(
-                choice.pending,
+                choice.text.pending if choice.text is not None else "",
                 [],
                 reason,
                 None,

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from trtedge.runtime.executor.sampler import TokenLogprobs
+from trtedge.runtime.text.tokenizer import IncrementalDetokenizer
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,45 @@ class StreamDelta:
     cached_tokens: int = 0  # prompt tokens taken from the context cache (context reuse)
     # on a choice's first delta when asked for: one entry per prompt token, the first None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # the last token ended the choice as a stop token (EOS, a stop_token_ids entry, the guide's end):
+    # its text is not part of ``text``
+    stop_token: bool = False
+
+
+class TextStream:
+    """One choice's output text, made where its deltas are consumed (the engine thread in process; the
+    client's output thread beside an engine core process): incremental detokenization, and the text
+    held back while it could still be the start of a stop string, cut at the first stop string."""
+
+    def __init__(self, tokenizer, prompt_ids, skip_special_tokens: bool, stops: list[str] | None):
+        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
+        self._stops = stops or []
+        self.pending = ""  # text held back: could be the start of a stop string
+
+    def step(self, token: int, shown: bool, final: bool) -> tuple[str, bool]:
+        """The text that ``token`` completes (none when not ``shown``: a stop token such as EOS) and,
+        when ``final``, all that was held back; True when a stop string ended the text (cut before it)."""
+        text = self._detok.add(token) if shown else ""
+        if final:
+            text += self._detok.flush()
+        if not self._stops:
+            return text, False
+        buf = self.pending + text
+        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
+        if hits:
+            self.pending = ""
+            return buf[: min(hits)], True
+        if final:
+            self.pending = ""
+            return buf, False
+        hold = 0
+        for stop in self._stops:
+            for k in range(min(len(stop) - 1, len(buf)), hold, -1):
+                if buf.endswith(stop[:k]):
+                    hold = k
+                    break
+        self.pending = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold], False
 
 
 @dataclass
@@ -198,11 +238,19 @@ class LoopChannel:
 
 
 class RequestHandle:
-    """What ``submit`` returns for a request whose deltas go to a ``LoopChannel``: it only cancels."""
+    """What ``submit`` returns for a request whose deltas go to a ``LoopChannel``: it cancels, and (for a
+    consumer that makes the text itself) stops one choice at a stop string."""
 
-    def __init__(self, cancel: Callable[[], None]):
+    def __init__(self, cancel: Callable[[], None], stop: Callable[[int, int], None] | None = None):
         self._cancel = cancel
+        self._stop = stop
         self.cancelled = False
+
+    def stop_choice(self, index: int, num_output_tokens: int) -> None:
+        """Finish choice ``index`` with reason "stop" after its first ``num_output_tokens`` tokens (a stop
+        string ended its text there); tokens it made past them are dropped."""
+        if self._stop is not None:
+            self._stop(index, num_output_tokens)
 
     def cancel(self) -> None:
         if not self.cancelled:
