@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from trtedge.commands.exit_codes import FAILED, INTERRUPTED, USAGE
-from trtedge.commands.launch_options import SPECULATIVE, launch_options, llm_options
+from trtedge.commands.launch_options import PRECISION, SPECULATIVE, launch_options, llm_options
 
 HELP = (
     "Benchmark a model offline (in-process) or a running OpenAI-compatible server (--url): "
@@ -42,9 +42,7 @@ app = typer.Typer(cls=_RunByDefault, no_args_is_help=False)
 @launch_options(
     "max_batch_size",
     "max_kv_cache_capacity",
-    "dtype",
-    "device",
-    "weights",
+    *PRECISION,
     "load_format",
     *SPECULATIVE,
     "tensor_parallel_size",

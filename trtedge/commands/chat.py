@@ -10,7 +10,7 @@ import typer
 
 from trtedge.commands.completion import cached_models
 from trtedge.commands.exit_codes import FAILED, INTERRUPTED, USAGE
-from trtedge.commands.launch_options import SPECULATIVE, launch_options, llm_options
+from trtedge.commands.launch_options import CACHE, PRECISION, SPECULATIVE, launch_options, llm_options
 
 HELP = (
     "Chat with a model in the terminal: streamed answers, then time to first token, tokens/s, latency "
@@ -20,15 +20,11 @@ HELP = (
 
 
 @launch_options(
-    "cache_dir",
+    *CACHE,
     "max_input_len",
     "max_kv_cache_capacity",
     "enable_context_reuse",
-    "dtype",
-    "device",
-    "weights",
-    "engine_cache_max_size_gb",
-    "clear_engine_cache",
+    *PRECISION,
     *SPECULATIVE,
     "tensor_parallel_size",
 )

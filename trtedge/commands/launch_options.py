@@ -129,6 +129,8 @@ FLAGS: dict[str, LaunchFlag] = {
     ),
 }
 
+CACHE = ("cache_dir", "engine_cache_max_size_gb", "clear_engine_cache")
+PRECISION = ("dtype", "device", "weights")
 SPECULATIVE = ("speculative_config", "draft_top_k", "max_spec_draft_tokens", "max_spec_verify_tokens")
 CONTEXT_CACHE = (
     "enable_context_reuse",

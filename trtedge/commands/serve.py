@@ -13,12 +13,10 @@ import typer
 
 from trtedge.commands import exit_codes
 from trtedge.commands.completion import cached_models
-from trtedge.commands.launch_options import CONTEXT_CACHE, PLE, SPECULATIVE, launch_options
+from trtedge.commands.launch_options import CACHE, CONTEXT_CACHE, PLE, PRECISION, SPECULATIVE, launch_options
 
 SERVE_LAUNCH_FLAGS = (
-    "cache_dir",
-    "engine_cache_max_size_gb",
-    "clear_engine_cache",
+    *CACHE,
     "max_input_len",
     "max_batch_size",
     "max_kv_cache_capacity",
@@ -28,9 +26,7 @@ SERVE_LAUNCH_FLAGS = (
     "mm_embedding_cache_bytes",
     *PLE,
     *SPECULATIVE,
-    "dtype",
-    "device",
-    "weights",
+    *PRECISION,
     "load_format",
     "tensor_parallel_size",
     "distributed_init_method",
