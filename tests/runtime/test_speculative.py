@@ -273,3 +273,28 @@ def test_eagle3_layout_is_checked(tmp_path, target):
     path = make_eagle3_head(tmp_path / "bad", model.cfg.hidden_size + 8, model.cfg.vocab_size)
     with pytest.raises(ValueError, match="fc.weight"):
         load_eagle3(path, model)
+
+
+def test_eagle3_over_an_int8_target_reads_its_quantized_embeddings(tmp_path):
+    """A target whose embeddings are quantized (--weights int8): the head embeds the draft's tokens
+    through the same lookup the target uses, and greedy output still equals plain decoding."""
+    from tests.runtime.eagle3_tiny import make_eagle3_head
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+    from trtedge.runtime.models import load_model
+    from trtedge.runtime.ops.linear import QuantizedTensor
+    from trtedge.runtime.speculative.eagle3 import load_eagle3
+
+    path = make_tiny_checkpoint(tmp_path / "t", "qwen3")
+    checkpoint = resolve_checkpoint(str(path))
+    model = load_model(checkpoint, dtype="float32", device="cpu", weights="int8", max_positions=512)
+    tok = checkpoint.load_tokenizer()
+    assert isinstance(model.embed, QuantizedTensor)
+    eagle = make_eagle3_head(tmp_path / "e", model.cfg.hidden_size, model.cfg.vocab_size)
+    prompts = repetitive_prompts(4, seed=2)
+    plain, _ = generate(model, tok, prompts)
+    spec = SpeculativeConfig("eagle3", model=str(eagle), num_speculative_tokens=3)
+    try:
+        out, eng = generate(model, tok, prompts, speculative=spec, draft=load_eagle3(eagle, model))
+        assert out == plain and eng.speculative.stats.steps > 0
+    finally:
+        model.aux_layers, model.aux_hidden = (), None

@@ -24,6 +24,7 @@ from trtedge.runtime.models.config import RopeConfig
 from trtedge.runtime.models.layers import rms_norm, rotate
 from trtedge.runtime.models.rope import rope_tables
 from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
+from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, last_rows
 from trtedge.runtime.speculative.tree import Draft
 
@@ -93,7 +94,7 @@ class Eagle3Head:
         t = ids.shape[0]
         x = torch.cat(
             [
-                rms_norm(F.embedding(ids, self.embed), self.input_norm, self.eps),
+                rms_norm(embedding(ids, self.embed), self.input_norm, self.eps),
                 rms_norm(hidden, self.hidden_norm, self.eps),
             ],
             dim=-1,
