@@ -602,6 +602,17 @@ class LLM:
         self.speech_output.prompt(ids, params.voice or self.speech_output.default_voice)  # refuses here
         return stream_waveform(self.speech_output, ids, params)
 
+    def speech_live(self, prompt_ids: list[int], **options):
+        """The speech of an answer to ``prompt_ids`` (a conversation ending in ``<|im_start|>assistant``)
+        that is still being generated: a ``LiveSpeech`` to ``push`` the answer's token ids into as they
+        come and ``finish``; ``pieces()`` yields the audio meanwhile. Refuses (SpeechInputError) now."""
+        from trtedge.runtime.speech.api import LiveSpeech
+
+        if self.speech_output is None:
+            raise ValueError(f"{NO_SPEECH} ({self.model_name})")
+        params = SpeechOptions.coerce(options)
+        return LiveSpeech(self.speech_output, prompt_ids, params, self.tokenizer.eos_token_ids)
+
     def speech_input_tokens(self, input: str, instructions: str | None = None) -> int:
         """Tokens of the conversation the Talker reads to speak ``input``."""
         from trtedge.runtime.speech.api import tts_ids

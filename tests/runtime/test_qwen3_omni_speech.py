@@ -138,3 +138,37 @@ def test_text_to_speech_and_its_refusals(llm):
     with pytest.raises(SpeechInputError) as e:
         llm.speech_stream(token_ids=audio)
     assert e.value.param == "modalities"
+
+
+def test_live_speech_starts_before_the_text_is_complete_and_equals_the_whole(llm, reference):
+    """The Talker speaks while the answer's tokens still arrive: its first piece of audio comes before
+    the rest of the text is pushed, and the whole is the speech of the complete text."""
+    import queue
+    import threading
+
+    from trtedge.runtime.speech.api import answer_ids
+
+    _, sequence, _, _ = reference
+    answer = sequence[len(PROMPT) :]
+    eos = set(llm.tokenizer_info().eos_token_ids)
+    options = dict(voice="chelsie", codec_chunk_frames=1, **GREEDY)
+    whole = list(llm.speech_stream(token_ids=answer_ids(PROMPT, answer[:-1], eos), **options))
+    live = llm.speech_live(PROMPT, talker_prefill_threshold=2, **options)
+    got: queue.Queue = queue.Queue()
+    worker = threading.Thread(target=lambda: [got.put(p) for p in live.pieces()] + [got.put(None)])
+    worker.start()
+    try:
+        live.push(answer[:2])  # the threshold: the Talker starts
+        first = got.get(timeout=30)  # audio before the rest of the text exists
+        live.push(answer[2:-1])
+        live.finish()
+        pieces = [first]
+        while (piece := got.get(timeout=30)) is not None:
+            pieces.append(piece)
+    finally:
+        live.close()
+        worker.join(30)
+    assert len(pieces) == len(whole) == FRAMES
+    np.testing.assert_allclose(np.concatenate(pieces), np.concatenate(whole), atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="talker_prefill_threshold"):
+        llm.speech_live(PROMPT, talker_prefill_threshold=0)

@@ -22,8 +22,8 @@ class SpeechOptions:
     """``talker_temperature`` (0 = greedy), ``talker_top_k``, ``talker_top_p``, ``repetition_penalty``
     (on the Talker's codes), ``max_audio_length`` (seconds of audio at most), ``codec_chunk_frames``
     (frames per Code2Wav chunk: the streaming granularity, 12.5 frames a second),
-    ``talker_prefill_threshold`` (text tokens the thinker must have made before the Talker starts;
-    the Talker starts once the text is complete in this version, so it is validated only), ``seed``,
+    ``talker_prefill_threshold`` (answer tokens the thinker must have made before the Talker starts,
+    when it speaks an answer still being generated: ``LiveSpeech``), ``seed``,
     ``speed`` (0.25 to 4 times as fast, the pitch kept)."""
 
     voice: str | None = None
@@ -191,3 +191,82 @@ def _read(files, wanted) -> list:
         with safe_open(str(file), framework="pt") as f:
             out += [(n, f.get_tensor(n)) for n in f.keys() if wanted(n)]
     return out
+
+
+class LiveSpeech:
+    """The speech of an answer the thinker is still generating: ``push`` its token ids as they come,
+    ``finish`` at its end (``close`` abandons it); ``pieces()`` (on another thread) yields the
+    waveform while the text still arrives. The Talker starts once ``talker_prefill_threshold`` text
+    tokens are there (and the four the Talker's prompt holds) and waits whenever it has spoken all the
+    text so far; it reads the same rows at the same steps as with the whole text."""
+
+    def __init__(self, speech: SpeechPipeline, prompt_ids: list[int], options: SpeechOptions, eos_ids):
+        import threading
+
+        from trtedge.runtime.speech.talker import TextFeed
+
+        self.speech, self.options = speech, options
+        self.voice = options.voice or speech.default_voice
+        speech.voice_id(self.voice)
+        self.ids = list(prompt_ids)
+        self.num_prompt = len(self.ids)
+        self.start = speech.answer_start(self.ids)
+        self.eos = set(eos_ids)
+        self.feed = TextFeed()
+        self.prompt = None
+        self.ended = False
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+
+    def push(self, token_ids: list[int]) -> None:
+        with self._lock:
+            for t in token_ids:
+                if self.ended:
+                    return
+                if t in self.eos:
+                    self._finish()
+                    return
+                self.ids.append(t)
+                if self.prompt is None:
+                    generated = len(self.ids) - self.num_prompt
+                    if len(self.ids) - self.start >= 4 and generated >= self.options.talker_prefill_threshold:
+                        self._begin()
+                else:
+                    self.feed.append(self.speech.project([t]))
+
+    def _begin(self) -> None:
+        prompt = self.speech.prompt(self.ids, self.voice)
+        self.feed.append(prompt.trailing[:-1])  # the text so far; tts_eos comes at the end
+        self.prompt = prompt
+        self._ready.set()
+
+    def finish(self) -> None:
+        with self._lock:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if self.prompt is None and len(self.ids) - self.start >= 4:
+            self._begin()
+        if self.prompt is not None:
+            self.feed.append(self.prompt.trailing[-1:])
+        self.feed.finish()
+        self._ready.set()
+
+    def close(self) -> None:
+        """Stop: the Talker ends at its next step (the client went away)."""
+        with self._lock:
+            self.ended = True
+            self.feed.finish(cancelled=True)
+            self._ready.set()
+
+    def pieces(self) -> Iterator[np.ndarray]:
+        self._ready.wait()
+        if self.prompt is None or self.feed.cancelled:
+            return
+        sampling = self.options.sampling(self.speech.cfg.frames_per_second)
+        frames = self.speech.talker.frames(self.prompt.prefill, self.feed, self.prompt.pad, sampling)
+        for piece in self.speech.waveform(frames, self.options.codec_chunk_frames):
+            yield piece.cpu().numpy()

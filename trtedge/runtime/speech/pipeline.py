@@ -76,16 +76,18 @@ class SpeechPipeline:
             )
         return code
 
-    def _project(self, ids: list[int]) -> torch.Tensor:
+    @torch.inference_mode()
+    def project(self, ids: list[int]) -> torch.Tensor:
+        """Text token ids -> Talker input rows (the thinker's embeddings through text_projection)."""
         rows = self.embeddings[torch.tensor(ids, dtype=torch.long, device=self.embeddings.device)]
         return self.talker.text_projection(rows)
 
-    @torch.inference_mode()
-    def prompt(self, ids: list[int], voice: str) -> SpeechPrompt:
-        """The Talker's input for a conversation's ``ids``: the prompt and the answer's text tokens
-        (without the end-of-turn token), ending inside the last ``<|im_start|>assistant`` turn."""
+    _project = project
+
+    def answer_start(self, ids: list[int]) -> int:
+        """Where the last ``<|im_start|>assistant`` turn starts; SpeechInputError for a prompt the
+        Talker cannot speak (media in it, or no assistant turn)."""
         t = self.cfg.text_ids
-        speaker = self.voice_id(voice)
         if set(ids) & set(self.cfg.multimodal_ids):
             raise SpeechInputError(
                 "audio output from a prompt with audio, image or video input is not supported yet "
@@ -95,7 +97,15 @@ class SpeechPipeline:
         starts = [i for i in range(len(ids) - 1) if ids[i] == t["im_start"] and ids[i + 1] == t["assistant"]]
         if not starts:
             raise SpeechInputError("the prompt has no assistant turn for the Talker to speak", "messages")
-        start = starts[-1]
+        return starts[-1]
+
+    @torch.inference_mode()
+    def prompt(self, ids: list[int], voice: str) -> SpeechPrompt:
+        """The Talker's input for a conversation's ``ids``: the prompt and the answer's text tokens
+        (without the end-of-turn token), ending inside the last ``<|im_start|>assistant`` turn."""
+        t = self.cfg.text_ids
+        speaker = self.voice_id(voice)
+        start = self.answer_start(ids)
         answer = ids[start:]
         if len(answer) < 4:
             raise SpeechInputError("there is no text to speak", "input")

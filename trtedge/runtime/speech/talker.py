@@ -34,6 +34,48 @@ class TalkerSampling:
         return self.temperature == 0.0
 
 
+class FixedText:
+    """Text rows known in full."""
+
+    cancelled = False
+
+    def __init__(self, rows: torch.Tensor):
+        self.rows = rows
+
+    def get(self, step: int) -> torch.Tensor | None:
+        return self.rows[step] if step < self.rows.shape[0] else None
+
+
+class TextFeed:
+    """Text rows that arrive while the Talker speaks (the thinker still generating): ``get(step)``
+    waits until row ``step`` is there or the text is complete (then None: the Talker pads). The
+    Talker reads the same rows at the same steps as with the whole text, so its frames are the same."""
+
+    def __init__(self):
+        import threading
+
+        self._rows: list[torch.Tensor] = []
+        self._done = False
+        self.cancelled = False
+        self._cond = threading.Condition()
+
+    def append(self, rows: torch.Tensor) -> None:
+        with self._cond:
+            self._rows.extend(rows)
+            self._cond.notify_all()
+
+    def finish(self, cancelled: bool = False) -> None:
+        with self._cond:
+            self._done = True
+            self.cancelled = self.cancelled or cancelled
+            self._cond.notify_all()
+
+    def get(self, step: int) -> torch.Tensor | None:
+        with self._cond:
+            self._cond.wait_for(lambda: step < len(self._rows) or self._done)
+            return self._rows[step] if step < len(self._rows) else None
+
+
 class ResizeMLP:
     def __init__(self, w: dict, act: str):
         self.fc1 = (require(w, "linear_fc1.weight"), w.get("linear_fc1.bias"))
@@ -96,11 +138,14 @@ class Talker:
 
     @torch.inference_mode()
     def frames(
-        self, prefill: torch.Tensor, trailing: torch.Tensor, pad: torch.Tensor, params: TalkerSampling
+        self, prefill: torch.Tensor, trailing, pad: torch.Tensor, params: TalkerSampling
     ) -> Iterator[list[int]]:
         """Codec frames (``num_code_groups`` codes each) until the Talker ends the speech or
         ``params.max_frames``. ``prefill``: (positions, hidden) Talker inputs; ``trailing``: the text
-        still to speak, one row per step; ``pad``: the input once it is spent."""
+        still to speak, one row per step (a tensor, or a ``TextFeed`` the text arrives in while the
+        Talker speaks); ``pad``: the input once it is spent."""
+        if isinstance(trailing, torch.Tensor):
+            trailing = FixedText(trailing)
         gen = None
         if not params.greedy:
             gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
@@ -123,7 +168,10 @@ class Talker:
             history.append(code)
             residual, embeds = self._residual(hidden, code, params.greedy, gen)
             yield [code, *residual]
-            x = embeds + (trailing[step] if step < trailing.shape[0] else pad).to(self.dtype)
+            row = trailing.get(step)  # waits for text still being generated
+            if trailing.cancelled:
+                return
+            x = embeds + (pad if row is None else row).to(self.dtype)
             hidden = self.model(x[None], cache)[-1]
 
     def _residual(self, hidden: torch.Tensor, code: int, greedy: bool, gen) -> tuple[list[int], torch.Tensor]:

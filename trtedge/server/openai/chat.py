@@ -18,7 +18,14 @@ from trtedge.server.chat_prompt import ChatPlan, call_id, prepare_chat
 from trtedge.server.core import Output, ServingCore, stream_error
 from trtedge.server.errors import bad_request
 from trtedge.server.generation import Generation
-from trtedge.server.openai.chat_audio import AudioPlan, audio_chunk, check_prompt, plan_audio, speak, whole
+from trtedge.server.openai.chat_audio import (
+    AudioPlan,
+    LiveAudio,
+    audio_chunk,
+    check_prompt,
+    plan_audio,
+    whole,
+)
 from trtedge.server.openai.logprobs import chat_logprobs, vllm_prompt_logprobs
 from trtedge.server.openai.protocol import ChatCompletionRequest, _Sampling
 from trtedge.server.parsers.output import merge
@@ -114,13 +121,14 @@ class ChatServing:
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             return sse.event({**head, "choices": [choice]})
 
+        # with audio: the Talker speaks while the text streams; the finish is held for the end
+        live = LiveAudio(core.llm, audio, list(plan.choices[0].prompt)) if audio is not None else None
         try:
             readers = [plan.reader() for _ in range(gen.num_choices)]
             ids: list[dict[int, str]] = [{} for _ in range(gen.num_choices)]
             for i in range(gen.num_choices):
                 yield chunk(i, {"role": "assistant", "content": "", "refusal": None})
             prompt_tokens, cached, completion = 0, 0, [0] * gen.num_choices
-            spoken: list[int] = []  # with audio: the answer's ids, and its finish held for the end
             held = None
             async for i, d in gen.deltas():
                 if gen.cancelled:
@@ -128,8 +136,8 @@ class ChatServing:
                 deltas = [_chat_delta(e, ids[i]) for e in readers[i].feed(d)]
                 infos = core.visible_logprobs(d) if req.logprobs else []
                 finish = readers[i].finish_reason(d.finish_reason)
-                if audio is not None:
-                    spoken.extend(d.token_ids)
+                if live is not None:
+                    live.push(d.token_ids)
                     deltas = [_as_transcript(delta, audio.id) for delta in deltas]
                     held, finish = finish or held, None
                 if not deltas and (finish or infos):
@@ -144,8 +152,10 @@ class ChatServing:
                 prompt_tokens, completion[i] = d.prompt_tokens, d.completion_tokens
                 if i == 0:
                     cached = d.cached_tokens
-            if audio is not None:
-                async for data in speak(core.llm, audio, list(plan.choices[0].prompt), spoken):
+                for data in live.ready() if live is not None else ():
+                    yield audio_chunk(head, audio.audio_object(data, None))
+            if live is not None:
+                async for data in live.rest():
                     if gen.cancelled:
                         return
                     yield audio_chunk(head, audio.audio_object(data, None))
@@ -158,6 +168,9 @@ class ChatServing:
             if gen.cancelled:
                 return
             yield sse.event(stream_error(e), name="error")
+        finally:
+            if live is not None:
+                live.close()
         yield sse.DONE
 
 

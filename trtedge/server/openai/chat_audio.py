@@ -1,10 +1,12 @@
 """Chat completions with speech output: ``modalities: ["text", "audio"]`` and ``audio: {"voice",
-"format"}`` on a model with a Talker (Qwen3-Omni). The engine generates the text; the Talker then speaks
-the whole answer (prompt and generated ids), holding the request's seat until the audio is sent.
+"format"}`` on a model with a Talker (Qwen3-Omni). The engine generates the text; the Talker speaks the
+answer (prompt and generated ids): streamed, while the text is still generated (``LiveAudio``), else
+once it is complete; the request's seat is held until the audio is sent.
 
 As OpenAI's API: the answer's text is ``message.audio.transcript`` (``content`` is null) and the audio is
 ``message.audio.data`` (base64 in ``format``) with an ``id`` and ``expires_at``; streamed, the text comes
-as ``delta.audio.transcript`` pieces, then the audio as ``delta.audio.data`` pieces, then the finish."""
+as ``delta.audio.transcript`` pieces and the audio as ``delta.audio.data`` pieces as they are made, then
+the finish."""
 
 from __future__ import annotations
 
@@ -114,3 +116,61 @@ async def whole(llm, audio: AudioPlan, prompt_ids: list[int], output_ids: list[i
 def audio_chunk(head: dict, audio: dict, finish: str | None = None) -> bytes:
     choice = {"index": 0, "delta": {"audio": audio}, "logprobs": None, "finish_reason": finish}
     return sse.event({**head, "choices": [choice]})
+
+
+class LiveAudio:
+    """A streamed chat's audio made while its text streams: ``push`` each delta's token ids,
+    ``ready()`` the encoded audio made so far, ``rest()`` the remainder once the text is complete;
+    ``close()`` stops the Talker (the client left). The Talker runs on a worker thread."""
+
+    def __init__(self, llm, audio: AudioPlan, prompt_ids: list[int]):
+        from trtedge.runtime.speech.encode import Encoder
+
+        self.speech = llm.speech_live(prompt_ids, **_kwargs(audio.options))
+        self.encoder = Encoder(audio.format, llm.speech_output.sample_rate)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        self.task = loop.run_in_executor(None, self._run, loop)
+
+    def _run(self, loop) -> None:
+        try:
+            for piece in self.speech.pieces():
+                loop.call_soon_threadsafe(self.queue.put_nowait, piece)
+        except BaseException as e:  # noqa: BLE001 - handed to the stream, which reports it
+            loop.call_soon_threadsafe(self.queue.put_nowait, e)
+        finally:
+            loop.call_soon_threadsafe(self.queue.put_nowait, None)
+
+    def push(self, token_ids: list[int]) -> None:
+        self.speech.push(token_ids)
+
+    def _encode(self, item) -> bytes:
+        if isinstance(item, BaseException):
+            raise item
+        return self.encoder.feed(item)
+
+    def ready(self) -> list[bytes]:
+        out = []
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            if item is None:
+                self.queue.put_nowait(None)  # the end stays for rest()
+                break
+            data = self._encode(item)
+            if data:
+                out.append(data)
+        return out
+
+    async def rest(self) -> AsyncIterator[bytes]:
+        self.speech.finish()
+        while (item := await self.queue.get()) is not None:
+            data = self._encode(item)
+            if data:
+                yield data
+        data = self.encoder.finish()
+        if data:
+            yield data
+
+    def close(self) -> None:
+        self.speech.close()
+        self.encoder.close()
