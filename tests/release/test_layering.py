@@ -1,7 +1,8 @@
 """DESIGN.md's boundary: the front doors (server, commands, chat, bench) use `LLM`'s client interface
 (generate, render_chat, tokenize, describe(), stats(), ...), never the engine core behind it, its runner,
 its model or its tokenizer, which may live in another process (`LLM(engine_process=True)`, the CUDA
-default); nor do they import the engine's side of the runtime."""
+default); they do not probe the LLM with getattr / hasattr, nor import the engine's side of the runtime;
+and the server's modules import each other without cycles."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ def _is_llm(node: ast.AST) -> bool:
     return isinstance(node, ast.Attribute) and node.attr in ("llm", "_llm")
 
 
+def _probes_llm(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+        and bool(node.args)
+        and _is_llm(node.args[0])
+    )
+
+
 def _engine_side(module: str) -> bool:
     parts = module.split(".")
     return parts[:2] == ["trtedge", "runtime"] and len(parts) > 2 and parts[2] in ENGINE_SIDE
@@ -37,6 +48,8 @@ def front_door_reaches() -> list[str]:
             if isinstance(node, ast.Attribute):
                 if node.attr == "runner" or (node.attr in INTERNALS and _is_llm(node.value)):
                     found.append(f"trtedge/{rel}:{node.lineno}: .{node.attr}")
+            elif _probes_llm(node):  # the interface is LLM's methods and attributes, not a guess
+                found.append(f"trtedge/{rel}:{node.lineno}: {node.func.id}(llm, ...)")
             elif not rel.startswith(FRONT_DOORS):
                 continue
             elif isinstance(node, ast.ImportFrom) and _engine_side(node.module or ""):
@@ -60,6 +73,8 @@ def test_the_check_sees_a_reach(tmp_path, monkeypatch):
         "from trtedge.runtime.executor.sampler import TokenLogprobs\n"
         "def f(llm, serving):\n"
         "    return llm.engine.runner.kv, serving.llm.tokenizer.decode([1])\n"
+        "def g(self):\n"
+        "    return getattr(self.llm, 'audio', None)\n"
     )
     monkeypatch.setattr(f"{__name__}.PACKAGE", tmp_path)
     assert sorted(front_door_reaches()) == [
@@ -67,6 +82,7 @@ def test_the_check_sees_a_reach(tmp_path, monkeypatch):
         "trtedge/server/bad.py:3: .engine",
         "trtedge/server/bad.py:3: .runner",
         "trtedge/server/bad.py:3: .tokenizer",
+        "trtedge/server/bad.py:5: getattr(llm, ...)",
     ]
 
 

@@ -207,7 +207,7 @@ def health_body(llm: LLM, config: ServeConfig, admission: Admission, model_name:
             "structured_output": structured_output_available(),
             "vision": llm.vision is not None,
             "audio": llm.audio is not None,
-            "speech_output": getattr(llm, "speech_output", None) is not None,
+            "speech_output": llm.speech_output is not None,
         },
     }
     if stats["engine_error"] is not None:
