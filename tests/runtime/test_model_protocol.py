@@ -14,7 +14,7 @@ from trtedge.runtime.models.protocol import CausalLM, HybridCausalLM, model_trai
 MAKERS = {
     "llama": lambda d: make_tiny_checkpoint(d, "llama"),
     "qwen3_5_text": lambda d: make_tiny_hybrid_checkpoint(d, vision=False),
-    "gemma3n": lambda d: make_tiny_ple_checkpoint(d, "gemma3n"),
+    "gemma4": lambda d: make_tiny_ple_checkpoint(d, "gemma4"),
 }
 
 
@@ -31,7 +31,7 @@ def test_a_loaded_model_is_a_causal_lm(family, tmp_path):
     assert 0 < traits.num_kv_layers <= model.cfg.num_layers
     if traits.hybrid:
         assert traits.num_kv_layers < model.cfg.num_layers  # its linear-attention layers keep none
-    assert (traits.ple is not None) == (family == "gemma3n")
+    assert (traits.ple is not None) == (family == "gemma4")
 
 
 def test_the_check_sees_a_model_without_logits():
