@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trtedge.runtime.sampling_params import ParamError
 from trtedge.runtime.speech import speech_tensor_names
 from trtedge.runtime.speech.code2wav import Code2Wav
 from trtedge.runtime.speech.config import SAMPLE_RATE, SpeechConfig
@@ -31,12 +32,14 @@ THINKER_EMBEDDINGS = (
 DEFAULT_CHUNK_FRAMES = 25  # 2 s of audio per Code2Wav chunk at 12.5 frames per second
 
 
-class SpeechInputError(ValueError):
+class SpeechInputError(ParamError):
     """A request speech output cannot serve; ``param`` names the field."""
 
     def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.param = param
+        super().__init__(param, message)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.param)
 
 
 @dataclass(frozen=True)
