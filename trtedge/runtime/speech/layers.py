@@ -16,21 +16,30 @@ def sub(w: dict, prefix: str) -> dict:
 
 
 class KVCache:
-    """Keys and values per layer, (kv heads, positions, head dim), grown by concatenation."""
+    """Keys and values per layer, (kv heads, positions, head dim), in buffers that double when full
+    (a long answer's thousands of frames copy each key a few times, not once per step)."""
 
     def __init__(self, num_layers: int):
         self.k: list[torch.Tensor | None] = [None] * num_layers
         self.v: list[torch.Tensor | None] = [None] * num_layers
+        self.n = [0] * num_layers
 
     @property
     def length(self) -> int:
-        return 0 if self.k[0] is None else self.k[0].shape[1]
+        return self.n[0]
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.k[layer] is not None:
-            k, v = torch.cat([self.k[layer], k], 1), torch.cat([self.v[layer], v], 1)
-        self.k[layer], self.v[layer] = k, v
-        return k, v
+        start, end = self.n[layer], self.n[layer] + k.shape[1]
+        buf = self.k[layer]
+        if buf is None or end > buf.shape[1]:
+            size = max(end, 2 * (0 if buf is None else buf.shape[1]), 64)
+            grown = [t.new_empty(t.shape[0], size, t.shape[2]) for t in (k, v)]
+            if buf is not None:
+                grown[0][:, :start], grown[1][:, :start] = buf[:, :start], self.v[layer][:, :start]
+            self.k[layer], self.v[layer] = grown
+        self.k[layer][:, start:end], self.v[layer][:, start:end] = k, v
+        self.n[layer] = end
+        return self.k[layer][:, :end], self.v[layer][:, :end]
 
 
 class Rotary:
