@@ -206,6 +206,8 @@ class LLM:
             draft = ("draft_model", picklable_checkpoint(self._draft_source(load_format)))
         elif spec is not None and spec.method == "eagle3":
             draft = ("eagle3", self._eagle3_path(spec))
+        elif spec is not None and spec.method == "mtp":  # the target checkpoint's own mtp.* tensors
+            draft = ("mtp", picklable_checkpoint(self.checkpoint))
         launch = CoreLaunch(
             picklable_checkpoint(self.checkpoint),
             {**load, "load_format": load_format, "ple": self.config.ple},
@@ -284,18 +286,25 @@ class LLM:
         )
 
     def _check_draft(self, spec, load_format: str) -> None:
-        """Refuse a draft model the engine cannot run from its config, before any weights load."""
-        if spec is None or spec.method != "draft_model":
+        """Refuse a draft model the engine cannot run from its config, before any weights load (for
+        mtp: a checkpoint without MTP layers)."""
+        if spec is None or spec.method not in ("draft_model", "mtp"):
             return
         try:
-            check_draft(self._draft_source(load_format).model_config)
+            if spec.method == "mtp":
+                from trtedge.runtime.speculative.mtp import check_mtp
+
+                check_mtp(self.checkpoint.model_config)
+            else:
+                check_draft(self._draft_source(load_format).model_config)
         except ValueError as e:
             if self.bundle is not None:
                 self.bundle.release()
             raise ConfigError(str(e)) from None
 
     def _load_draft(self, spec, dtype: str, device: str, weights: str, load_format: str):
-        """The draft model (from the paired bundle) or the EAGLE-3 head (from its directory)."""
+        """The draft model (from the paired bundle), the EAGLE-3 head (from its directory) or the MTP
+        head (the checkpoint's own mtp.* tensors)."""
         if spec.method == "draft_model":
             return load_model(
                 self._draft_source(load_format),
@@ -312,6 +321,13 @@ class LLM:
                 return load_eagle3(self._eagle3_path(spec), self.model, self.config.max_kv_cache_capacity)
             except ValueError as e:
                 raise ConfigError(f"--speculative-config model: {e}") from None
+        if spec.method == "mtp":
+            from trtedge.runtime.speculative.mtp import load_mtp
+
+            try:
+                return load_mtp(self.checkpoint, self.model)
+            except ValueError as e:
+                raise ConfigError(f"--speculative-config method mtp: {e}") from None
         return None
 
     @property

@@ -64,7 +64,7 @@ def test_api_key_from_environment(monkeypatch):
         (["--max-batch-size", "0"], "--max-batch-size"),
         (["--log-level", "shout"], "--log-level"),
         (["--context-cache-max-records", "-1"], "--context-cache-max-records"),
-        (["--speculative-config", '{"method": "mtp"}'], "--speculative-config"),
+        (["--speculative-config", '{"method": "mtp", "model": "m"}'], "--speculative-config model"),
         (["--speculative-config", "{bad json"], "--speculative-config"),
         (["--speculative-config", '{"method": "eagle3"}'], "needs model"),
         (

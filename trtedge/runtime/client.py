@@ -103,7 +103,8 @@ class CoreLaunch:
     checkpoint: Any  # a Bundle (its lock stays on this side) or a config-only checkpoint
     load: dict  # load_model's keyword arguments
     engine_config: Any  # EngineConfig
-    draft: tuple[str, Any] | None = None  # ("draft_model", checkpoint) or ("eagle3", head directory)
+    # ("draft_model", checkpoint), ("eagle3", head directory) or ("mtp", the target's checkpoint)
+    draft: tuple[str, Any] | None = None
     log_level: int = logging.INFO
 
 
@@ -658,6 +659,10 @@ def _start_engine(launch: CoreLaunch):
         method, source = launch.draft
         if method == "draft_model":
             draft = load_model(source, **{k: v for k, v in launch.load.items() if k != "ple"})
+        elif method == "mtp":  # the target checkpoint's own MTP layers
+            from trtedge.runtime.speculative.mtp import load_mtp
+
+            draft = load_mtp(source, model)
         else:  # an EAGLE-3 head's directory
             from trtedge.runtime.speculative.eagle3 import load_eagle3
 

@@ -130,6 +130,10 @@ class ModelConfig:
     # head sizes per layer, KV sharing, AltUp); num_kv_heads x head_dim is then the widest layer's.
     # Nemotron-H: its layer types and Mamba-2 / MoE fields.
     text_config: dict | None = None
+    # Multi-token-prediction layers shipped beside the model (``mtp.*``: Qwen3.5 / Qwen3-Next's
+    # mtp_num_hidden_layers, Nemotron-H's mtp_layers_block_type, DeepSeek-V3's num_nextn_predict_layers);
+    # the model skips them, the speculative ``mtp`` method drafts with them.
+    num_mtp_layers: int = 0
 
     def __post_init__(self):
         if not self.sliding_windows:
@@ -275,9 +279,17 @@ class ModelConfig:
                 text_config=_text_config(
                     model_type, cfg, top if model_type in TRANSDUCER_MODEL_TYPES else None
                 ),
+                num_mtp_layers=_num_mtp_layers(cfg),
             )
         except KeyError as e:
             raise UnsupportedModelError(f"{source}: missing required field {e.args[0]!r}") from None
+
+
+def _num_mtp_layers(cfg: dict) -> int:
+    for key in ("mtp_num_hidden_layers", "num_nextn_predict_layers"):
+        if cfg.get(key):
+            return int(cfg[key])
+    return 1 if cfg.get("mtp_layers_block_type") else 0  # Nemotron-H: the block types of its one MTP module
 
 
 def _nemotron_omni_vision(cfg: dict) -> dict:

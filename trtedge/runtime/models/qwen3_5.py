@@ -1,7 +1,8 @@
 """Qwen3.5 and Qwen3.5-MoE (text): Gated DeltaNet layers (short causal conv1d + gated delta rule, one
 recurrent state per sequence) interleaved with gated full-attention layers (output gate, partial
 rotary, q/k norm) over the paged KV cache; the MoE variant's MLP is routed experts plus a gated shared
-expert. Vision-tower and multi-token-prediction weights are skipped."""
+expert. Vision-tower and multi-token-prediction weights are skipped (the ``mtp`` speculative method
+loads the latter itself: speculative/mtp.py)."""
 
 from __future__ import annotations
 
@@ -200,12 +201,14 @@ class GatedAttention:
 
 
 class Qwen35Layer:
-    def __init__(self, cfg, w, weight_format: str, mixer, index: int):
+    def __init__(self, cfg, w, weight_format: str, mixer, index: int, sparse: bool | None = None):
+        """``sparse``: routed experts or a dense MLP (default: the config's choice for layer ``index``)."""
         self.mixer = mixer
         self.input_norm = 1.0 + w["input_layernorm.weight"].float()
         self.post_norm = 1.0 + w["post_attention_layernorm.weight"].float()
         # Qwen3.5-MoE: routed experts plus a sigmoid-gated shared expert (SparseMoE does both)
-        sparse = cfg.num_experts and cfg.sparse_layers[index]
+        if sparse is None:
+            sparse = bool(cfg.num_experts and cfg.sparse_layers[index])
         self.ffn = (
             SparseMoE(cfg, w, weight_format)
             if sparse
@@ -286,6 +289,9 @@ class Qwen35Model:
         self.sin = emb.sin().to(device=device, dtype=dtype)
         self.decode_kernels = None
         self.aux_layers: tuple[int, ...] = ()  # no EAGLE-3 hidden-state taps
+        # MTP drafting reads the final (normed) hidden states of every forward: kept in aux_hidden
+        self.keep_hidden = False
+        self.aux_hidden: torch.Tensor | None = None
 
     def state_spec(self) -> dict:
         """Shapes of one sequence's recurrent state, per linear-attention layer."""
@@ -313,7 +319,10 @@ class Qwen35Model:
                 k_cache, v_cache = next(caches)
                 x = x + layer.mixer(h, cos, sin, k_cache, v_cache, batch)
             x = layer.mlp(x)
-        return rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+        out = rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+        if self.keep_hidden:
+            self.aux_hidden = out
+        return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -1,5 +1,5 @@
-"""Speculative decoding: proposers (n-gram lookup, a draft model, an EAGLE-3 head) draft tokens and
-the target verifies them in one forward (see ``decoder``)."""
+"""Speculative decoding: proposers (n-gram lookup, a draft model, an EAGLE-3 head, the checkpoint's own
+MTP layers) draft tokens and the target verifies them in one forward (see ``decoder``)."""
 
 from __future__ import annotations
 
@@ -15,19 +15,13 @@ class UnsupportedSpeculativeMethod(SpeculativeConfigError):
 
 
 def check_supported(config: SpeculativeConfig, model_type: str | None = None, hybrid: bool = False) -> None:
-    """Refuse methods no supported family can run yet (before anything is loaded), and those a hybrid
-    model (recurrent layers: it verifies linear chains only, see ``runner.rollback``) cannot run."""
+    """Refuse methods a hybrid model (recurrent layers: it verifies linear chains only, see
+    ``runner.rollback``) cannot run. Whether a checkpoint has MTP layers is ``mtp.check_mtp``'s."""
     if hybrid and config.method == "eagle3":
         raise UnsupportedSpeculativeMethod(
             f"--speculative-config method eagle3 is not supported with hybrid models ({model_type}: "
             "its recurrent layers verify linear draft chains only, and it has no EAGLE-3 hidden-state "
-            "taps); use ngram or draft_model"
-        )
-    if config.method == "mtp":
-        family = f"{model_type} has" if model_type else "the supported families have"
-        raise UnsupportedSpeculativeMethod(
-            f"--speculative-config method mtp is not supported for this family yet ({family} no "
-            f"multi-token-prediction layers trtedge can run); use ngram, draft_model or eagle3"
+            "taps); use ngram, draft_model or mtp"
         )
 
 
@@ -44,7 +38,8 @@ def check_draft(cfg) -> None:
 def build_decoder(
     config: SpeculativeConfig, draft, runner, blocks, max_num_batched_tokens: int, max_kv_cache_capacity: int
 ):
-    """The engine's SpeculativeDecoder for ``config``; ``draft`` is the loaded draft model or head."""
+    """The engine's SpeculativeDecoder for ``config``; ``draft`` is the loaded draft model or head (the
+    MTP head for ``mtp``: ``mtp.load_mtp``)."""
     from trtedge.runtime.speculative.decoder import SpeculativeDecoder
     from trtedge.runtime.speculative.ngram import NgramProposer
 
@@ -66,6 +61,11 @@ def build_decoder(
             max_blocks=-(-max_kv_cache_capacity // blocks.block_size),
             chain_depth=config.num_speculative_tokens - 1,
         )
+    elif config.method == "mtp":
+        from trtedge.runtime.speculative.mtp import MtpProposer, check_mtp
+
+        check_mtp(runner.model.cfg)
+        proposer = MtpProposer(draft, runner.model, blocks.num_blocks, blocks.block_size)
     else:
         from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
 

@@ -42,6 +42,11 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(f"{FLAG} method {self.method} needs model (the draft checkpoint)")
         if self.model is not None and not (isinstance(self.model, str) and self.model):
             raise SpeculativeConfigError(f"{FLAG} model must be a non-empty string, got {self.model!r}")
+        if self.method == "mtp" and self.model is not None:
+            raise SpeculativeConfigError(
+                f"{FLAG} model: method mtp drafts with the target checkpoint's own multi-token-prediction "
+                "layers; leave model unset (a separate assistant checkpoint is not supported yet)"
+            )
         if self.method not in MODEL_METHODS and self.model is not None:
             raise SpeculativeConfigError(f"{FLAG} model is only used by {', '.join(MODEL_METHODS)}")
         if self.num_speculative_tokens is None:

@@ -107,3 +107,53 @@ def last_rows(rows: list[Row]) -> list[int]:
         end += len(row.ids)
         out.append(end - 1)
     return out
+
+
+class TargetHiddens:
+    """The target's hidden states per position of each sequence, from its forwards (plain steps and
+    verification), kept in the draft state until a proposer's catch-up reads them."""
+
+    def __init__(self, cache: DraftCache, width: int, dtype: torch.dtype, device: torch.device):
+        self.cache = cache
+        self.width, self.dtype, self.device = width, dtype, device
+
+    def keep(self, seq: Sequence, start: int, hidden: torch.Tensor | None, count: int) -> None:
+        if seq.params.disable_spec_decode:
+            return
+        st = self.cache.state(seq)
+        if hidden is None:
+            return
+        store = st.extra.setdefault("hidden", {})
+        for i in range(count):
+            store[start + i] = hidden[i]
+
+    def observe(self, seqs: list[Sequence], num_tokens: list[int], hidden: torch.Tensor | None) -> None:
+        """After a plain forward: ``hidden`` holds every scheduled token's row, in batch order."""
+        offset = 0
+        for seq, n in zip(seqs, num_tokens):
+            rows = hidden[offset : offset + n] if hidden is not None else None
+            self.keep(seq, seq.num_computed_tokens - n, rows, n)
+            offset += n
+
+    def verified(self, seq: Sequence, path: list[int], hidden: torch.Tensor | None) -> None:
+        """After verification: ``hidden`` holds the root's row and the accepted nodes' rows."""
+        if hidden is not None:
+            self.keep(seq, seq.num_computed_tokens - 1 - len(path), hidden, len(path) + 1)
+
+    def take(self, st: DraftState, start: int, end: int) -> torch.Tensor:
+        """[end - start, width] rows of positions ``start..end - 1``, dropped from the store with every
+        earlier one. A position never seen (a reused prefix) reads zeros: the draft is worse, the
+        output unchanged."""
+        store = st.extra.get("hidden", {})
+        zero = None
+        out = []
+        for p in range(start, end):
+            h = store.pop(p, None)
+            if h is None:
+                if zero is None:
+                    zero = torch.zeros(self.width, dtype=self.dtype, device=self.device)
+                h = zero
+            out.append(h)
+        for p in [p for p in store if p < start]:
+            del store[p]
+        return torch.stack(out)

@@ -25,7 +25,7 @@ from trtedge.runtime.models.layers import rms_norm, rotate
 from trtedge.runtime.models.rope import rope_tables
 from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
 from trtedge.runtime.ops.linear import embedding
-from trtedge.runtime.speculative.draft_cache import DraftCache, Row, last_rows
+from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, last_rows
 from trtedge.runtime.speculative.tree import Draft
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -147,51 +147,17 @@ class Eagle3Proposer:
             1, head.num_kv_heads, head.head_dim, num_blocks, block_size, head.dtype, head.device
         )
         self.kv = self.cache.kv_caches[0]
-        self.hidden_width = 3 * target.cfg.hidden_size
+        self.hiddens = TargetHiddens(self.cache, 3 * target.cfg.hidden_size, head.dtype, head.device)
 
     # ---- target hidden states ------------------------------------------------------------------
-    def _keep(self, seq: Sequence, start: int, hidden: torch.Tensor | None, count: int) -> None:
-        if seq.params.disable_spec_decode:
-            return
-        st = self.cache.state(seq)
-        if hidden is None:
-            return
-        st.extra.setdefault("aux", {})
-        for i in range(count):
-            st.extra["aux"][start + i] = hidden[i]
-
     def observe(self, seqs: list[Sequence], num_tokens: list[int], aux: torch.Tensor | None) -> None:
-        offset = 0
-        for seq, n in zip(seqs, num_tokens):
-            rows = aux[offset : offset + n] if aux is not None else None
-            self._keep(seq, seq.num_computed_tokens - n, rows, n)
-            offset += n
+        self.hiddens.observe(seqs, num_tokens, aux)
 
     def verified(self, seq: Sequence, draft: Draft, path: list[int], aux) -> None:
-        if aux is not None:
-            self._keep(seq, seq.num_computed_tokens - 1 - len(path), aux, len(path) + 1)
+        self.hiddens.verified(seq, path, aux)
 
     def release(self, seq: Sequence) -> None:
         self.cache.release(seq)
-
-    # ---- drafting ---------------------------------------------------------------------------------
-    def _target_hidden(self, st, start: int, end: int) -> torch.Tensor:
-        store = st.extra.get("aux", {})
-        zero = None
-        out = []
-        for p in range(start, end):
-            h = store.pop(p, None)
-            if h is None:  # not seen (a reused prefix): the head drafts less well, output is unchanged
-                zero = (
-                    zero
-                    if zero is not None
-                    else torch.zeros(self.hidden_width, dtype=self.head.dtype, device=self.head.device)
-                )
-                h = zero
-            out.append(h)
-        for p in [p for p in store if p < start]:
-            del store[p]
-        return torch.stack(out)
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft | None]:
@@ -204,7 +170,7 @@ class Eagle3Proposer:
             if start < 0 or not self.cache.reserve(st, n - 1 + scratch):
                 continue
             rows.append(Row(st, seq.token_ids[start + 1 : n], list(range(start, n - 1)), start))
-            hiddens.append(self._target_hidden(st, start, n - 1))
+            hiddens.append(self.hiddens.take(st, start, n - 1))
             live.append(i)
         if not rows:
             return [None] * len(seqs)

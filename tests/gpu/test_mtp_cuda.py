@@ -1,0 +1,77 @@
+"""MTP speculative decoding on CUDA (Qwen3.5 with the checkpoint's own mtp.* layer): greedy output
+equals plain decoding in float32 alone and in a batch of 8, every KV block, state slot and draft row
+is freed, and the head's draft logits equal the CPU torch reference. Skips cleanly without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.runtime.mtp_tiny import Reference, add_mtp_layers
+from tests.runtime.spec_helpers import repetitive_prompts
+from tests.tiny import make_tiny_hybrid_checkpoint
+from trtedge import LLM, SamplingParams
+from trtedge.runtime.speculative.draft_cache import DraftCache, DraftState, Row
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def _outputs(path, batch: int, spec=None) -> list[list[int]]:
+    with LLM(
+        str(path),
+        device="cuda",
+        dtype="float32",
+        max_kv_cache_capacity=256,
+        max_input_len=128,
+        max_batch_size=batch,
+        enable_in_flight_batching=batch > 1,
+        engine_process=False,  # the test reads the engine's pools
+        speculative_config=spec,
+    ) as llm:
+        outs = [o.token_ids for o in llm.generate(repetitive_prompts(8, seed=11), GREEDY)]
+        engine = llm.engine
+        if spec is not None:
+            assert llm.speculative_metrics()["steps"] > 0
+            cache = engine.speculative.proposer.cache
+            assert not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
+        assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+        assert engine.blocks.state.num_free_slots == engine.blocks.state.num_slots
+        return outs
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_mtp_greedy_on_cuda_matches_plain_alone_and_in_a_batch_of_8(tmp_path, moe):
+    path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False, moe=moe)
+    add_mtp_layers(path, moe=moe)
+    plain = _outputs(path, 8)
+    spec = {"method": "mtp", "num_speculative_tokens": 3}
+    assert _outputs(path, 8, spec) == plain
+    assert _outputs(path, 1, spec) == plain
+
+
+def test_mtp_head_logits_on_cuda_match_the_reference(tmp_path):
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+    from trtedge.runtime.models import load_model
+    from trtedge.runtime.speculative.mtp import load_mtp
+
+    path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False)
+    tensors = add_mtp_layers(path)
+    reference = Reference(path, tensors)
+    checkpoint = resolve_checkpoint(str(path))
+    model = load_model(checkpoint, dtype="float32", device="cuda", weights="auto", max_positions=256)
+    head = load_mtp(checkpoint, model)
+    prompt = repetitive_prompts(1, seed=4)[0]
+    hidden = reference.target_hidden(prompt[:-1])
+    cfg = model.cfg
+    cache = DraftCache(1, cfg.num_kv_heads, cfg.head_dim, 8, 16, torch.float32, model.device)
+    st = DraftState()
+    cache.reserve(st, len(prompt))
+    ids, positions, attn = cache.attention_batch([Row(st, prompt[1:], list(range(len(prompt) - 1)), 0)])
+    logits, _ = head.forward(ids, hidden.cuda(), positions, cache.kv_caches[0], attn)
+    expected, _ = reference.rows(hidden, prompt[1:], list(range(len(prompt) - 1)))
+    torch.testing.assert_close(logits.cpu(), expected, rtol=1e-4, atol=1e-4)

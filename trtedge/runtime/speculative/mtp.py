@@ -1,0 +1,194 @@
+"""MTP: the multi-token-prediction layers a checkpoint ships beside its model draft a chain.
+
+Checkpoint layout (Qwen3.5, Qwen3.5-MoE, Qwen3-Next: ``mtp_num_hidden_layers`` in the text config;
+transformers does not load these tensors):
+``mtp.pre_fc_norm_embedding.weight`` and ``mtp.pre_fc_norm_hidden.weight`` (zero-centred RMSNorms,
+scale 1 + w), ``mtp.fc.weight`` [hidden, 2 x hidden] over ``[norm(embed(token)), norm(hidden)]``
+(the embedding first), ``mtp.layers.{i}.*``: a full-attention decoder layer of the family (gated
+attention with q/k norms and partial rotary; a dense MLP or the MoE block), ``mtp.norm.weight``. The
+embedding and the lm head are the model's own (``mtp.embed_tokens.weight`` replaces the embedding
+where a checkpoint has one).
+
+Draft row ``p`` combines the target's final (normed) hidden state at position ``p`` with token
+``p + 1`` at rotary position ``p`` and predicts token ``p + 2``; each further chain step feeds the
+layer's own normed output and the token it drafted back in, one position on. The first MTP layer
+drafts every step (as vLLM runs these checkpoints; the released ones have one).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.ops.linear import embedding
+from trtedge.runtime.speculative import UnsupportedSpeculativeMethod
+from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, last_rows
+from trtedge.runtime.speculative.tree import Draft
+
+MTP_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+PREFIX = "mtp."
+
+
+def check_mtp(cfg) -> None:
+    """Refuse ``mtp`` for a model whose checkpoint has no MTP layers trtedge can run (before loading)."""
+    if not cfg.num_mtp_layers:
+        raise UnsupportedSpeculativeMethod(
+            f"--speculative-config method mtp needs the checkpoint's multi-token-prediction layers, and "
+            f"this {cfg.model_type} checkpoint has none (config.json: no mtp_num_hidden_layers or "
+            "num_nextn_predict_layers); use ngram, draft_model or eagle3"
+        )
+    if cfg.model_type not in MTP_MODEL_TYPES:
+        raise UnsupportedSpeculativeMethod(
+            f"--speculative-config method mtp is not supported for {cfg.model_type} yet (its "
+            f"multi-token-prediction layers are not implemented; mtp runs on {', '.join(MTP_MODEL_TYPES)}); "
+            "use ngram or draft_model"
+        )
+
+
+class _NotMtp:
+    """The names a checkpoint read skips: everything but the MTP tensors."""
+
+    def __contains__(self, name: str) -> bool:
+        return not name.startswith(PREFIX)
+
+
+class MtpHead:
+    def __init__(self, target, tensors: dict[str, torch.Tensor]):
+        from trtedge.runtime.models.moe import expert_names
+        from trtedge.runtime.models.qwen3_5 import GatedAttention, Qwen35Layer
+
+        cfg = self.cfg = target.cfg
+        self.dtype, self.device = target.dtype, target.device
+        w = {k.removeprefix(PREFIX): v.to(device=self.device, dtype=self.dtype) for k, v in tensors.items()}
+        self.eps = cfg.rms_norm_eps
+        self.fc = _require(w, "fc.weight", (cfg.hidden_size, 2 * cfg.hidden_size))
+        self.norm_embedding = 1.0 + _require(w, "pre_fc_norm_embedding.weight").float()
+        self.norm_hidden = 1.0 + _require(w, "pre_fc_norm_hidden.weight").float()
+        self.norm = 1.0 + _require(w, "norm.weight").float()
+        self.embed = w.get("embed_tokens.weight", target.embed)
+        layer = {k.removeprefix("layers.0."): v for k, v in w.items() if k.startswith("layers.0.")}
+        if not layer:
+            raise ValueError("MTP layers: checkpoint has no tensors 'mtp.layers.0.*'")
+        _require(layer, "self_attn.o_proj.weight")
+        router = expert_names(cfg)[0] + ".weight" if cfg.num_experts else None
+        mixer = GatedAttention(cfg, layer, "float", self.eps)
+        self.layer = Qwen35Layer(cfg, layer, "float", mixer, 0, sparse=router is not None and router in layer)
+        self.target = target
+
+    def forward(self, ids, hidden, positions, kv_cache, attn) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden``: [T, hidden] the target's final states (or this layer's outputs, chained).
+        Returns (logits over the vocabulary, the normed output the next step reads)."""
+        from trtedge.runtime.models.qwen3_5 import rms_norm
+
+        e = rms_norm(embedding(ids, self.embed), self.norm_embedding, self.eps)
+        h = rms_norm(hidden, self.norm_hidden, self.eps)
+        x = F.linear(torch.cat([e, h], dim=-1), self.fc)
+        target = self.target
+        cos, sin = target.cos[positions].unsqueeze(1), target.sin[positions].unsqueeze(1)
+        layer = self.layer
+        x = x + layer.mixer(rms_norm(x, layer.input_norm, self.eps), cos, sin, *kv_cache, attn)
+        out = rms_norm(layer.mlp(x), self.norm, self.eps)
+        return target.logits(out), out
+
+
+def load_mtp(checkpoint, target) -> MtpHead:
+    """The MTP head of ``target`` from its checkpoint (or bundle): only the ``mtp.*`` tensors are read."""
+    from trtedge.runtime.artifacts.quantize import QuantizedTensor
+
+    check_mtp(target.cfg)
+    tensors = {}
+    for name, tensor in checkpoint.iter_tensors(_NotMtp()):
+        if not name.startswith(PREFIX):
+            continue
+        if isinstance(tensor, QuantizedTensor):  # the head runs float weights
+            tensor = tensor.dequantize(target.dtype)
+        tensors[name] = tensor
+    if not tensors:
+        raise ValueError(
+            f"{checkpoint.name}: config.json declares {target.cfg.num_mtp_layers} multi-token-prediction "
+            "layer(s) but the checkpoint has no 'mtp.*' tensors"
+        )
+    return MtpHead(target, tensors)
+
+
+class MtpProposer:
+    def __init__(self, head: MtpHead | None, target, num_blocks: int, block_size: int):
+        if head is None:
+            raise ValueError("--speculative-config method mtp: no MTP layers were loaded for the target")
+        self.head = head
+        cfg = target.cfg
+        target.keep_hidden = True  # every target forward keeps its final hidden states for the head
+        self.cache = DraftCache(
+            1, cfg.num_kv_heads, cfg.head_dim, num_blocks, block_size, head.dtype, head.device
+        )
+        self.kv = self.cache.kv_caches[0]
+        self.hiddens = TargetHiddens(self.cache, cfg.hidden_size, head.dtype, head.device)
+
+    def observe(self, seqs: list[Sequence], num_tokens: list[int], aux: torch.Tensor | None) -> None:
+        self.hiddens.observe(seqs, num_tokens, aux)
+
+    def verified(self, seq: Sequence, draft: Draft, path: list[int], aux) -> None:
+        self.hiddens.verified(seq, path, aux)
+
+    def release(self, seq: Sequence) -> None:
+        self.cache.release(seq)
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft | None]:
+        rows, hiddens, live = [], [], []
+        for i, (seq, k) in enumerate(zip(seqs, limits)):
+            st = self.cache.state(seq)
+            n = seq.num_tokens
+            start = min(st.num_computed_tokens, n - 2)
+            # rows 0..n-2 hold the real tokens; the chain's steps 1..k-1 write the k - 1 rows after them
+            if start < 0 or not self.cache.reserve(st, n - 2 + k):
+                continue
+            rows.append(Row(st, seq.token_ids[start + 1 : n], list(range(start, n - 1)), start))
+            hiddens.append(self.hiddens.take(st, start, n - 1))
+            live.append(i)
+        if not rows:
+            return [None] * len(seqs)
+        ids, positions, attn = self.cache.attention_batch(rows)
+        logits, out = self.head.forward(ids, torch.cat(hiddens), positions, self.kv, attn)
+        last = torch.tensor(last_rows(rows), device=logits.device)
+        tokens, hidden = logits.index_select(0, last).argmax(dim=-1), out.index_select(0, last)
+        for row, i in zip(rows, live):
+            row.state.num_computed_tokens = seqs[i].num_tokens - 1  # chained rows are redrafted next time
+        chosen = [list(range(len(live)))]  # per step: the rows (indices into ``live``) it drafted for
+        steps = [tokens]
+        for step in range(1, max(limits[i] for i in live)):
+            sel = [r for r in chosen[-1] if limits[live[r]] > step]
+            if not sel:
+                break
+            if len(sel) != len(chosen[-1]):
+                where = {r: n for n, r in enumerate(chosen[-1])}
+                keep = torch.tensor([where[r] for r in sel], device=tokens.device)
+                tokens, hidden = tokens.index_select(0, keep), hidden.index_select(0, keep)
+            chain = []
+            for r in sel:
+                position = seqs[live[r]].num_tokens - 2 + step
+                chain.append(Row(rows[r].state, [0], [position], position))
+            _, positions, attn = self.cache.attention_batch(chain)
+            logits, hidden = self.head.forward(tokens, hidden, positions, self.kv, attn)
+            tokens = logits.argmax(dim=-1)
+            chosen.append(sel)
+            steps.append(tokens)
+        values = torch.cat(steps).tolist()  # the host's one read of the chain
+        drafts: list[list[int]] = [[] for _ in seqs]
+        offset = 0
+        for sel in chosen:
+            for n, r in enumerate(sel):
+                drafts[live[r]].append(values[offset + n])
+            offset += len(sel)
+        return [Draft.chain(d) if d else None for d in drafts]
+
+
+def _require(tensors: dict, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    if name not in tensors:
+        raise ValueError(f"MTP layers: checkpoint has no tensor {PREFIX + name!r}")
+    if shape is not None and tuple(tensors[name].shape) != shape:
+        raise ValueError(
+            f"MTP layers: tensor {PREFIX + name!r} has shape {tuple(tensors[name].shape)}, expected {shape}"
+        )
+    return tensors[name]
