@@ -309,14 +309,12 @@ class BundleComponent:
 
     def iter_tensors(self, skip: Container[str] = ()) -> Iterator[tuple[str, object]]:
         """(name, tensor); quantized weights come whole, as ``QuantizedTensor``s under their plain name.
-        Tensors named in ``skip`` are not read."""
-        from safetensors import safe_open
-
+        Tensors named in ``skip`` are not read. The tensors are memory maps of the files (``mapped``)."""
+        from trtedge.runtime.artifacts.mapped import mapped_tensors
         from trtedge.runtime.artifacts.quantize import gather
 
         for file in self.weight_files():
-            with safe_open(str(file), framework="pt") as f:
-                yield from gather({name: f.get_tensor(name) for name in f.keys() if name not in skip}).items()
+            yield from gather(mapped_tensors(file, skip)).items()
 
     def load_tokenizer(self):
         from trtedge.runtime.text.tokenizer import Tokenizer

@@ -117,10 +117,12 @@ class LlamaModel:
         if head is None or cfg.tie_word_embeddings:
             head = self.embed
         self.lm_head = make_linear(head, None, weight_format)
-        self.layers = [
-            self.layer_class(cfg, i, w, weight_format, self.make_mlp(i, w, weight_format))
-            for i, w in enumerate(per_layer)
-        ]
+        self.layers = []
+        for i in range(len(per_layer)):  # each layer's tensors are dropped once built (q/k/v, gate/up
+            # are concatenated copies: their mapped pages go with them)
+            w, per_layer[i] = per_layer[i], None
+            self.layers.append(self.layer_class(cfg, i, w, weight_format, self.make_mlp(i, w, weight_format)))
+            del w
         self.rope = {"global": self._tables(cfg.rope, max_positions)}
         if cfg.local_rope is not None:
             self.rope["local"] = self._tables(cfg.local_rope, max_positions)
