@@ -77,6 +77,15 @@ def test_api_key_from_environment(monkeypatch):
             "--max-spec-draft-tokens",
         ),
         (["--draft-top-k", "2"], "needs --speculative-config"),
+        (
+            ["--speculative-config", '{"method": "ngram"}', "--spec-proposal-tokens", "0"],
+            "--max-spec-draft-tokens",
+        ),
+        (
+            ["--speculative-config", '{"method": "dspark", "model": "m"}'],
+            "method dspark is not available in trtedge yet; available: draft_model, eagle3, ngram, mtp",
+        ),
+        (["--speculative-config", '{"method": "jetspec"}'], "method jetspec needs model"),
         (["--reasoning-parser", "granite"], "--reasoning-parser"),
         (["--tool-call-parser", "pythonic"], "--tool-call-parser"),
     ],

@@ -100,7 +100,10 @@ FLAGS: dict[str, LaunchFlag] = {
     ),
     "draft_top_k": LaunchFlag(int, None, "Children per draft-tree level (eagle3); overrides draft_top_k."),
     "max_spec_draft_tokens": LaunchFlag(
-        int, None, "Draft depth per step; overrides num_speculative_tokens.", DRAFT_STEP_FLAGS
+        int,
+        None,
+        "Draft depth (proposal tokens) per step; overrides num_speculative_tokens.",
+        DRAFT_STEP_FLAGS,
     ),
     "max_spec_verify_tokens": LaunchFlag(
         int, None, "Most draft tokens verified per step; overrides verify_tokens.", VERIFY_TOKENS_FLAGS

@@ -4,7 +4,9 @@ MTP layers) draft tokens and the target verifies them in one forward (see ``deco
 from __future__ import annotations
 
 from trtedge.runtime.speculative.config import (
+    AVAILABLE_METHODS,
     METHODS,
+    UNAVAILABLE_METHODS,
     SpeculativeConfig,
     SpeculativeConfigError,
 )
@@ -17,6 +19,11 @@ class UnsupportedSpeculativeMethod(SpeculativeConfigError):
 def check_supported(config: SpeculativeConfig, model_type: str | None = None, hybrid: bool = False) -> None:
     """Refuse methods a hybrid model (recurrent layers: it verifies linear chains only, see
     ``runner.rollback``) cannot run. Whether a checkpoint has MTP layers is ``mtp.check_mtp``'s."""
+    if config.method in UNAVAILABLE_METHODS:
+        raise UnsupportedSpeculativeMethod(
+            f"--speculative-config method {config.method} is not available in trtedge yet; available: "
+            f"{', '.join(AVAILABLE_METHODS)}"
+        )
     if hybrid and config.method == "eagle3":
         raise UnsupportedSpeculativeMethod(
             f"--speculative-config method eagle3 is not supported with hybrid models ({model_type}: "
@@ -74,7 +81,9 @@ def build_decoder(
 
 
 __all__ = [
+    "AVAILABLE_METHODS",
     "METHODS",
+    "UNAVAILABLE_METHODS",
     "SpeculativeConfig",
     "SpeculativeConfigError",
     "UnsupportedSpeculativeMethod",

@@ -5,9 +5,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 
-METHODS = ("draft_model", "eagle3", "ngram", "mtp")
-MODEL_METHODS = ("draft_model", "eagle3")  # need a draft checkpoint in "model"
-DEFAULT_NUM_SPECULATIVE_TOKENS = {"draft_model": 4, "eagle3": 4, "ngram": 4, "mtp": 1}
+AVAILABLE_METHODS = ("draft_model", "eagle3", "ngram", "mtp")
+# The reference server's block-drafter methods: parsed (with its names and defaults), refused at launch
+# (``check_supported``) until trtedge runs them.
+UNAVAILABLE_METHODS = ("dflash", "jetspec", "dspark")
+METHODS = AVAILABLE_METHODS + UNAVAILABLE_METHODS
+MODEL_METHODS = ("draft_model", "eagle3", *UNAVAILABLE_METHODS)  # need a draft checkpoint in "model"
+DEFAULT_NUM_SPECULATIVE_TOKENS = {
+    "draft_model": 4,
+    "eagle3": 4,
+    "ngram": 4,
+    "mtp": 1,
+    "dflash": 15,  # one block of 16 (the anchor and 15 proposals)
+    "jetspec": 16,
+    "dspark": 7,
+}
 FLAG = "--speculative-config"
 
 

@@ -1,0 +1,34 @@
+"""The reference server's method names: the block drafters (dflash, jetspec, dspark) parse with their
+defaults and are refused at launch naming the method and the methods that are available."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtedge import ConfigError
+from trtedge.config import LaunchConfig
+from trtedge.runtime.speculative import (
+    AVAILABLE_METHODS,
+    SpeculativeConfig,
+    UnsupportedSpeculativeMethod,
+    check_supported,
+)
+
+
+@pytest.mark.parametrize("method,depth", [("dflash", 15), ("jetspec", 16), ("dspark", 7)])
+def test_block_drafters_parse_and_are_refused_listing_the_available_methods(method, depth):
+    spec = SpeculativeConfig.coerce({"method": method, "model": "draft"})
+    assert spec.num_speculative_tokens == depth and spec.needs_model
+    with pytest.raises(
+        UnsupportedSpeculativeMethod, match=f"method {method} is not available in trtedge yet"
+    ):
+        check_supported(spec)
+    with pytest.raises(ConfigError, match="available: " + ", ".join(AVAILABLE_METHODS) + "$"):
+        LaunchConfig(model="m", speculative={"method": method, "model": "draft"})
+    with pytest.raises(ConfigError, match=f"method {method} needs model"):
+        LaunchConfig(model="m", speculative={"method": method})
+
+
+def test_available_methods_pass_the_launch_check():
+    for spec in ({"method": "ngram"}, {"method": "mtp"}, {"method": "draft_model", "model": "d"}):
+        assert LaunchConfig(model="m", speculative=spec).speculative.method == spec["method"]
