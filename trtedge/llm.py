@@ -325,7 +325,7 @@ class LLM:
             from trtedge.runtime.speculative.mtp import load_mtp
 
             try:
-                return load_mtp(self.checkpoint, self.model)
+                return load_mtp(self.checkpoint, self.model, load_format)
             except ValueError as e:
                 raise ConfigError(f"--speculative-config method mtp: {e}") from None
         return None

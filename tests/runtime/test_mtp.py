@@ -114,7 +114,8 @@ def test_mtp_drafts_match_a_torch_reference_of_the_published_layout(mtp_model, p
     finally:
         engine.shutdown()
     assert len(calls) >= 3 and max(len(draft) for _, draft, _ in calls) == 3
-    for tokens, draft, logits in calls[:3]:  # after the prefill, then after two verifications
+    # after the prefill, then after two verifications (MoE: the prefill's; transformers' MoE is slow)
+    for tokens, draft, logits in calls[: 1 if moe else 3]:
         expected, expected_logits = reference.chain(tokens, len(draft))
         assert draft == expected
         torch.testing.assert_close(torch.stack(logits), torch.stack(expected_logits), rtol=1e-4, atol=1e-4)
@@ -203,3 +204,19 @@ def test_llm_drafts_with_the_bundles_mtp_layers(tmp_path, prompts, engine_proces
     bare = make_tiny_hybrid_checkpoint(tmp_path / "bare", vision=False)
     with pytest.raises(ConfigError, match="method mtp needs the checkpoint's multi-token-prediction layers"):
         LLM(str(bare), speculative_config=spec, **kw)
+
+
+def test_random_weight_loads_draft_with_random_mtp_layers(tmp_path, prompts):
+    """load_format dummy (measuring a model's shape): the MTP layer gets random weights of its layout
+    too, and greedy output still equals the same random target's plain decoding."""
+    from trtedge import LLM
+
+    path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False, moe=True)
+    raw = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**raw, "mtp_num_hidden_layers": 1}))
+    kw = dict(load_format="dummy", max_kv_cache_capacity=256, max_input_len=128, engine_process=False)
+    with LLM(str(path), **kw) as llm:
+        expected = llm.generate(prompts[0], GREEDY).token_ids
+    with LLM(str(path), speculative_config={"method": "mtp", "num_speculative_tokens": 2}, **kw) as llm:
+        out = llm.generate(prompts[0], GREEDY)
+    assert out.token_ids == expected and out.metrics.spec_draft_tokens > 0

@@ -662,7 +662,7 @@ def _start_engine(launch: CoreLaunch):
         elif method == "mtp":  # the target checkpoint's own MTP layers
             from trtedge.runtime.speculative.mtp import load_mtp
 
-            draft = load_mtp(source, model)
+            draft = load_mtp(source, model, launch.load.get("load_format", "auto"))
         else:  # an EAGLE-3 head's directory
             from trtedge.runtime.speculative.eagle3 import load_eagle3
 

@@ -92,11 +92,14 @@ class MtpHead:
         return target.logits(out), out
 
 
-def load_mtp(checkpoint, target) -> MtpHead:
-    """The MTP head of ``target`` from its checkpoint (or bundle): only the ``mtp.*`` tensors are read."""
+def load_mtp(checkpoint, target, load_format: str = "auto") -> MtpHead:
+    """The MTP head of ``target`` from its checkpoint (or bundle): only the ``mtp.*`` tensors are read.
+    ``load_format`` dummy: random weights of the layout (seeded), to measure a model's shape."""
     from trtedge.runtime.artifacts.quantize import QuantizedTensor
 
     check_mtp(target.cfg)
+    if load_format == "dummy":
+        return MtpHead(target, dict(random_mtp_tensors(target.cfg, target.dtype, target.device)))
     tensors = {}
     for name, tensor in checkpoint.iter_tensors(_NotMtp()):
         if not name.startswith(PREFIX):
@@ -110,6 +113,34 @@ def load_mtp(checkpoint, target) -> MtpHead:
             "layer(s) but the checkpoint has no 'mtp.*' tensors"
         )
     return MtpHead(target, tensors)
+
+
+def random_mtp_tensors(cfg, dtype: torch.dtype, device: torch.device):
+    """Random ``mtp.*`` weights (std 0.02, norms 0: scale 1, seed 0) of one MTP layer for ``cfg``."""
+    from dataclasses import replace
+
+    from trtedge.runtime.models import _mlp_shapes
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    h, hd = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+
+    def rand(*shape):
+        return torch.randn(*shape, dtype=dtype, device=device, generator=generator) * 0.02
+
+    yield PREFIX + "fc.weight", rand(h, 2 * h)
+    for name in ("norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden"):
+        yield PREFIX + name + ".weight", torch.zeros(h, dtype=dtype, device=device)
+    p = PREFIX + "layers.0."
+    for name, shape in (("q_proj", (2 * q, h)), ("k_proj", (kv, h)), ("v_proj", (kv, h)), ("o_proj", (h, q))):
+        yield p + f"self_attn.{name}.weight", rand(*shape)
+    for name in ("self_attn.q_norm", "self_attn.k_norm"):
+        yield p + name + ".weight", torch.zeros(hd, dtype=dtype, device=device)
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        yield p + name + ".weight", torch.zeros(h, dtype=dtype, device=device)
+    sparse = replace(cfg, sparse_layers=(bool(cfg.num_experts),) * cfg.num_layers)
+    for name, shape in _mlp_shapes(sparse, 0).items():
+        yield p + name + ".weight", rand(*shape)
 
 
 class MtpProposer:
