@@ -169,9 +169,76 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
         default: int4_rows_r(w, scale, mins, G, qx, dx, sx, K, 4, out); break;
     }
 }
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+/* AVX2 (no AVX-512): 16-bit multiply-adds (vpmaddwd) of the unpacked nibbles and the activations.
+   Bytes 0..15 of a 32-byte chunk hold groups 0..7 of the block (byte 2 l + e: group l), bytes
+   16..31 groups 8..15, so each 8-lane sum is one group per lane and the scales apply per block. */
+static inline __attribute__((always_inline)) void int4_rows_r(const uint8_t *w, const uint16_t *scale,
+        const uint16_t *mins, int64_t G, const int16_t *qx, const float *dx, const float *sx, int64_t K,
+        const int R, float *out) {
+    const __m256i low4 = _mm256_set1_epi16(0x0f);
+    __m256 acc[4], off[4];
+    for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();
+    int64_t blocks = G / 16;
+    for (int64_t bl = 0; bl < blocks; bl++) {
+        const uint8_t *wb = w + bl * 256;
+        __m256i a[4][2];
+        for (int r = 0; r < R; r++) a[r][0] = a[r][1] = _mm256_setzero_si256();
+        for (int ch = 0; ch < 8; ch++) {
+            __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + ch * 32)));
+            __m256i q1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + ch * 32 + 16)));
+            __m256i l0 = _mm256_and_si256(q0, low4), h0 = _mm256_srli_epi16(q0, 4);
+            __m256i l1 = _mm256_and_si256(q1, low4), h1 = _mm256_srli_epi16(q1, 4);
+            for (int r = 0; r < R; r++) {
+                const int16_t *xr = qx + r * K + bl * 512 + ch * 64;
+                __m256i s0 = _mm256_add_epi32(_mm256_madd_epi16(l0, _mm256_loadu_si256((const __m256i *)xr)),
+                                              _mm256_madd_epi16(h0, _mm256_loadu_si256((const __m256i *)(xr + 32))));
+                __m256i s1 = _mm256_add_epi32(_mm256_madd_epi16(l1, _mm256_loadu_si256((const __m256i *)(xr + 16))),
+                                              _mm256_madd_epi16(h1, _mm256_loadu_si256((const __m256i *)(xr + 48))));
+                a[r][0] = _mm256_add_epi32(a[r][0], s0);
+                a[r][1] = _mm256_add_epi32(a[r][1], s1);
+            }
+        }
+        __m256 c0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + bl * 16)));
+        __m256 c1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + bl * 16 + 8)));
+        __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + bl * 16)));
+        __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + bl * 16 + 8)));
+        for (int r = 0; r < R; r++) {
+            const float *d = dx + r * G + bl * 16, *s = sx + r * G + bl * 16;
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][0]), _mm256_mul_ps(c0, _mm256_loadu_ps(d)), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][1]), _mm256_mul_ps(c1, _mm256_loadu_ps(d + 8)), acc[r]);
+            off[r] = _mm256_fmadd_ps(m0, _mm256_loadu_ps(s), off[r]);
+            off[r] = _mm256_fmadd_ps(m1, _mm256_loadu_ps(s + 8), off[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const int16_t *xr = qx + r * K;
+        const float *dr = dx + r * G, *sr = sx + r * G;
+        float lanes[8], total = 0.0f;
+        _mm256_storeu_ps(lanes, _mm256_add_ps(acc[r], off[r]));
+        for (int i = 0; i < 8; i++) total += lanes[i];
+        for (int64_t b = blocks * 256; b < K / 2; b++) {  /* the tail (spans): inputs in their own order */
+            int64_t lo, hi;
+            int4_inputs(b, K, &lo, &hi);
+            total += (float)((w[b] & 0x0f) * xr[lo]) * half_to_float(scale[lo / 32]) * dr[lo / 32];
+            total += (float)((w[b] >> 4) * xr[hi]) * half_to_float(scale[hi / 32]) * dr[hi / 32];
+        }
+        for (int64_t g = blocks * 16; g < G; g++) total += half_to_float(mins[g]) * sr[g];
+        out[r] = total;
+    }
+}
+
+static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, int64_t G, const int16_t *qx,
+                      const float *dx, const float *sx, int64_t K, int R, float *out) {
+    switch (R) {
+        case 1: int4_rows_r(w, scale, mins, G, qx, dx, sx, K, 1, out); break;
+        case 2: int4_rows_r(w, scale, mins, G, qx, dx, sx, K, 2, out); break;
+        case 3: int4_rows_r(w, scale, mins, G, qx, dx, sx, K, 3, out); break;
+        default: int4_rows_r(w, scale, mins, G, qx, dx, sx, K, 4, out); break;
+    }
+}
 #else
-/* Without AVX-512 VNNI: the same integer sums per group, in loops the compiler vectorizes (AVX2 and
-   below). Lane i of a chunk of 32 packed bytes pairs its low nibble with input 64 c + i and its high
+/* Without AVX-512 VNNI or AVX2: the same integer sums per group, in loops the compiler vectorizes. Lane i of a chunk of 32 packed bytes pairs its low nibble with input 64 c + i and its high
    nibble with input 64 c + 32 + i of the quantized activations (qx_index); lanes 2 l and 2 l + 1
    belong to group l of the block. */
 static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, int64_t G, const int16_t *qx,
