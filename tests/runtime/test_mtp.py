@@ -12,7 +12,7 @@ import torch
 
 from tests.runtime.mtp_tiny import Reference, add_mtp_layers
 from tests.runtime.spec_helpers import generate, load, repetitive_prompts
-from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint
+from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
 from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig
 from trtedge.runtime.sampling_params import SamplingParams
@@ -173,6 +173,14 @@ def test_mtp_is_refused_naming_what_is_missing(tmp_path):
     model, tokenizer = load(dense)
     with pytest.raises(UnsupportedSpeculativeMethod, match="qwen3 checkpoint has none"):
         Engine(model, tokenizer, EngineConfig(speculative=mtp_spec()))
+    nemotron = make_tiny_nemotron_h_checkpoint(tmp_path / "nemotron")  # config lists mtp_layers_block_type
+    model, tokenizer = load(nemotron)
+    with pytest.raises(UnsupportedSpeculativeMethod, match="nemotron_h checkpoint has none"):
+        Engine(model, tokenizer, EngineConfig(speculative=mtp_spec()))
+    raw = json.loads((nemotron / "config.json").read_text())
+    (nemotron / "config.json").write_text(json.dumps({**raw, "num_nextn_predict_layers": 1}))
+    with pytest.raises(UnsupportedSpeculativeMethod, match="mtp is not supported for nemotron_h yet"):
+        Engine(load(nemotron)[0], tokenizer, EngineConfig(speculative=mtp_spec()))
     with pytest.raises(
         SpeculativeConfigError, match="--speculative-config model: method mtp .*leave model unset"
     ):

@@ -131,7 +131,7 @@ class ModelConfig:
     # Nemotron-H: its layer types and Mamba-2 / MoE fields.
     text_config: dict | None = None
     # Multi-token-prediction layers shipped beside the model (``mtp.*``: Qwen3.5 / Qwen3-Next's
-    # mtp_num_hidden_layers, Nemotron-H's mtp_layers_block_type, DeepSeek-V3's num_nextn_predict_layers);
+    # mtp_num_hidden_layers, Nemotron-H's and DeepSeek-V3's num_nextn_predict_layers);
     # the model skips them, the speculative ``mtp`` method drafts with them.
     num_mtp_layers: int = 0
 
@@ -286,10 +286,12 @@ class ModelConfig:
 
 
 def _num_mtp_layers(cfg: dict) -> int:
+    # Nemotron-H configs list mtp_layers_block_type whether or not the checkpoint has MTP layers: its
+    # num_nextn_predict_layers (default 0) says whether it does
     for key in ("mtp_num_hidden_layers", "num_nextn_predict_layers"):
         if cfg.get(key):
             return int(cfg[key])
-    return 1 if cfg.get("mtp_layers_block_type") else 0  # Nemotron-H: the block types of its one MTP module
+    return 0
 
 
 def _nemotron_omni_vision(cfg: dict) -> dict:
