@@ -1,4 +1,4 @@
-"""MTP speculative decoding on CUDA (Qwen3.5 with the checkpoint's own mtp.* layer): greedy output
+"""MTP speculative decoding on CUDA (Qwen3.5, Qwen3.5-MoE, Nemotron-H with their own mtp.* layers): greedy output
 equals plain decoding in float32 alone and in a batch of 8, every KV block, state slot and draft row
 is freed, and the head's draft logits equal the CPU torch reference. Skips cleanly without CUDA."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runtime.mtp_tiny import Reference, add_mtp_layers
+from tests.runtime.mtp_tiny import Reference, add_mtp_layers, add_nemotron_mtp_layers
 from tests.runtime.spec_helpers import repetitive_prompts
-from tests.tiny import make_tiny_hybrid_checkpoint
+from tests.tiny import make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
 from trtedge import LLM, SamplingParams
 from trtedge.runtime.speculative.draft_cache import DraftCache, DraftState, Row
 
@@ -44,10 +44,14 @@ def _outputs(path, batch: int, spec=None) -> list[list[int]]:
         return outs
 
 
-@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
-def test_mtp_greedy_on_cuda_matches_plain_alone_and_in_a_batch_of_8(tmp_path, moe):
-    path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False, moe=moe)
-    add_mtp_layers(path, moe=moe)
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "nemotron_h"])
+def test_mtp_greedy_on_cuda_matches_plain_alone_and_in_a_batch_of_8(tmp_path, family):
+    if family == "nemotron_h":
+        path = make_tiny_nemotron_h_checkpoint(tmp_path / "m")
+        add_nemotron_mtp_layers(path)
+    else:
+        path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False, moe=family == "qwen3_5_moe")
+        add_mtp_layers(path, moe=family == "qwen3_5_moe")
     plain = _outputs(path, 8)
     spec = {"method": "mtp", "num_speculative_tokens": 3}
     assert _outputs(path, 8, spec) == plain
@@ -72,6 +76,6 @@ def test_mtp_head_logits_on_cuda_match_the_reference(tmp_path):
     st = DraftState()
     cache.reserve(st, len(prompt))
     ids, positions, attn = cache.attention_batch([Row(st, prompt[1:], list(range(len(prompt) - 1)), 0)])
-    logits, _ = head.forward(ids, hidden.cuda(), positions, cache.kv_caches[0], attn)
+    logits, _ = head.forward(ids, hidden.cuda(), positions, cache.kv_caches, attn)
     expected, _ = reference.rows(hidden, prompt[1:], list(range(len(prompt) - 1)))
     torch.testing.assert_close(logits.cpu(), expected, rtol=1e-4, atol=1e-4)

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from tests.runtime.mtp_tiny import Reference, add_mtp_layers
+from tests.runtime.mtp_tiny import NemotronReference, Reference, add_mtp_layers, add_nemotron_mtp_layers
 from tests.runtime.spec_helpers import generate, load, repetitive_prompts
 from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
 from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
@@ -81,7 +81,7 @@ def test_mtp_drafts_match_a_torch_reference_of_the_published_layout(mtp_model, p
     cache.reserve(st, len(prompt))
     row = Row(st, prompt[1:], list(range(len(prompt) - 1)), 0)
     ids, positions, attn = cache.attention_batch([row])
-    logits, out = head.forward(ids, hidden, positions, cache.kv_caches[0], attn)
+    logits, out = head.forward(ids, hidden, positions, cache.kv_caches, attn)
     expected, expected_out = reference.rows(hidden, prompt[1:], list(range(len(prompt) - 1)))
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out, expected_out, rtol=1e-4, atol=1e-4)
@@ -177,10 +177,6 @@ def test_mtp_is_refused_naming_what_is_missing(tmp_path):
     model, tokenizer = load(nemotron)
     with pytest.raises(UnsupportedSpeculativeMethod, match="nemotron_h checkpoint has none"):
         Engine(model, tokenizer, EngineConfig(speculative=mtp_spec()))
-    raw = json.loads((nemotron / "config.json").read_text())
-    (nemotron / "config.json").write_text(json.dumps({**raw, "num_nextn_predict_layers": 1}))
-    with pytest.raises(UnsupportedSpeculativeMethod, match="mtp is not supported for nemotron_h yet"):
-        Engine(load(nemotron)[0], tokenizer, EngineConfig(speculative=mtp_spec()))
     with pytest.raises(
         SpeculativeConfigError, match="--speculative-config model: method mtp .*leave model unset"
     ):
@@ -228,3 +224,38 @@ def test_random_weight_loads_draft_with_random_mtp_layers(tmp_path, prompts):
     with LLM(str(path), speculative_config={"method": "mtp", "num_speculative_tokens": 2}, **kw) as llm:
         out = llm.generate(prompts[0], GREEDY)
     assert out.token_ids == expected and out.metrics.spec_draft_tokens > 0
+
+
+def test_nemotron_h_mtp_module_drafts_as_its_reference_and_greedy_equals_plain(tmp_path, prompts):
+    """Nemotron-H's MTP module (attention then MoE block, eh_proj fusion, final_layernorm): the chain
+    drafted after the prefill equals the reference's, logits included; greedy output equals plain
+    decoding in a batch of 8, every block, slot and draft row freed."""
+    path = make_tiny_nemotron_h_checkpoint(tmp_path / "m")
+    tensors = add_nemotron_mtp_layers(path)
+    model, tokenizer = load(path)
+    head = head_for(path, model)
+    reference = NemotronReference(path, tensors)
+    engine = Engine(
+        model, tokenizer, EngineConfig(max_kv_cache_capacity=256, speculative=mtp_spec(3)), draft=head
+    )
+    calls = []
+    propose = engine.speculative.proposer.propose
+
+    def recording(seqs, limits):
+        drafts = propose(seqs, limits)
+        calls.extend((list(s.token_ids), d.tokens) for s, d in zip(seqs, drafts) if d is not None)
+        return drafts
+
+    engine.speculative.proposer.propose = recording
+    try:
+        list(engine.submit(prompts[2], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)))
+    finally:
+        engine.shutdown()
+    tokens, draft = calls[0]
+    assert draft == reference.chain(tokens, len(draft))[0]
+    plain, _ = generate(model, tokenizer, prompts, GREEDY, batch=8)
+    outs, engine = generate(
+        model, tokenizer, prompts, GREEDY, speculative=mtp_spec(2), draft=head_for(path, model), batch=8
+    )
+    assert outs == plain and engine.speculative.stats.draft_tokens > 0
+    assert_nothing_leaked(engine)

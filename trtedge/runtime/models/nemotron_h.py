@@ -2,7 +2,8 @@
 causal conv1d + the selective state space, one recurrent state per sequence), attention without
 positional encoding over the paged KV cache, a squared-ReLU MLP, or routed MoE (sigmoid router with a
 correction bias and group-limited top-k, non-gated experts, a shared expert). Each layer is
-``x + mixer(rms_norm(x))``. Multi-token-prediction weights are skipped."""
+``x + mixer(rms_norm(x))``. Multi-token-prediction weights are skipped (the ``mtp`` speculative method
+loads them itself: speculative/mtp.py)."""
 
 from __future__ import annotations
 
@@ -404,6 +405,9 @@ class NemotronHModel:
         self.num_kv_layers = sum(kind == "full_attention" for kind in spec.layer_types)
         self.decode_kernels = None
         self.aux_layers: tuple[int, ...] = ()  # no EAGLE-3 hidden-state taps
+        # MTP drafting reads the final (normed) hidden states of every forward: kept in aux_hidden
+        self.keep_hidden = False
+        self.aux_hidden: torch.Tensor | None = None
 
     def state_spec(self) -> dict:
         """Shapes of one sequence's recurrent state, per Mamba layer: the conv inputs and [H, P, N]."""
@@ -433,7 +437,10 @@ class NemotronHModel:
                 x = x + layer.mixer(h, k_cache, v_cache, batch)
             else:
                 x = x + layer.mixer(h)
-        return rms_norm(x, self.norm, eps)
+        out = rms_norm(x, self.norm, eps)
+        if self.keep_hidden:
+            self.aux_hidden = out
+        return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

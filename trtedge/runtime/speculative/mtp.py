@@ -12,7 +12,8 @@ where a checkpoint has one).
 Draft row ``p`` combines the target's final (normed) hidden state at position ``p`` with token
 ``p + 1`` at rotary position ``p`` and predicts token ``p + 2``; each further chain step feeds the
 layer's own normed output and the token it drafted back in, one position on. The first MTP layer
-drafts every step (as vLLM runs these checkpoints; the released ones have one).
+drafts every step (as vLLM runs these checkpoints; the released ones have one). Nemotron-H's MTP
+module (``num_nextn_predict_layers``) is laid out differently: see ``NemotronHMtpHead``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from trtedge.runtime.speculative import UnsupportedSpeculativeMethod
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, last_rows
 from trtedge.runtime.speculative.tree import Draft
 
-MTP_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+MTP_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h")
 PREFIX = "mtp."
 
 
@@ -50,7 +51,7 @@ class _NotMtp:
     """The names a checkpoint read skips: everything but the MTP tensors."""
 
     def __contains__(self, name: str) -> bool:
-        return not name.startswith(PREFIX)
+        return not name.removeprefix("language_model.").startswith(PREFIX)
 
 
 class MtpHead:
@@ -75,8 +76,9 @@ class MtpHead:
         mixer = GatedAttention(cfg, layer, "float", self.eps)
         self.layer = Qwen35Layer(cfg, layer, "float", mixer, 0, sparse=router is not None and router in layer)
         self.target = target
+        self.num_kv_layers = 1
 
-    def forward(self, ids, hidden, positions, kv_cache, attn) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids, hidden, positions, kv_caches, attn) -> tuple[torch.Tensor, torch.Tensor]:
         """``hidden``: [T, hidden] the target's final states (or this layer's outputs, chained).
         Returns (logits over the vocabulary, the normed output the next step reads)."""
         from trtedge.runtime.models.qwen3_5 import rms_norm
@@ -87,22 +89,88 @@ class MtpHead:
         target = self.target
         cos, sin = target.cos[positions].unsqueeze(1), target.sin[positions].unsqueeze(1)
         layer = self.layer
-        x = x + layer.mixer(rms_norm(x, layer.input_norm, self.eps), cos, sin, *kv_cache, attn)
+        x = x + layer.mixer(rms_norm(x, layer.input_norm, self.eps), cos, sin, *kv_caches[0], attn)
         out = rms_norm(layer.mlp(x), self.norm, self.eps)
         return target.logits(out), out
 
 
-def load_mtp(checkpoint, target, load_format: str = "auto") -> MtpHead:
+_NEMOTRON_BLOCKS = {"*": "full_attention", "attention": "full_attention", "E": "moe", "-": "mlp"}
+
+
+class NemotronHMtpHead:
+    """Nemotron-H's MTP module (``num_nextn_predict_layers``): blocks ``mtp.layers.{i}`` of the kinds
+    ``mtp_layers_block_type`` lists (attention and MoE in the released ones), each ``x + mixer(norm(x))``;
+    the first also holds ``enorm``, ``hnorm`` and ``eh_proj`` [hidden, 2 x hidden] over
+    ``[enorm(embed(token)), hnorm(hidden)]``, the last ``final_layernorm`` (plain RMSNorms)."""
+
+    def __init__(self, target, tensors: dict[str, torch.Tensor]):
+        from trtedge.runtime.models.nemotron_h import MLP, Attention, NemotronHLayer, RoutedMoE
+
+        cfg = self.cfg = target.cfg
+        self.dtype, self.device, self.target = target.dtype, target.device, target
+        raw = cfg.text_config or {}
+        kinds = raw.get("mtp_layers_block_type") or list(raw.get("mtp_hybrid_override_pattern") or "")
+        kinds = [_NEMOTRON_BLOCKS.get(k, k) for k in kinds]
+        if not kinds or any(k not in ("full_attention", "moe", "mlp") for k in kinds):
+            raise ValueError(
+                f"MTP layers: mtp_layers_block_type {kinds} is not a list of full_attention, moe and mlp blocks"
+            )
+        keep = ("gate.weight", "e_score_correction_bias")
+        w = {}
+        for k, v in tensors.items():
+            dtype = torch.float32 if k.endswith(keep) else self.dtype
+            w[k.removeprefix("language_model.").removeprefix(PREFIX)] = v.to(device=self.device, dtype=dtype)
+        h, last = cfg.hidden_size, len(kinds) - 1
+        self.eps = cfg.rms_norm_eps
+        self.enorm = _require(w, "layers.0.enorm.weight").float()
+        self.hnorm = _require(w, "layers.0.hnorm.weight").float()
+        self.eh_proj = _require(w, "layers.0.eh_proj.weight", (h, 2 * h))
+        self.final_norm = _require(w, f"layers.{last}.final_layernorm.weight").float()
+        self.embed = w.get("embeddings.weight", target.embed)
+        self.blocks = []
+        for i, kind in enumerate(kinds):
+            lw = {k.removeprefix(f"layers.{i}."): v for k, v in w.items() if k.startswith(f"layers.{i}.")}
+            if kind == "full_attention":
+                mixer = Attention(cfg, lw, "float")
+            elif kind == "moe":
+                mixer = RoutedMoE(target.spec, lw, "float")
+            else:
+                mixer = MLP.from_layer(lw, "mixer.", target.spec.mlp_act, "float")
+            self.blocks.append(NemotronHLayer(kind, _require(lw, "norm.weight").float(), mixer))
+        self.num_kv_layers = sum(kind == "full_attention" for kind in kinds)
+
+    def forward(self, ids, hidden, positions, kv_caches, attn) -> tuple[torch.Tensor, torch.Tensor]:
+        from trtedge.runtime.models.nemotron_h import rms_norm
+
+        e = rms_norm(embedding(ids, self.embed), self.enorm, self.eps)
+        x = F.linear(torch.cat([e, rms_norm(hidden, self.hnorm, self.eps)], dim=-1), self.eh_proj)
+        caches = iter(kv_caches)
+        for block in self.blocks:
+            h = rms_norm(x, block.norm, self.eps)
+            if block.kind == "full_attention":
+                x = x + block.mixer(h, *next(caches), attn)  # no positional encoding in Nemotron-H
+            else:
+                x = x + block.mixer(h)
+        out = rms_norm(x, self.final_norm, self.eps)
+        return self.target.logits(out), out
+
+
+def load_mtp(checkpoint, target, load_format: str = "auto"):
     """The MTP head of ``target`` from its checkpoint (or bundle): only the ``mtp.*`` tensors are read.
     ``load_format`` dummy: random weights of the layout (seeded), to measure a model's shape."""
     from trtedge.runtime.artifacts.quantize import QuantizedTensor
 
     check_mtp(target.cfg)
+    nemotron = target.cfg.model_type == "nemotron_h"
     if load_format == "dummy":
+        if nemotron:
+            raise ValueError(
+                "load_format (--load-format) dummy: Nemotron-H MTP layers have no random-weight layout yet"
+            )
         return MtpHead(target, dict(random_mtp_tensors(target.cfg, target.dtype, target.device)))
     tensors = {}
     for name, tensor in checkpoint.iter_tensors(_NotMtp()):
-        if not name.startswith(PREFIX):
+        if not name.removeprefix("language_model.").startswith(PREFIX):
             continue
         if isinstance(tensor, QuantizedTensor):  # the head runs float weights
             tensor = tensor.dequantize(target.dtype)
@@ -112,7 +180,7 @@ def load_mtp(checkpoint, target, load_format: str = "auto") -> MtpHead:
             f"{checkpoint.name}: config.json declares {target.cfg.num_mtp_layers} multi-token-prediction "
             "layer(s) but the checkpoint has no 'mtp.*' tensors"
         )
-    return MtpHead(target, tensors)
+    return NemotronHMtpHead(target, tensors) if nemotron else MtpHead(target, tensors)
 
 
 def random_mtp_tensors(cfg, dtype: torch.dtype, device: torch.device):
@@ -144,16 +212,23 @@ def random_mtp_tensors(cfg, dtype: torch.dtype, device: torch.device):
 
 
 class MtpProposer:
-    def __init__(self, head: MtpHead | None, target, num_blocks: int, block_size: int):
+    def __init__(self, head, target, num_blocks: int, block_size: int):
+        """``head``: an ``MtpHead`` or ``NemotronHMtpHead`` (``load_mtp``)."""
         if head is None:
             raise ValueError("--speculative-config method mtp: no MTP layers were loaded for the target")
         self.head = head
         cfg = target.cfg
         target.keep_hidden = True  # every target forward keeps its final hidden states for the head
         self.cache = DraftCache(
-            1, cfg.num_kv_heads, cfg.head_dim, num_blocks, block_size, head.dtype, head.device
+            head.num_kv_layers,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            num_blocks,
+            block_size,
+            head.dtype,
+            head.device,
         )
-        self.kv = self.cache.kv_caches[0]
+        self.kv = self.cache.kv_caches
         self.hiddens = TargetHiddens(self.cache, cfg.hidden_size, head.dtype, head.device)
 
     def observe(self, seqs: list[Sequence], num_tokens: list[int], aux: torch.Tensor | None) -> None:
