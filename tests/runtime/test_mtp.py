@@ -259,3 +259,27 @@ def test_nemotron_h_mtp_module_drafts_as_its_reference_and_greedy_equals_plain(t
     )
     assert outs == plain and engine.speculative.stats.draft_tokens > 0
     assert_nothing_leaked(engine)
+
+
+def test_mtp_with_context_reuse_drafts_over_a_reused_prefix(mtp_model, prompts, plain):
+    """A request whose prompt extends an earlier one's reuses its cached prefix (the target computes
+    only the rest, so the MTP layer never sees hidden states for the reused positions): output still
+    equals plain decoding and nothing leaks."""
+    path, model, tokenizer, _, moe = mtp_model
+    if moe:
+        pytest.skip("the reuse path does not depend on the MLP kind")
+    config = EngineConfig(max_kv_cache_capacity=256, enable_context_reuse=True, speculative=mtp_spec(2))
+    engine = Engine(model, tokenizer, config, draft=head_for(path, model))
+    long = prompts[3] * 2  # past one 16-token block: a prefix to reuse
+    try:
+        first = [t for d in engine.submit(long, GREEDY) for t in d.token_ids]
+        metrics = []
+        second = [
+            t for d in engine.submit(long + first[:3], GREEDY, on_metrics=metrics.append) for t in d.token_ids
+        ]
+        assert metrics[0].reused_tokens > 0
+    finally:
+        engine.shutdown()
+    assert_nothing_leaked(engine)
+    cold, _ = generate(model, tokenizer, [long, long + first[:3]], GREEDY, batch=1)
+    assert [first, second] == cold
