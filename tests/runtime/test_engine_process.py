@@ -170,3 +170,24 @@ def test_an_llm_dropped_without_close_stops_its_core_process():
     del llm
     gc.collect()
     assert proc.wait(timeout=60) is not None and not os.path.exists(folder)
+
+
+def test_a_slow_call_does_not_hold_up_a_cancel(monkeypatch, core):
+    """The core answers calls on threads of their own: while a call is being answered (made 4 s slow by
+    the test fault), a cancellation behind it still ends the stream."""
+    import threading
+
+    monkeypatch.setenv("TRTEDGE_TEST_FAULT", "slow_call=4")
+    with LLM(engine_process=True, max_kv_cache_capacity=1024, max_input_len=512) as llm:
+        stream = llm.generate_stream("Tell me a long story", SamplingParams(max_tokens=400, temperature=0))
+        first = next(stream)
+        answered = []
+        call = threading.Thread(target=lambda: answered.append(llm.speculative_metrics()))
+        call.start()
+        time.sleep(0.5)  # the call is on its way to the core
+        stream.cancel()
+        deltas = [first, *stream]
+        assert deltas[-1].finish_reason == "cancelled"
+        assert call.is_alive() and not answered  # the cancel was handled while the call was pending
+        call.join(timeout=60)
+        assert answered == [None]  # no speculative decoding: its metrics are None

@@ -25,8 +25,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +36,7 @@ import msgspec
 import zmq
 
 from trtedge.runtime.executor.sampler import TokenLogprobs
+from trtedge.runtime.faults import FaultInjector
 from trtedge.runtime.output import (
     CancellableIterator,
     GenerationMetrics,
@@ -590,6 +593,19 @@ def _core_main(directory: str, parent_pid: int) -> None:  # pragma: no cover - r
     sink = _StepSink(outbound, send_lock)
     send(_READY, {"describe": engine.describe(), "pid": os.getpid()})
     handles: dict[int, _ChildChannel] = {}
+    # Calls are answered on threads of their own: a slow one (a guide's compile) must not hold up the
+    # submissions and cancellations behind it. The engine's views and compile_guide take any thread.
+    calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="trtedge-core-call")
+    delay = FaultInjector.from_env().slow_call
+
+    def answer(cid: int, name: str, args) -> None:
+        if delay:
+            time.sleep(delay)
+        try:
+            send(_REPLY, (cid, getattr(engine, name)(*args), None))
+        except Exception as e:
+            send(_REPLY, (cid, None, _portable(e)))
+
     try:
         while True:
             if not inbound.poll(1000):
@@ -623,15 +639,13 @@ def _core_main(directory: str, parent_pid: int) -> None:  # pragma: no cover - r
                     channel.handle.stop_choice(index, count)
             elif kind == "call":
                 _, cid, name, args = message
-                try:
-                    send(_REPLY, (cid, getattr(engine, name)(*args), None))
-                except Exception as e:
-                    send(_REPLY, (cid, None, _portable(e)))
+                calls.submit(answer, cid, name, args)
             elif kind == "shutdown":
                 break
             if len(handles) > 1024:  # forget the requests that have finished
                 handles = {rid: c for rid, c in handles.items() if c.num_open > 0}
     finally:
+        calls.shutdown(wait=False, cancel_futures=True)
         engine.shutdown()
         sink.flush()
         inbound.close()

@@ -2,8 +2,9 @@
 
 ``step=N`` makes the N-th model step raise once, ``step=always`` makes every step raise,
 ``token=ID`` makes every step raise that computes a sequence whose prompt holds token ID (a
-"poison" request), and ``restart=fail`` makes every engine restart fail
-(e.g. ``TRTEDGE_TEST_FAULT=token=7777,restart=fail``). Unset (the normal case) it does nothing.
+"poison" request), ``restart=fail`` makes every engine restart fail, and ``slow_call=S`` makes an
+engine core process answer each call S seconds late (e.g. ``TRTEDGE_TEST_FAULT=token=7777,restart=fail``).
+Unset (the normal case) it does nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class FaultInjector:
     every_step: bool = False
     poison_token: int | None = None
     fail_restart: bool = False
+    slow_call: float = 0.0  # seconds an engine core process waits before answering a call
     num_steps: int = 0
 
     @classmethod
@@ -42,9 +44,11 @@ class FaultInjector:
                 faults.poison_token = int(value)
             elif key == "restart" and value == "fail":
                 faults.fail_restart = True
+            elif key == "slow_call" and value.replace(".", "", 1).isdigit():
+                faults.slow_call = float(value)
             else:
                 raise ValueError(
-                    f"${ENV}: unknown fault {item!r} (step=N, step=always, token=ID, restart=fail)"
+                    f"${ENV}: unknown fault {item!r} (step=N, step=always, token=ID, restart=fail, slow_call=S)"
                 )
         return faults
 
