@@ -152,12 +152,12 @@ class ChatAudio(_Model):
     voice: str | None = None
     format: Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"]
     talker_temperature: float | None = None
-    talker_top_k: int | None = None
+    talker_top_k: Int | None = None
     talker_top_p: float | None = None
     repetition_penalty: float | None = None
     max_audio_length: float | None = None
-    codec_chunk_frames: int | None = None
-    talker_prefill_threshold: int | None = None
+    codec_chunk_frames: Int | None = None
+    talker_prefill_threshold: Int | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -183,11 +183,11 @@ class ChatCompletionRequest(_Sampling):
     modalities: list[Literal["text", "audio"]] | None = None
     audio: ChatAudio | None = None
     talker_temperature: float | None = None
-    talker_top_k: int | None = None
+    talker_top_k: Int | None = None
     talker_top_p: float | None = None
     max_audio_length: float | None = None
-    codec_chunk_frames: int | None = None
-    talker_prefill_threshold: int | None = None
+    codec_chunk_frames: Int | None = None
+    talker_prefill_threshold: Int | None = None
 
 
 class CompletionRequest(_Sampling):
