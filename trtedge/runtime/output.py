@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from trtedge.runtime.executor.sampler import TokenLogprobs
+from trtedge.runtime.text.streaming import held_back
 from trtedge.runtime.text.tokenizer import IncrementalDetokenizer
 
 
@@ -57,12 +58,7 @@ class TextStream:
         if final:
             self.pending = ""
             return buf, False
-        hold = 0
-        for stop in self._stops:
-            for k in range(min(len(stop) - 1, len(buf)), hold, -1):
-                if buf.endswith(stop[:k]):
-                    hold = k
-                    break
+        hold = held_back(buf, *self._stops)
         self.pending = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold], False
 
