@@ -25,6 +25,7 @@ from trtedge.runtime.executor.runner import ModelRunner, PromptScores, kv_block_
 from trtedge.runtime.executor.sampler import Sampler, SampleResult, TokenLogprobs, is_plain, mix_seed
 from trtedge.runtime.executor.state_pool import row_bytes
 from trtedge.runtime.faults import FaultInjector
+from trtedge.runtime.models.protocol import HybridCausalLM
 from trtedge.runtime.multimodal import MultimodalPrompt
 from trtedge.runtime.multimodal.inputs import encode_batch_media
 from trtedge.runtime.output import (
@@ -909,7 +910,7 @@ class Engine:
 def _num_partial_snapshots(model, config: EngineConfig) -> int:
     """Entries of the partial-block snapshot pool (none for hybrid models: their recurrent state has
     snapshots at block ends only)."""
-    if not config.enable_context_reuse or hasattr(model, "state_spec"):
+    if not config.enable_context_reuse or isinstance(model, HybridCausalLM):
         return 0
     return config.partial_kv_snapshot_pool_bytes // kv_block_bytes(model, config.block_size)
 
@@ -925,7 +926,7 @@ def _samples_on_device(seq: Sequence) -> bool:
 
 def _hybrid_state(model, tokenizer: Tokenizer, config: EngineConfig) -> HybridStateCache | None:
     """State slots (one per batch seat) and the snapshot pool of a model with recurrent layers."""
-    if not hasattr(model, "state_spec"):
+    if not isinstance(model, HybridCausalLM):
         return None
     per_snapshot = row_bytes(model.state_spec())
     pool_bytes = config.recurrent_snapshot_pool_bytes

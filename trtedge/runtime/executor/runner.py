@@ -13,6 +13,7 @@ from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.core.scheduler import ScheduledBatch
 from trtedge.runtime.executor.sampler import Sampler, SampleResult, TokenLogprobs, to_device
 from trtedge.runtime.executor.state_pool import RecurrentBatch, RecurrentStatePool, plan_windows
+from trtedge.runtime.models.protocol import model_traits
 from trtedge.runtime.multimodal.inputs import MediaInputs, media_inputs
 from trtedge.runtime.ops import triton_attention, triton_prefill
 from trtedge.runtime.ops.attention import AttentionBatch
@@ -35,8 +36,8 @@ class PromptScores:
 def kv_block_bytes(model, block_size: int) -> int:
     """Bytes of one KV block of ``model``, all its (full-attention) layers."""
     cfg = model.cfg
-    num_kv_layers = getattr(model, "num_kv_layers", cfg.num_layers)
-    dtype = getattr(model, "act_dtype", model.dtype)
+    traits = model_traits(model)
+    num_kv_layers, dtype = traits.num_kv_layers, traits.act_dtype
     itemsize = torch.empty((), dtype=dtype).element_size()
     return num_kv_layers * 2 * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
 
@@ -65,7 +66,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.sampler = sampler
         # Tensor parallel (rank 0): the other ranks build the same runner and run each step's plan.
-        self.tp = getattr(model, "tp", None)
+        traits = model_traits(model)
+        self.tp = traits.tp
         if self.tp is not None:
             cuda_graphs = False  # the decode graphs do not capture the collectives yet
             self.tp.send_runner(
@@ -80,9 +82,9 @@ class ModelRunner:
         self.on_cuda = model.device.type == "cuda" and triton_attention.available()
         # On CUDA one extra scratch block takes the writes of graph padding rows.
         pool_blocks = num_blocks + 1 if self.on_cuda else num_blocks
-        num_kv_layers = getattr(model, "num_kv_layers", cfg.num_layers)  # hybrid: full-attention layers only
+        num_kv_layers = traits.num_kv_layers  # hybrid: full-attention layers only
         shape = (num_kv_layers, 2, pool_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        kv_dtype = getattr(model, "act_dtype", model.dtype)  # float32 on the CPU, see LlamaModel
+        kv_dtype = traits.act_dtype  # float32 on the CPU, see LlamaModel
         self.kv = torch.zeros(shape, dtype=kv_dtype, device=model.device)
         self.kv_bytes = self.kv.numel() * self.kv.element_size()
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(num_kv_layers)]
@@ -115,7 +117,7 @@ class ModelRunner:
             num_blocks * block_size,
             self.kv_bytes / 2**20,
         )
-        vision, audio = getattr(model, "vision", None), getattr(model, "audio", None)
+        vision, audio = traits.vision, traits.audio
         self.media = MediaInputs(vision, mm_embedding_cache_bytes, audio) if vision or audio else None
         # Asynchronous scheduling: the tokens the last step sampled, still on the device, and each
         # sampled sequence's row in them; the next step reads its input ids from there.
@@ -125,7 +127,7 @@ class ModelRunner:
         if self.on_cuda and self.states is None and self.tp is None:
             self._warm_up()
         self.graphs = None
-        if not getattr(model, "graph_safe", True):  # a step reads its ids on the host (cached PLE pool)
+        if not traits.graph_safe:  # a step reads its ids on the host (cached PLE pool)
             cuda_graphs = False
         if self.on_cuda and cuda_graphs:
             from trtedge.runtime.executor.cuda_graphs import DecodeGraphs
