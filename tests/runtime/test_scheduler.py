@@ -408,3 +408,47 @@ def test_whole_drafts_are_never_split_across_steps():
     third.num_draft_tokens = 3
     plain.add(third)
     assert plain.schedule().num_tokens == [12]  # other models may split a draft (they recompute nothing)
+
+
+# ---- SchedulerOutput: the schedule as plain data ---------------------------------------------------
+def test_scheduler_output_is_plain_data_keyed_by_request_id():
+    sched = create_scheduler(max_num_batched_tokens=16)
+    a, b = create_requests(2, prompt_len=12, max_tokens=2)
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule().output
+    # a prefills whole, b gets the budget's last 4 tokens
+    assert out.num_scheduled_tokens == {a.request_id: 12, b.request_id: 4}
+    assert out.total_num_scheduled_tokens == 16 and out.num_draft_tokens == {}
+    assert out.new == (a.request_id, b.request_id) and out.resumed == out.preempted == out.finished == ()
+    assert all(isinstance(k, str) and isinstance(v, int) for k, v in out.num_scheduled_tokens.items())
+    with pytest.raises(AttributeError):
+        out.new = ()  # frozen
+    a.num_computed_tokens, b.num_computed_tokens = 12, 4
+    a.token_ids.append(7)
+    out = sched.schedule().output
+    assert out.num_scheduled_tokens == {a.request_id: 1, b.request_id: 8} and out.new == ()
+
+
+def test_scheduler_output_reports_preemption_resumption_and_finishes_once():
+    sched = create_scheduler(num_blocks=6, max_batch_size=2, max_num_batched_tokens=64)
+    a, b = create_requests(2, prompt_len=8, max_tokens=20)  # 2 blocks each; growth runs out of blocks
+    sched.add(a)
+    sched.add(b)
+    outputs = []
+    while not any(o.preempted for o in outputs):
+        batch = sched.schedule()
+        outputs.append(batch.output)
+        assert list(batch.output.num_scheduled_tokens) == [s.request_id for s in batch.seqs]
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.token_ids.append(7)
+        assert len(outputs) < 50
+    victim = outputs[-1].preempted[0]
+    assert victim == b.request_id and victim not in outputs[-1].num_scheduled_tokens
+    sched.finish(a, "stop")  # frees a's blocks: b is re-admitted, recomputed from its start
+    out = sched.schedule().output
+    assert out.finished == (a.request_id,) and out.resumed == (b.request_id,) and out.new == ()
+    assert out.num_scheduled_tokens[b.request_id] == b.num_tokens  # the prompt and its outputs so far
+    assert sched.schedule().output.finished == ()  # reported once

@@ -22,11 +22,30 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class SchedulerOutput:
+    """A step's schedule as plain data, keyed by request id: what a runner in another process, a
+    tensor-parallel rank or a test reads (no live objects). The engine's runner still takes the
+    step's sequences (``ScheduledBatch.seqs``); this is the description they are moving to."""
+
+    num_scheduled_tokens: dict[str, int]  # tokens to compute this step, jump-forward drafts included
+    num_draft_tokens: dict[str, int]  # of those, draft tokens (only requests that have some)
+    new: tuple[str, ...] = ()  # scheduled for the first time
+    resumed: tuple[str, ...] = ()  # scheduled again after a preemption (recomputed from the start)
+    preempted: tuple[str, ...] = ()  # preempted by this step (their blocks are free, they wait)
+    finished: tuple[str, ...] = ()  # finished since the last step (their blocks are free)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+
+@dataclass(frozen=True)
 class ScheduledBatch:
     seqs: list[Sequence]
     num_tokens: list[int]  # tokens to compute this step, per sequence
     preempted: list[Sequence] = field(default_factory=list)
     joined: int = 0  # sequences that joined while others were mid-generation
+    output: SchedulerOutput | None = None  # the same schedule as plain data (from Scheduler.schedule)
 
     @property
     def is_empty(self) -> bool:
@@ -39,6 +58,7 @@ class Scheduler:
         self.blocks = blocks
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
+        self._finished: list[str] = []  # request ids finished since the last schedule
 
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
@@ -77,6 +97,7 @@ class Scheduler:
         mid_flight = any(s.num_output_tokens > 0 for s in seqs)
         joined = 0
         self.waiting.sort(key=lambda s: (-s.priority, s.arrival, s.seq_id))
+        admitted: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self._capacity() and not preempted:
             seq = self.waiting[0]
             self.blocks.lookup_prefix(seq)
@@ -93,7 +114,17 @@ class Scheduler:
             counts.append(n)
             budget -= n
             joined += int(mid_flight)
-        return ScheduledBatch(seqs, counts, preempted, joined)
+            admitted.append(seq)
+        finished, self._finished = tuple(self._finished), []
+        output = SchedulerOutput(
+            {s.request_id: n for s, n in zip(seqs, counts)},
+            {s.request_id: s.num_draft_tokens for s in seqs if s.num_draft_tokens},
+            new=tuple(s.request_id for s in admitted if not s.num_preemptions),
+            resumed=tuple(s.request_id for s in admitted if s.num_preemptions),
+            preempted=tuple(s.request_id for s in preempted),
+            finished=finished,
+        )
+        return ScheduledBatch(seqs, counts, preempted, joined, output)
 
     def _reached_end(self, seq: Sequence) -> bool:
         """A sample still on the device takes the sequence to its length limit: nothing more to compute
@@ -144,3 +175,4 @@ class Scheduler:
         if seq.status is not Status.FINISHED:
             seq.status = Status.FINISHED
             self.blocks.release(seq)
+            self._finished.append(seq.request_id)
