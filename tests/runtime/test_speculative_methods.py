@@ -1,5 +1,5 @@
-"""The reference server's method names: the block drafters (dflash, jetspec, dspark) parse with their
-defaults and are refused at launch naming the method and the methods that are available."""
+"""The reference server's method names: the block drafters (dflash, jetspec, dspark) and domino parse
+with their defaults and are refused at launch naming the method and the methods that are available."""
 
 from __future__ import annotations
 
@@ -32,3 +32,9 @@ def test_block_drafters_parse_and_are_refused_listing_the_available_methods(meth
 def test_available_methods_pass_the_launch_check():
     for spec in ({"method": "ngram"}, {"method": "mtp"}, {"method": "draft_model", "model": "d"}):
         assert LaunchConfig(model="m", speculative=spec).speculative.method == spec["method"]
+
+
+def test_domino_parses_with_or_without_a_model_and_is_refused():
+    for value in ({"method": "domino"}, {"method": "domino", "model": "draft"}):
+        with pytest.raises(ConfigError, match="method domino is not available in trtedge yet; available: "):
+            LaunchConfig(model="m", speculative=value)

@@ -8,9 +8,10 @@ from dataclasses import dataclass, fields
 AVAILABLE_METHODS = ("draft_model", "eagle3", "ngram", "mtp")
 # The reference server's block-drafter methods: parsed (with its names and defaults), refused at launch
 # (``check_supported``) until trtedge runs them.
-UNAVAILABLE_METHODS = ("dflash", "jetspec", "dspark")
+UNAVAILABLE_METHODS = ("dflash", "jetspec", "dspark", "domino")
 METHODS = AVAILABLE_METHODS + UNAVAILABLE_METHODS
-MODEL_METHODS = ("draft_model", "eagle3", *UNAVAILABLE_METHODS)  # need a draft checkpoint in "model"
+# need a draft checkpoint in "model" (domino: no public definition says; a model is allowed, not required)
+MODEL_METHODS = ("draft_model", "eagle3", "dflash", "jetspec", "dspark")
 DEFAULT_NUM_SPECULATIVE_TOKENS = {
     "draft_model": 4,
     "eagle3": 4,
@@ -19,6 +20,7 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = {
     "dflash": 15,  # one block of 16 (the anchor and 15 proposals)
     "jetspec": 16,
     "dspark": 7,
+    "domino": 4,
 }
 FLAG = "--speculative-config"
 
@@ -59,7 +61,7 @@ class SpeculativeConfig:
                 f"{FLAG} model: method mtp drafts with the target checkpoint's own multi-token-prediction "
                 "layers; leave model unset (a separate assistant checkpoint is not supported yet)"
             )
-        if self.method not in MODEL_METHODS and self.model is not None:
+        if self.method not in (*MODEL_METHODS, "domino") and self.model is not None:
             raise SpeculativeConfigError(f"{FLAG} model is only used by {', '.join(MODEL_METHODS)}")
         if self.num_speculative_tokens is None:
             object.__setattr__(self, "num_speculative_tokens", DEFAULT_NUM_SPECULATIVE_TOKENS[self.method])
