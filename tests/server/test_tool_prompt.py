@@ -244,18 +244,23 @@ def test_bad_agent_requests_name_the_part(serving, path, body, status, where, te
         assert error["param"] == where and text in error["message"], error
 
 
-def test_messages_stream_pings_while_the_model_is_busy(serving):
+def test_messages_stream_pings_while_the_model_is_busy(model_dir, tmp_path, monkeypatch):
     import asyncio
 
     from tests.server.asgi import call
+    from trtedge import LLM
 
-    app = build_app(serving.llm, ServeConfig())
-    app.state.anthropic.ping_seconds = 0.0005
-    body = {"model": serving.model_name, "max_tokens": 200, "stream": True}
-    body["messages"] = [{"role": "user", "content": "count"}]
-    reply = asyncio.run(call(app, "/v1/messages", body))
+    monkeypatch.setenv("TRTEDGE_TEST_FAULT", "step_delay=0.01")  # every step takes 10 ms or more
+    with LLM(
+        str(model_dir), cache_dir=str(tmp_path / "c"), max_kv_cache_capacity=512, max_input_len=256
+    ) as llm:
+        app = build_app(llm, ServeConfig())
+        app.state.anthropic.ping_seconds = 0.001  # far shorter than a step: pings while it runs
+        body = {"model": app.state.serving.model_name, "max_tokens": 20, "stream": True}
+        body["messages"] = [{"role": "user", "content": "count"}]
+        reply = asyncio.run(call(app, "/v1/messages", body))
     names = [line[7:] for line in reply.body.decode().splitlines() if line.startswith("event: ")]
     assert names[0] == "message_start" and names[-1] == "message_stop"
     assert names.count("ping") > 1  # one after message_start, more while waiting for tokens
     text = [json.loads(d)["delta"]["text"] for d in reply.events() if '"text_delta"' in d]
-    assert "".join(text).split() == ["one"] * 200
+    assert "".join(text).split() == ["one"] * 20
