@@ -319,11 +319,12 @@ class ModelRunner:
         masks = self.guides.start_masks(sampled) if self.guides is not None and sampled else None
         # a prompt token of a media request has (3, T) M-RoPE positions: the decode graphs take 1D ones
         decode = all(q == 1 for q in query_lens) and not isinstance(positions, torch.Tensor)
-        graphs = decode and not score_rows and self.graphs is not None and self.graphs.fits(len(ids))
         prompt_scores = []
-        if graphs and not self.model.aux_layers:
+        logits = None
+        if decode and not score_rows:
             seq_ids = [seq.seq_id for seq in batch.seqs]
-            logits = self.graphs.run(ids, positions, slots, tables, context_lens, fill, seq_ids)
+            logits = self.graph_logits(ids, positions, slots, tables, context_lens, seq_ids, fill)
+        if logits is not None:
             if len(last_rows) != len(ids):  # a one-token prefill chunk short of the prompt's end: no sample
                 logits = logits.index_select(0, _to_device(last_rows, logits.device))
         else:
@@ -350,13 +351,16 @@ class ModelRunner:
             self._step_parts.append((sampled, result))
         return sampled, result, prompt_scores
 
-    def graph_logits(self, ids, positions, slots, tables, context_lens, seq_ids) -> torch.Tensor | None:
+    def graph_logits(
+        self, ids, positions, slots, tables, context_lens, seq_ids, fill=None
+    ) -> torch.Tensor | None:
         """Logits of decode rows (one token each, several rows per sequence allowed: a speculative chain
         scores one row per node) through the decode CUDA graphs; None when the graphs cannot take them.
-        The logits are the graph's output buffer: read them before the next step."""
+        ``fill``: as ``DecodeGraphs.run``. The logits are the graph's output buffer: read them before
+        the next step."""
         if self.graphs is None or self.model.aux_layers or not self.graphs.fits(len(ids)):
             return None
-        return self.graphs.run(ids, positions, slots, tables, context_lens, None, seq_ids)
+        return self.graphs.run(ids, positions, slots, tables, context_lens, fill, seq_ids)
 
     def end_step(self) -> None:
         """All parts of a step are enqueued: their samples become the next step's device-side inputs."""

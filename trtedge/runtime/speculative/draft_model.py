@@ -118,8 +118,8 @@ class DraftModelProposer:
         chosen = [list(range(len(rows)))]  # per step: the rows (indices into ``rows``) it drafted for
         tokens = [logits.index_select(0, picked).argmax(dim=-1)]
         depth = graphs.chain_depth
+        row_seqs = [seqs[i].seq_id for i in active]
         if depth and all(limits[i] == depth + 1 for i in active):  # the rest of every chain in one graph
-            row_seqs = [seqs[i].seq_id for i in active]
             nxt = self._next_rows(chosen[0], rows, whole, row_seqs, depth)
             chain = graphs.run_chain(
                 [0] * len(rows), *nxt[:-1], (self._rows[: len(rows)], tokens[0]), nxt[-1]
@@ -134,7 +134,7 @@ class DraftModelProposer:
             if len(sel) != len(chosen[-1]):
                 where = {r: n for n, r in enumerate(chosen[-1])}
                 prev = prev.index_select(0, to_device([where[r] for r in sel], torch.long, prev.device))
-            nxt = self._next_rows(sel, rows, whole, [seqs[i].seq_id for i in active], 1)
+            nxt = self._next_rows(sel, rows, whole, row_seqs, 1)
             logits = graphs.run([0] * len(sel), *nxt[:-1], (self._rows[: len(sel)], prev), nxt[-1])
             chosen.append(sel)
             tokens.append(logits.argmax(dim=-1))
