@@ -145,19 +145,25 @@ class _Sampling(_Model):
     guided_grammar: str | None = None
 
 
-class ChatAudio(_Model):
+class TalkerFields(_Model):
+    """The reference's Talker fields: its sampling, the audio's length cap, the Code2Wav chunk and how
+    many text tokens the Talker waits for (speech requests and a chat's ``audio``)."""
+
+    talker_temperature: float | None = None
+    talker_top_k: Int | None = None
+    talker_top_p: float | None = None
+    repetition_penalty: float | None = None  # the Talker's
+    max_audio_length: float | None = None
+    codec_chunk_frames: Int | None = None
+    talker_prefill_threshold: Int | None = None
+
+
+class ChatAudio(TalkerFields):
     """``audio`` of a chat request with ``modalities: ["text", "audio"]``: the voice, the format, and the
     Talker's sampling (its ``repetition_penalty`` here: the top-level one is the text's)."""
 
     voice: str | None = None
     format: Literal["wav", "mp3", "flac", "opus", "aac", "pcm16"]
-    talker_temperature: float | None = None
-    talker_top_k: Int | None = None
-    talker_top_p: float | None = None
-    repetition_penalty: float | None = None
-    max_audio_length: float | None = None
-    codec_chunk_frames: Int | None = None
-    talker_prefill_threshold: Int | None = None
 
 
 class ChatCompletionRequest(_Sampling):

@@ -28,7 +28,7 @@ from trtedge.runtime.speech.api import NO_SPEECH
 from trtedge.runtime.speech.pipeline import SpeechInputError
 from trtedge.server import sse
 from trtedge.server.errors import bad_request
-from trtedge.server.openai.protocol import U64, Int, _Model
+from trtedge.server.openai.protocol import U64, Int, TalkerFields
 
 if TYPE_CHECKING:
     from trtedge.server.core import ServingCore
@@ -46,7 +46,7 @@ _OPTIONS = (
 )
 
 
-class SpeechRequest(_Model):
+class SpeechRequest(TalkerFields):
     input: str
     model: str | None = None
     voice: str | None = None
@@ -54,13 +54,6 @@ class SpeechRequest(_Model):
     response_format: Literal["pcm", "wav", "mp3", "opus", "aac", "flac"] = "pcm"
     speed: Annotated[float, Field(ge=0.25, le=4.0)] = 1.0
     stream_format: Literal["audio", "sse"] = "audio"
-    talker_temperature: float | None = None
-    talker_top_k: Int | None = None
-    talker_top_p: float | None = None
-    repetition_penalty: float | None = None
-    max_audio_length: float | None = None
-    codec_chunk_frames: Int | None = None
-    talker_prefill_threshold: Int | None = None
     seed: U64 | None = None
     priority: Int = 0
 
