@@ -93,6 +93,21 @@ def _pack_logprobs(items):
     return [None if t is None else (t.token_id, t.logprob, t.top, t.rank) for t in items]
 
 
+def _stream_delta(d: _Delta, text: str, finish_reason: str | None) -> StreamDelta:
+    return StreamDelta(
+        text,
+        d.token_ids,
+        finish_reason,
+        _unpack_logprobs(d.logprobs),
+        d.prompt_tokens,
+        d.completion_tokens,
+        d.index,
+        d.cached_tokens,
+        _unpack_logprobs(d.prompt_logprobs),
+        d.stop_token,
+    )
+
+
 def _unpack_logprobs(items):
     if items is None:
         return None
@@ -341,22 +356,9 @@ class CoreProcess:
                 log.exception("on_metrics callback raised")
         batchers: set[LoopBatcher] = set()
         for box, d in items:
-            delta = StreamDelta(
-                d.text,
-                d.token_ids,
-                d.finish_reason,
-                _unpack_logprobs(d.logprobs),
-                d.prompt_tokens,
-                d.completion_tokens,
-                d.index,
-                d.cached_tokens,
-                _unpack_logprobs(d.prompt_logprobs),
-                d.stop_token,
-            )
-            if box.texts:
-                delta = self._with_text(box, d.rid, delta)
-                if delta is None:
-                    continue
+            delta = self._with_text(box, d) if box.texts else _stream_delta(d, d.text, d.finish_reason)
+            if delta is None:
+                continue
             box.channel.put(delta)
             if box.batcher is not None:
                 batchers.add(box.batcher)
@@ -367,27 +369,26 @@ class CoreProcess:
         for batcher in batchers:
             batcher.flush()
 
-    def _with_text(self, box: _Open, rid: int, delta: StreamDelta) -> StreamDelta | None:
+    def _with_text(self, box: _Open, d: _Delta) -> StreamDelta | None:
         """The delta with its text made here; None for one not handed out. At a stop string the choice
         ends here: the core is told to stop it there, its later deltas are dropped, and this final
         delta waits for the core's own (which brings the request's metrics first)."""
-        index = delta.index
+        index, final = d.index, d.finish_reason is not None
         if index in box.stopped:
-            return box.stopped.pop(index) if delta.finish_reason is not None else None
+            return box.stopped.pop(index) if final else None
         text = box.texts[index]
-        final = delta.finish_reason is not None
-        if not delta.token_ids:  # a final without a token (cancelled, failed): what was held back
+        if not d.token_ids:  # a final without a token (cancelled, failed): what was held back
             held, text.pending = text.pending, ""
-            return replace(delta, text=held)
-        made, hit = text.step(delta.token_ids[-1], not delta.stop_token, final)
+            return _stream_delta(d, held, d.finish_reason)
+        made, hit = text.step(d.token_ids[-1], not d.stop_token, final)
         if hit and not final:
-            box.stopped[index] = replace(delta, text=made, finish_reason="stop")
+            box.stopped[index] = _stream_delta(d, made, "stop")
             try:
-                self._send(("stop", rid, index, delta.completion_tokens))
+                self._send(("stop", d.rid, index, d.completion_tokens))
             except Exception:  # shut down meanwhile: the request is failed already
                 pass
             return None
-        return replace(delta, text=made, finish_reason="stop" if hit else delta.finish_reason)
+        return _stream_delta(d, made, "stop" if hit else d.finish_reason)
 
     def _died(self, reason: str) -> None:
         """The core is gone: every open request and call fails, new ones are refused."""
