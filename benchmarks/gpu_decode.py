@@ -1,9 +1,13 @@
-"""Batch-1 decode and long-prompt prefill on a GPU: trtedge vs HF transformers, same shapes, one run.
+"""Batch-1 decode and long-prompt prefill on a GPU: trtedge, a torch.compile peer and HF transformers,
+same shapes, one run.
 
-    python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b] [--new-tokens 256] [--no-hf]
+    python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b,llama-1b,llama-8b] [--new-tokens 256]
+        [--no-hf] [--no-peer] [--prefill-len 0]
 
-Random bf16 weights (load_format="dummy") with Qwen3 shapes, a 128-token prompt, greedy, EOS
-ignored. Prints one JSON line per figure. Achieved bandwidth = weight bytes x tokens/s.
+Random bf16 weights (load_format="dummy") with Qwen3 / Llama shapes (``benchmarks/shapes.py``), a
+128-token prompt, greedy, EOS ignored. The peer is ``benchmarks/compiled_peer.py``: a gpt-fast-style
+static-cache decoder under ``torch.compile(mode="reduce-overhead")``. Prints one JSON line per
+figure. Achieved bandwidth = weight bytes x tokens/s.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.shapes import qwen3_config, write_shape  # noqa: E402
+from benchmarks.compiled_peer import peer_decode  # noqa: E402
+from benchmarks.shapes import shape_config, write_shape  # noqa: E402
 from trtedge import LLM, SamplingParams  # noqa: E402
 
 PEAK_BYTES_PER_S = 4.8e12  # H200 datasheet
@@ -62,20 +67,17 @@ def trtedge_prefill(directory: Path, length: int) -> float:
         return length / metrics[0].prefill_time
 
 
-def hf_decode(name: str, prompt: list[int], new_tokens: int, static: bool = False) -> float:
+def hf_decode(name: str, prompt: list[int], new_tokens: int) -> float:
     import transformers
 
     config = transformers.AutoConfig.for_model(
-        **{k: v for k, v in qwen3_config(name).items() if k != "architectures"}
+        **{k: v for k, v in shape_config(name).items() if k != "architectures"}
     )
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     model.generation_config.eos_token_id = None
     ids = torch.tensor([prompt], device="cuda")
     kwargs = dict(do_sample=False, pad_token_id=0)
-    if static:
-        kwargs["cache_implementation"] = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     with torch.no_grad():
         model.generate(ids, max_new_tokens=16, **kwargs)
         torch.cuda.synchronize()
@@ -100,9 +102,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--prefill-len", type=int, default=8192)
     parser.add_argument("--no-hf", action="store_true")
-    parser.add_argument("--hf-static", action="store_true", help="also HF static cache + torch.compile")
+    parser.add_argument("--no-peer", action="store_true", help="skip the torch.compile peer")
     args = parser.parse_args()
-    prompt = torch.randint(10, 150000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(10, 128000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
     device = torch.cuda.get_device_name(0)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.shapes.split(","):
@@ -128,22 +130,21 @@ def main() -> None:
                     tokens_per_s=round(hf, 1),
                     trtedge_speedup=round(tps / hf, 1),
                 )
-                if args.hf_static:
-                    try:
-                        hfs = hf_decode(name, prompt, args.new_tokens, static=True)
-                        emit(
-                            figure="batch1_decode",
-                            engine="hf-transformers-static-compile",
-                            shape=name,
-                            tokens_per_s=round(hfs, 1),
-                        )
-                    except Exception as e:  # report, keep going
-                        emit(
-                            figure="batch1_decode",
-                            engine="hf-transformers-static-compile",
-                            shape=name,
-                            error=f"{type(e).__name__}: {e}"[:200],
-                        )
+            if not args.no_peer:
+                try:
+                    peer = peer_decode(name, prompt, args.new_tokens)
+                    emit(
+                        figure="batch1_decode",
+                        engine="torch-compile-peer",
+                        shape=name,
+                        tokens_per_s=round(peer, 1),
+                        achieved_gb_s=round(peer * nbytes / 1e9, 1),
+                        trtedge_ratio=round(tps / peer, 2),
+                    )
+                except Exception as e:  # report, keep going
+                    emit(figure="batch1_decode", engine="torch-compile-peer", shape=name, error=repr(e)[:300])
+        if args.prefill_len <= 0:
+            return
         directory = write_shape(Path(tmp) / "prefill", "qwen3-0.6b")
         emit(
             figure="prefill",

@@ -26,6 +26,52 @@ QWEN3 = {
 }
 
 
+# Llama geometries (the gpt-fast comparisons): Llama-3.2-1B and Llama-3-8B, without rope scaling.
+LLAMA = {
+    "llama-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
+    ),
+    "llama-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def shape_config(name: str) -> dict:
+    """The HF config of a benchmark shape (``QWEN3`` or ``LLAMA`` names)."""
+    if name in LLAMA:
+        return dict(
+            model_type="llama",
+            architectures=["LlamaForCausalLM"],
+            vocab_size=128256,
+            rms_norm_eps=1e-5,
+            rope_theta=500000.0,
+            max_position_embeddings=8192,
+            torch_dtype="bfloat16",
+            hidden_act="silu",
+            attention_bias=False,
+            mlp_bias=False,
+            bos_token_id=128000,
+            eos_token_id=128001,
+            **LLAMA[name],
+        )
+    if name not in QWEN3:
+        raise ValueError(f"unknown shape {name!r}; known: {', '.join([*QWEN3, *LLAMA])}")
+    return qwen3_config(name)
+
+
 def qwen3_config(name: str) -> dict:
     return dict(
         model_type="qwen3",
@@ -47,14 +93,14 @@ def qwen3_config(name: str) -> dict:
 def write_shape(directory: Path, name: str) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    config = qwen3_config(name)
+    config = shape_config(name)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config))
     vocab = {f"w{i}": i for i in range(config["vocab_size"])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "w151645"}))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"w{config['eos_token_id']}"}))
     return directory
 
 
