@@ -84,6 +84,29 @@ def test_int4_products_match_the_reference_for_every_tiling(shape, rows):
             _close(tq.int4_product(x, q, bias.cuda().bfloat16(), plan, ws), ref)
 
 
+@pytest.mark.parametrize("shape", [(96, 256), (4096, 1024), (151, 512), (6144, 4096)])
+@pytest.mark.parametrize("rows", [65, 300, 2048])
+def test_prefill_products_dequantize_per_tile_and_match_the_reference(shape, rows):
+    from trtedge.runtime.ops import triton_quant as tq
+    from trtedge.runtime.ops import triton_quant_prefill as tp
+    from trtedge.runtime.ops.quant_linear import fp8_supported
+
+    n, k = shape
+    w, bias = _weight(n, k, n + k + rows)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    for name, q in _w8_weights(w).items():
+        if name.startswith("fp8") and not fp8_supported(x.device):
+            continue
+        q = q.to(x.device)
+        if q.format == "int8":
+            q = QuantizedTensor("int8", q.data, q.scale.reshape(-1, 1).contiguous())
+        _close(tp.w8_gemm(x, q, bias.cuda().bfloat16()), tq.w8_reference(x, q, bias.cuda()))
+        _close(tp.w8_gemm(x, q, None), tq.w8_reference(x, q, None))
+    q = tq.int4_gpu_layout(quantize_int4(w).to(torch.device("cuda")))
+    _close(tp.int4_gemm(x, q, bias.cuda().bfloat16()), tq.int4_reference(x, q, bias.cuda()))
+    _close(tp.int4_gemm(x.half(), q, None), tq.int4_reference(x, q, None))
+
+
 def test_fp8_activation_rows_match_the_reference():
     from trtedge.runtime.ops import triton_quant as tq
     from trtedge.runtime.ops.quant_linear import fp8_supported

@@ -4,7 +4,8 @@ Decode-sized inputs (up to 64 rows: a decode batch) run the Triton products of `
 which read the packed weight once per step; each weight times a few tilings once per row bucket (outside any CUDA
 graph capture) and keeps the fastest. Larger inputs (prefill): fp8 with one scale per row runs
 Hopper's FP8 matrix product (``torch._scaled_mm``, activations scaled per row to E4M3); other fp8,
-int8 and int4 weights are dequantized into a bf16 / fp16 copy for the dense product.
+int8 and int4 weights run the Triton matrix products of ``triton_quant_prefill``, which dequantize
+the weight tile by tile in their K loop (no 16-bit copy of the weight).
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 
 from trtedge.runtime.artifacts.quantize import QuantizedTensor
-from trtedge.runtime.ops import triton_quant
+from trtedge.runtime.ops import triton_quant, triton_quant_prefill
 from trtedge.runtime.ops.triton_attention import available
 from trtedge.runtime.ops.triton_gemv import _bucket, _graph_time
 
@@ -105,7 +105,7 @@ class _QuantLinear:
         return triton_quant.w8_product(rows, self.quantized, self.bias, plan, self.workspace)
 
     def prefill(self, rows: torch.Tensor) -> torch.Tensor:
-        return F.linear(rows, self.dequantized(rows.dtype), self.bias)
+        return triton_quant_prefill.w8_gemm(rows, self.quantized, self.bias)
 
     @property
     def nbytes(self) -> int:
@@ -162,6 +162,9 @@ class Int4CudaLinear(_QuantLinear):
 
     def decode(self, rows: torch.Tensor, plan) -> torch.Tensor:
         return triton_quant.int4_product(rows, self.quantized, self.bias, plan, self.workspace)
+
+    def prefill(self, rows: torch.Tensor) -> torch.Tensor:
+        return triton_quant_prefill.int4_gemm(rows, self.quantized, self.bias)
 
 
 def runs(weight: QuantizedTensor, device: torch.device) -> bool:
