@@ -91,9 +91,13 @@ def qwen3_config(name: str) -> dict:
 
 
 def write_shape(directory: Path, name: str) -> Path:
+    return write_config_shape(directory, shape_config(name))
+
+
+def write_config_shape(directory: Path, config: dict) -> Path:
+    """``config`` and a word-level tokenizer of its vocabulary (``w0`` ... ``wN``) in ``directory``."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    config = shape_config(name)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config))
     vocab = {f"w{i}": i for i in range(config["vocab_size"])}
@@ -132,3 +136,34 @@ def write_agreeing_weights(directory: Path, name: str, scale: float = 0.1, keep:
         tensors[tensor_name] = tensor.cpu().contiguous()
     save_file(tensors, str(directory / "model.safetensors"))
     return directory
+
+
+def qwen3_5_config(num_layers: int = 24, mtp: bool = True) -> dict:
+    """A Qwen3.5-0.8B-style text config (Gated DeltaNet x 3, then full attention, repeating), with one
+    MTP layer declared (``load_format="dummy"`` draws its weights too)."""
+    return dict(
+        model_type="qwen3_5_text",
+        architectures=["Qwen3_5ForCausalLM"],
+        vocab_size=248320,
+        hidden_size=1024,
+        intermediate_size=3584,
+        num_hidden_layers=num_layers,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_conv_kernel_dim=4,
+        linear_num_key_heads=16,
+        linear_num_value_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(num_layers)],
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+        torch_dtype="bfloat16",
+        bos_token_id=248044,
+        eos_token_id=248044,
+        **({"mtp_num_hidden_layers": 1} if mtp else {}),
+    )

@@ -5,6 +5,13 @@
                                                      # with a tiny 2-layer draft, draft_model and ngram vs plain
     python benchmarks/speculative.py --mode device --shape qwen3-8b
 
+Device mode also runs, on the same target, an EAGLE-3 head of the published layout (random weights at the
+target's width) and the oracle: a test proposer that drafts the tokens the target emitted for the prompt
+in its previous run (plain decoding first), so every draft is accepted while outputs agree: the
+ceiling of the verify path at k tokens (trtedge.runtime.speculative.oracle; it runs the engine in this
+process, so its table has an in-process plain row of its own). Then a Qwen3.5-0.8B-style target with one
+random MTP layer (``--mtp-layers``; 0 skips it): plain, mtp at its default depth (1) and at k.
+
 The copy-heavy task asks the model to repeat a block of code with one rename, so most of the
 answer already sits in the prompt (what prompt lookup is for). Each configuration runs the prompt
 once to warm up, then --repeats times; the table shows decode tokens/s (the best run), the
@@ -27,8 +34,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.shapes import qwen3_config, write_agreeing_weights, write_shape  # noqa: E402
+from benchmarks.shapes import (  # noqa: E402
+    qwen3_5_config,
+    qwen3_config,
+    write_agreeing_weights,
+    write_config_shape,
+    write_shape,
+)
 from trtedge import LLM, SamplingParams  # noqa: E402
+from trtedge.runtime.speculative.oracle import OracleProposer, install  # noqa: E402
 
 CODE = """def moving_average(values, window):
     if window <= 0:
@@ -52,7 +66,8 @@ TASK = [
 ]
 
 
-def run(llm: LLM, prompt, tokens: int, repeats: int) -> dict:
+def run(llm: LLM, prompt, tokens: int, repeats: int, after=None) -> dict:
+    """``after(output)``: called with each run's RequestOutput (the oracle learns from it)."""
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     runs = []
     for i in range(repeats + 1):
@@ -62,6 +77,8 @@ def run(llm: LLM, prompt, tokens: int, repeats: int) -> dict:
             if isinstance(prompt, list) and isinstance(prompt[0], dict)
             else llm.generate(prompt, params, on_metrics=metrics.append)
         )
+        if after is not None:
+            after(out)
         if i:
             runs.append((metrics[0], out.token_ids))
     best, ids = max(runs, key=lambda r: r[0].decode_tokens_per_second)
@@ -139,6 +156,7 @@ def device(args) -> None:
             drafts[name] = Path(tmp) / name
             write_shape(drafts[name], args.shape)
             (drafts[name] / "config.json").write_text(json.dumps(qwen3_config(args.shape) | change))
+        eagle3 = write_eagle3_head(Path(tmp) / "eagle3", qwen3_config(args.shape))
         prompt = [int(t) for t in (list(range(1000, 1064)) * 3)]  # a repetitive prompt: lookup finds drafts
         configs = [
             ("plain decode", None),
@@ -158,6 +176,10 @@ def device(args) -> None:
                 f"draft_model (2-layer 256-wide), {args.k[0]} tokens",
                 {"method": "draft_model", "model": str(drafts["tiny"]), "num_speculative_tokens": args.k[0]},
             ),
+            (
+                f"eagle3 (random head, published layout), {args.k[0]}",
+                {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": args.k[0]},
+            ),
         ]
         rows = []
         for name, spec in configs:
@@ -170,6 +192,26 @@ def device(args) -> None:
             ) as llm:
                 rows.append((name, run(llm, prompt, args.tokens, args.repeats)))
         table(f"{args.shape} shape (random weights, {args.dtype}), batch 1, {args.tokens} new tokens", rows)
+        load = dict(load_format="dummy", dtype=args.dtype, max_kv_cache_capacity=2048)
+        table(
+            f"{args.shape} shape, the oracle (drafts = the target's own greedy tokens), in-process, batch 1",
+            oracle_rows(target, load, prompt, args),
+        )
+        if args.mtp_layers:
+            qwen35 = write_config_shape(Path(tmp) / "qwen3.5", qwen3_5_config(args.mtp_layers))
+            rows = []
+            for name, spec in (
+                ("plain decode", None),
+                ("mtp (its default: 1 token)", {"method": "mtp"}),
+                (f"mtp, {args.k[0]} tokens", {"method": "mtp", "num_speculative_tokens": args.k[0]}),
+            ):
+                with LLM(str(qwen35), speculative_config=spec, **load) as llm:
+                    rows.append((name, run(llm, prompt, args.tokens, args.repeats)))
+            table(
+                f"Qwen3.5-0.8B-style shape, {args.mtp_layers} layers + 1 random MTP layer ({args.dtype}), "
+                f"batch 1, {args.tokens} new tokens",
+                rows,
+            )
         for scale in [s for s in args.agreeing_scale if s > 0]:
             # a target its own first 2 layers agree with (see write_agreeing_weights): draft_model's gain
             agreeing = write_agreeing_weights(
@@ -203,6 +245,87 @@ def device(args) -> None:
             )
 
 
+def oracle_rows(path, load: dict, prompt, args) -> list[tuple[str, dict]]:
+    """Plain decoding, then the oracle at each k, every engine in this process (``install`` needs it)."""
+    with LLM(str(path), engine_process=False, **load) as llm:
+        plain = run(llm, prompt, args.tokens, args.repeats)
+    rows = [("plain decode (in-process)", plain)]
+    for k in args.k:
+        oracle = OracleProposer()
+        oracle.remember(prompt, plain["ids"])
+        spec = {"method": "ngram", "num_speculative_tokens": k}  # carries the chain geometry
+        with LLM(str(path), engine_process=False, speculative_config=spec, **load) as llm:
+            install(llm.engine, oracle)
+            learn = lambda out, oracle=oracle: oracle.remember(out.prompt_token_ids, out.token_ids)  # noqa: E731
+            rows.append(
+                (f"oracle, {k} speculative tokens", run(llm, prompt, args.tokens, args.repeats, learn))
+            )
+    return rows
+
+
+def write_eagle3_head(directory: Path, target: dict, draft_vocab: int = 32000) -> Path:
+    """A random EAGLE-3 head in the published layout at the target's width (one decoder layer of the
+    target's geometry over [embed, fc(3 taps)], a 32k draft vocabulary mapped to the first target ids)."""
+    import torch
+    from safetensors.torch import save_file
+
+    h, layers = target["hidden_size"], target["num_hidden_layers"]
+    q = target["num_attention_heads"] * target["head_dim"]
+    kv = target["num_key_value_heads"] * target["head_dim"]
+    inter = target["intermediate_size"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=g, device=device) * 0.02).to(torch.bfloat16).cpu()
+
+    def ones(n):
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    m = "midlayer."
+    t2d = torch.zeros(target["vocab_size"], dtype=torch.bool)
+    t2d[:draft_vocab] = True
+    tensors = {
+        "fc.weight": rand(h, 3 * h),
+        f"{m}input_layernorm.weight": ones(h),
+        f"{m}hidden_norm.weight": ones(h),
+        f"{m}post_attention_layernorm.weight": ones(h),
+        f"{m}self_attn.q_proj.weight": rand(q, 2 * h),
+        f"{m}self_attn.k_proj.weight": rand(kv, 2 * h),
+        f"{m}self_attn.v_proj.weight": rand(kv, 2 * h),
+        f"{m}self_attn.o_proj.weight": rand(h, q),
+        f"{m}mlp.gate_proj.weight": rand(inter, h),
+        f"{m}mlp.up_proj.weight": rand(inter, h),
+        f"{m}mlp.down_proj.weight": rand(h, inter),
+        "norm.weight": ones(h),
+        "lm_head.weight": rand(draft_vocab, h),
+        "d2t": torch.zeros(draft_vocab, dtype=torch.long),
+        "t2d": t2d,
+    }
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": h,
+        "target_hidden_size": h,
+        "num_attention_heads": target["num_attention_heads"],
+        "num_key_value_heads": target["num_key_value_heads"],
+        "head_dim": target["head_dim"],
+        "intermediate_size": inter,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": target["rms_norm_eps"],
+        "rope_theta": target.get("rope_theta", 10000.0),
+        "vocab_size": target["vocab_size"],
+        "draft_vocab_size": draft_vocab,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": sorted({min(2, layers - 1), layers // 2, max(layers - 3, 0)})
+        },
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -219,6 +342,12 @@ def main() -> None:
         default=[0.1],
         help="device mode: also run draft_model on a target whose layers past the 2nd are scaled by this "
         "(its first 2 layers, the draft, agree with it often; smaller agrees more); 0 skips it",
+    )
+    parser.add_argument(
+        "--mtp-layers",
+        type=int,
+        default=24,
+        help="device mode: layers of the Qwen3.5-style target whose MTP layer is measured; 0 skips it",
     )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)

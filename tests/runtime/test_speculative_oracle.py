@@ -1,0 +1,55 @@
+"""The benchmarks' oracle proposer: replaying a plain greedy run's tokens, every draft is accepted (each
+verification step emits k + 1 tokens), the output equals plain decoding and nothing leaks."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.runtime.spec_helpers import repetitive_prompts
+from tests.tiny import make_tiny_checkpoint
+from trtedge import LLM, SamplingParams
+from trtedge.runtime.speculative.oracle import OracleProposer, install
+
+GREEDY = SamplingParams(max_tokens=13, temperature=0, ignore_eos=True)
+
+
+def _llm(path, spec=None) -> LLM:
+    return LLM(
+        str(path),
+        max_kv_cache_capacity=256,
+        max_input_len=128,
+        max_batch_size=4,
+        enable_in_flight_batching=True,
+        engine_process=False,
+        speculative_config=spec,
+    )
+
+
+def test_oracle_drafts_are_all_accepted_and_the_output_equals_plain(tmp_path):
+    path = make_tiny_checkpoint(tmp_path / "t", "qwen3")
+    prompts = [p[:9] for p in repetitive_prompts(4, seed=5)]
+    with _llm(path) as plain:
+        expected = [o.token_ids for o in plain.generate(prompts, GREEDY)]
+    oracle = OracleProposer()
+    for prompt, tokens in zip(prompts, expected):
+        oracle.remember(prompt, tokens)
+    with _llm(path, {"method": "ngram", "num_speculative_tokens": 4}) as llm:
+        install(llm.engine, oracle)
+        outs = llm.generate(prompts, GREEDY)
+        assert [o.token_ids for o in outs] == expected
+        for out in outs:
+            m = out.metrics
+            # 13 tokens: the prefill's, two steps of 4 drafts + the bonus, then the last 1 draft + the bonus
+            assert (m.spec_steps, m.spec_draft_tokens, m.spec_accepted_tokens) == (3, 9, 9)
+            assert m.spec_mean_accepted_length == pytest.approx(12 / 3)
+        blocks = llm.engine.blocks
+        assert blocks.num_free_blocks == blocks.num_blocks
+        # a prompt it has no answer for, or an output that parts from the answer: no drafts
+        other = llm.generate([prompts[0][1:]], GREEDY)[0]
+        assert other.metrics.spec_steps == 0
+
+
+def test_install_needs_a_chain_drafting_engine(tmp_path):
+    path = make_tiny_checkpoint(tmp_path / "t", "qwen3")
+    with _llm(path) as llm, pytest.raises(ValueError, match="speculative config with linear chains"):
+        install(llm.engine, OracleProposer())
