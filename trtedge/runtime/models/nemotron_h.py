@@ -155,7 +155,7 @@ class Mamba2Mixer:
             [spec.inner_size, spec.num_groups * spec.state_size, spec.num_groups * spec.state_size], dim=-1
         )
         rep = spec.num_heads // spec.num_groups  # each group serves `rep` consecutive heads
-        b, c = (v.reshape(t, spec.num_groups, -1).repeat_interleave(rep, dim=1) for v in (b, c))
+        b, c = (gd.repeat_heads(v.reshape(t, spec.num_groups, -1), rep) for v in (b, c))
         return xs.reshape(t, spec.num_heads, spec.head_dim), b, c
 
     def _scan(self, xs, dt, b, c, state):
@@ -273,6 +273,15 @@ class RoutedMoE:
         else:
             ups = [require(w, f"{p}experts.{e}.up_proj.weight") for e in range(spec.num_experts)]
             downs = [require(w, f"{p}experts.{e}.down_proj.weight") for e in range(spec.num_experts)]
+        # CUDA, float weights: one grouped Triton launch per projection over all experts, nothing read
+        # back to the host (decode steps stay capturable); the per-expert layers are views of the stacks.
+        self.w_up = self.w_down = None
+        if weight_format == "float" and ups[0].is_cuda and triton_attention.available():
+            self.w_up = w.get(p + "experts.up_proj")
+            self.w_up = torch.stack(ups) if self.w_up is None else self.w_up.contiguous()
+            self.w_down = w.get(p + "experts.down_proj")
+            self.w_down = torch.stack(downs) if self.w_down is None else self.w_down.contiguous()
+            ups, downs = self.w_up.unbind(0), self.w_down.unbind(0)
         self.experts = [
             MLP(make_linear(u, None, weight_format), make_linear(d, None, weight_format), spec.mlp_act)
             for u, d in zip(ups, downs)
@@ -313,6 +322,27 @@ class RoutedMoE:
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(h)
         x = h if self.latent_in is None else self.latent_in(h)
+        out = self._grouped(x, weights, ids) if self.w_up is not None else self._per_expert(x, weights, ids)
+        out = out.to(h.dtype)
+        if self.latent_out is not None:
+            out = self.latent_out(out)
+        return out + self.shared(h)
+
+    def _grouped(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        from trtedge.runtime.ops.triton_moe import align_by_expert, grouped_matmul
+
+        t, k = ids.shape
+        block_m = 16 if t * k <= 256 else 64
+        sorted_rows, block_expert = align_by_expert(ids, self.spec.num_experts, block_m)
+        up = grouped_matmul(x, self.w_up, sorted_rows, block_expert, t * k, k, block_m)
+        act = _ACTIVATIONS[self.spec.mlp_act]
+        y = grouped_matmul(
+            act(up), self.w_down, sorted_rows, block_expert, t * k, 1, block_m, weights.flatten()
+        )
+        return y.view(t, k, -1).float().sum(dim=1)
+
+    def _per_expert(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The oracle: (token, slot) pairs sorted by expert, one matmul pair per expert with tokens."""
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
@@ -325,10 +355,7 @@ class RoutedMoE:
                 start += count
                 rows = pairs // self.spec.top_k
                 out.index_add_(0, rows, self.experts[e](x[rows]).float() * scale[pairs, None])
-        out = out.to(h.dtype)
-        if self.latent_out is not None:
-            out = self.latent_out(out)
-        return out + self.shared(h)
+        return out
 
 
 class NemotronHLayer:
