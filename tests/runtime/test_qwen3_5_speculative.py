@@ -238,7 +238,9 @@ def test_draft_window_rows_are_allocated_at_start(target, prompts, spec_tokens, 
     scratch = states.step_ssm.data_ptr()
     try:
         assert states.num_window_rows == rows == states.step_conv.shape[1] == states.step_ssm.shape[1]
-        assert states.nbytes == (2 * batch + states.num_snapshots + rows) * states.row_bytes
+        assert (
+            states.nbytes == (2 * batch + states.num_snapshots + 1 + rows) * states.row_bytes
+        )  # + the padding row
         assert engine.guides.max_jump_tokens == max(4, spec_tokens or 0)
         streams = [engine.submit(p, GREEDY) for p in prompts[:batch]]
         for s in streams:

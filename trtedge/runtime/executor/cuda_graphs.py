@@ -1,6 +1,8 @@
 """Decode steps captured as CUDA graphs, one per padded batch size, replayed with the step's
 inputs copied into static buffers. Padding rows write to and read from a scratch KV block that
-the block manager never hands out."""
+the block manager never hands out and, in hybrid models, the recurrent-state pool's padding row: the
+rows' state slots are one more static input, so the conv-state shift and the recurrent update run in
+place on the pool inside the graph."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 import torch
 
 from trtedge.runtime.executor.sampler import to_device
+from trtedge.runtime.executor.state_pool import RecurrentBatch, RecurrentStatePool
 from trtedge.runtime.models.protocol import CausalLM
 from trtedge.runtime.ops.attention import AttentionBatch
 
@@ -19,6 +22,18 @@ log = logging.getLogger("trtedge")
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
     sizes = [s for s in (1, 2, 4, 8) if s < max_batch_size] + list(range(16, max_batch_size, 16))
     return sorted(set(sizes + [max_batch_size]))
+
+
+def stage_rows(columns: list[tuple[list[int], int]], size: int) -> torch.Tensor:
+    """The step's inputs as one host tensor [len(columns), size] (pinned on CUDA hosts, so that its copy
+    to the device does not wait for the device's queue): each column's values, then its padding value
+    up to ``size``. A column given no values is all padding."""
+    host = torch.tensor(
+        [values + [pad] * (size - len(values)) for values, pad in columns],
+        dtype=torch.long,
+        pin_memory=torch.cuda.is_available(),
+    )
+    return host
 
 
 class BlockTableRows:
@@ -82,11 +97,14 @@ class DecodeGraphs:
         block_size: int,
         scratch_block: int,
         chain_depth: int = 0,
+        states: RecurrentStatePool | None = None,
     ):
         """``chain_depth``: also capture, per size, that many decode steps in one graph, each row's
-        argmax its next input (a draft model's chain, ``run_chain``)."""
+        argmax its next input (a draft model's chain, ``run_chain``). ``states``: a hybrid model's
+        recurrent-state pool, whose rows the steps read and update (one row per sequence)."""
         device = model.device
         self.model = model
+        self.states = states
         self.block_size = block_size
         self.scratch_block = scratch_block
         self.sizes = graph_batch_sizes(max_batch_size)
@@ -96,9 +114,13 @@ class DecodeGraphs:
         self.slots = torch.full((n,), scratch_block * block_size, dtype=torch.long, device=device)
         self.tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=device)
         self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.pad_state = states.pad_row if states is not None else 0
+        self.state_rows = torch.full((n,), self.pad_state, dtype=torch.long, device=device)
         self.table_rows = BlockTableRows(2 * n, max_blocks, scratch_block, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.hidden: dict[int, torch.Tensor] = {}  # the final hidden states (MTP drafting reads them)
+        self.num_replays = 0
         start = time.perf_counter()
         pool = None
         for size in reversed(self.sizes):
@@ -112,7 +134,7 @@ class DecodeGraphs:
         self.chain_depth = chain_depth
         self.chains: dict[int, torch.cuda.CUDAGraph] = {}
         self.chain_tokens: dict[int, torch.Tensor] = {}
-        for size in reversed(self.sizes) if chain_depth else ():
+        for size in reversed(self.sizes) if chain_depth and states is None else ():
             self._chain(size, kv_caches)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -130,7 +152,16 @@ class DecodeGraphs:
         )
 
     def _step(self, size: int, kv_caches) -> torch.Tensor:
-        hidden = self.model.forward(self.ids[:size], self.positions[:size], kv_caches, self._batch(size))
+        extra = {}
+        if self.states is not None:
+            # checkpoints are copied after the replay (RecurrentStatePool.save_checkpoints)
+            extra["states"] = RecurrentBatch(
+                self.states, [], [1] * size, [None] * size, rows_tensor=self.state_rows[:size]
+            )
+        hidden = self.model.forward(
+            self.ids[:size], self.positions[:size], kv_caches, self._batch(size), **extra
+        )
+        self.hidden[size] = hidden
         return self.model.logits(hidden)
 
     def _chain(self, size: int, kv_caches) -> torch.Tensor:
@@ -172,12 +203,17 @@ class DecodeGraphs:
         context_lens: list[int],
         fill: tuple[torch.Tensor, torch.Tensor] | None,
         seq_ids: list[int],
+        state_rows: list[int] | None = None,
     ) -> torch.Tensor:
         """Logits [len(ids), vocab] for one decode token per row. ``fill`` (rows, ids): input ids still
         on the device (the last step's samples), written over the placeholders of ``ids``.
-        ``seq_ids``: the rows' sequences, whose block tables stay on the device between steps."""
-        size = self._stage(ids, positions, slots, tables, context_lens, fill, seq_ids)
+        ``seq_ids``: the rows' sequences, whose block tables stay on the device between steps.
+        ``state_rows``: with a state pool, each row's live state row (one row per sequence)."""
+        size = self._stage(ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows)
         self.graphs[size].replay()
+        self.num_replays += 1
+        if getattr(self.model, "keep_hidden", False):
+            self.model.aux_hidden = self.hidden[size][: len(ids)]
         return self.logits[size][: len(ids)]
 
     def run_chain(self, ids, positions, slots, tables, context_lens, fill, seq_ids) -> torch.Tensor:
@@ -188,28 +224,31 @@ class DecodeGraphs:
         self.chains[size].replay()
         return self.chain_tokens[size][:, : len(ids)]
 
-    def _stage(self, ids, positions, slots, tables, context_lens, fill, seq_ids) -> int:
+    def _stage(self, ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows=None) -> int:
         """Copy a step's inputs into the static buffers; the padded size whose graph takes them."""
         n = len(ids)
         size = next(s for s in self.sizes if s >= n)
-        pad = size - n
-        host = torch.tensor(
+        if (self.states is None) != (state_rows is None):
+            raise RuntimeError(
+                "internal error: state rows are given exactly when the graphs hold a state pool"
+            )
+        staged = stage_rows(
             [
-                ids + [0] * pad,
-                positions + [0] * pad,
-                slots + [self.scratch_block * self.block_size] * pad,
-                context_lens + [1] * pad,
+                (ids, 0),
+                (positions, 0),
+                (slots, self.scratch_block * self.block_size),
+                (context_lens, 1),
+                (state_rows or [], self.pad_state),
             ],
-            dtype=torch.long,
-            pin_memory=True,  # a copy from pageable memory would wait for the device's queue
-        )
-        staged = host.to(self.ids.device, non_blocking=True)
+            size,
+        ).to(self.ids.device, non_blocking=True)
         self.ids[:size].copy_(staged[0])
         if fill is not None:
             self.ids.index_copy_(0, *fill)
         self.positions[:size].copy_(staged[1])
         self.slots[:size].copy_(staged[2])
         self.context_lens[:size].copy_(staged[3])
+        self.state_rows[:size].copy_(staged[4])
         seats = self.table_rows.seats(seq_ids, tables, size)
         torch.index_select(self.table_rows.rows, 0, seats, out=self.tables[:size])
         return size

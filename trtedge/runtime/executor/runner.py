@@ -109,7 +109,6 @@ class ModelRunner:
                 self.states.row_bytes / 2**20,
                 self.states.nbytes / 2**20,
             )
-            cuda_graphs = False  # decode graphs do not cover the recurrent layers yet
         log.info(
             "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB",
             num_blocks,
@@ -124,7 +123,7 @@ class ModelRunner:
         self._last_tokens: torch.Tensor | None = None
         self._last_rows: dict[int, int] = {}
         self._step_parts: list[tuple[list[Sequence], SampleResult]] = []
-        if self.on_cuda and self.states is None and self.tp is None:
+        if self.on_cuda and self.tp is None:
             self._warm_up()
         self.graphs = None
         if not traits.graph_safe:  # a step reads its ids on the host (cached PLE pool)
@@ -139,6 +138,7 @@ class ModelRunner:
                 max_blocks_per_seq,
                 block_size,
                 num_blocks,
+                states=self.states,
             )
 
     @torch.inference_mode()
@@ -148,6 +148,12 @@ class ModelRunner:
         to the scratch block that the block manager never hands out."""
         scratch, bs = self.num_blocks, self.block_size
         for rows in sorted({1, min(16, bs), max(min(13, bs - 1), 2)}):
+            if self.states is not None:  # hybrid: the recurrent layers run on the pool's padding row
+                pad = self.states.pad_row
+                device = self.model.device
+                self._step_states = RecurrentBatch(
+                    self.states, [pad], [rows], [None], _to_device([pad], device)
+                )
             self.forward(
                 [0] * rows,
                 list(range(rows)),
@@ -157,6 +163,7 @@ class ModelRunner:
                 [[scratch]],
                 [rows - 1],
             )
+        self._step_states = None
         torch.cuda.synchronize()
 
     @torch.inference_mode()
@@ -360,7 +367,14 @@ class ModelRunner:
         the next step."""
         if self.graphs is None or self.model.aux_layers or not self.graphs.fits(len(ids)):
             return None
-        return self.graphs.run(ids, positions, slots, tables, context_lens, fill, seq_ids)
+        states = self._step_states if self.states is not None else None
+        if states is not None and not states.is_decode:  # draft windows: eager, token by token
+            return None
+        rows = states.rows if states is not None else None
+        logits = self.graphs.run(ids, positions, slots, tables, context_lens, fill, seq_ids, rows)
+        if states is not None:
+            self.states.save_checkpoints(states)
+        return logits
 
     def end_step(self) -> None:
         """All parts of a step are enqueued: their samples become the next step's device-side inputs."""

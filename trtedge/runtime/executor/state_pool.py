@@ -1,6 +1,7 @@
 """Recurrent state of hybrid models on the device: one row per live sequence slot, one per slot's
-checkpoint (the state at its last block-aligned prefix end) and one per context-cache snapshot, plus
-the scratch rows that keep a step's per-position states for draft windows (all allocated at start).
+checkpoint (the state at its last block-aligned prefix end) and one per context-cache snapshot, one
+scratch row that the padding rows of a captured decode step update (no sequence owns it), plus the
+scratch rows that keep a step's per-position states for draft windows (all allocated at start).
 The runner owns the pool; the bookkeeping of who holds which row is tensor-free (``snapshots.py``)."""
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import torch
 
 class RecurrentStatePool:
     """Per linear-attention layer: conv state [rows, K-1, C] (model dtype) and delta-rule state
-    [rows, H, Dk, Dv] (float32). Rows: live slots, then their checkpoints, then snapshots."""
+    [rows, H, Dk, Dv] (float32). Rows: live slots, then their checkpoints, then snapshots, then the
+    padding row (``pad_row``)."""
 
     def __init__(
         self, spec: dict, num_slots: int, num_snapshots: int, device: torch.device, num_window_rows: int = 0
     ):
         self.num_slots = num_slots
         self.num_snapshots = num_snapshots
-        rows = 2 * num_slots + num_snapshots
+        rows = 2 * num_slots + num_snapshots + 1
+        self.pad_row = rows - 1
         layers = spec["num_layers"]
         self.conv = torch.zeros(layers, rows, *spec["conv_shape"], dtype=spec["conv_dtype"], device=device)
         self.ssm = torch.zeros(layers, rows, *spec["ssm_shape"], dtype=torch.float32, device=device)
@@ -55,6 +58,15 @@ class RecurrentStatePool:
                 f"{self.num_window_rows} were allocated"
             )
         return self.step_conv, self.step_ssm
+
+    def save_checkpoints(self, batch: RecurrentBatch) -> None:
+        """After a decode step that ran in a CUDA graph: copy the live state of the sequences whose
+        step reached a checkpoint (after their one token) into their checkpoint rows."""
+        pairs = [(row, ckpt[1]) for row, ckpt in zip(batch.rows, batch.checkpoints) if ckpt is not None]
+        if pairs:
+            src = torch.tensor([a for a, _ in pairs], dtype=torch.long, device=self.device)
+            dst = torch.tensor([b for _, b in pairs], dtype=torch.long, device=self.device)
+            copy_states((self.conv, self.ssm), dst, (self.conv, self.ssm), src, dim=1)
 
     def restore(self, row: int, scratch_row: int) -> None:
         """Load the state saved in ``scratch_row`` of the last step's windows into live ``row``."""

@@ -95,7 +95,7 @@ class GatedDeltaNet:
         q = gd.l2_normalize(q.float().unflatten(-1, (self.num_k_heads, self.dk))) * self.dk**-0.5
         k = gd.l2_normalize(k.float().unflatten(-1, (self.num_k_heads, self.dk)))
         if rep > 1:  # each key head serves `rep` consecutive value heads
-            q, k = q.repeat_interleave(rep, dim=-2), k.repeat_interleave(rep, dim=-2)
+            q, k = gd.repeat_heads(q, rep), gd.repeat_heads(k, rep)
         return q, k, v.float().unflatten(-1, (self.num_v_heads, self.dv))
 
     def _prefill(self, mixed, g, beta, conv, ssm, row: int, ckpt: tuple[int, int] | None) -> torch.Tensor:

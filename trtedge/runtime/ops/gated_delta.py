@@ -20,6 +20,13 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
+def repeat_heads(x: torch.Tensor, rep: int) -> torch.Tensor:
+    """[T, G, D] -> [T, G * rep, D], each group's row repeated ``rep`` times in place (as
+    ``repeat_interleave`` along dim 1, with shapes known on the host: nothing waits for the device)."""
+    t, g, d = x.shape
+    return x.unsqueeze(2).expand(t, g, rep, d).reshape(t, g * rep, d)
+
+
 def causal_conv(
     x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
