@@ -1,6 +1,7 @@
 """MTP speculative decoding on CUDA (Qwen3.5, Qwen3.5-MoE, Nemotron-H with their own mtp.* layers): greedy output
 equals plain decoding in float32 alone and in a batch of 8, every KV block, state slot and draft row
-is freed, and the head's draft logits equal the CPU torch reference. Skips cleanly without CUDA."""
+is freed, the head's draft logits equal the CPU torch reference, and the hidden states plain steps
+replayed as CUDA graphs hand the MTP layer are those eager steps hand it. Skips cleanly without CUDA."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ pytestmark = [
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
-def _outputs(path, batch: int, spec=None) -> list[list[int]]:
-    with LLM(
+def _llm(path, batch: int, spec=None, eager: bool = False) -> LLM:
+    return LLM(
         str(path),
         device="cuda",
         dtype="float32",
@@ -31,8 +32,23 @@ def _outputs(path, batch: int, spec=None) -> list[list[int]]:
         max_batch_size=batch,
         enable_in_flight_batching=batch > 1,
         engine_process=False,  # the test reads the engine's pools
+        enforce_eager=eager,
         speculative_config=spec,
-    ) as llm:
+    )
+
+
+def _checkpoint(tmp_path, family: str):
+    if family == "nemotron_h":
+        path = make_tiny_nemotron_h_checkpoint(tmp_path / "m")
+        add_nemotron_mtp_layers(path)
+    else:
+        path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False, moe=family == "qwen3_5_moe")
+        add_mtp_layers(path, moe=family == "qwen3_5_moe")
+    return path
+
+
+def _outputs(path, batch: int, spec=None) -> list[list[int]]:
+    with _llm(path, batch, spec) as llm:
         outs = [o.token_ids for o in llm.generate(repetitive_prompts(8, seed=11), GREEDY)]
         engine = llm.engine
         if spec is not None:
@@ -46,16 +62,50 @@ def _outputs(path, batch: int, spec=None) -> list[list[int]]:
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "nemotron_h"])
 def test_mtp_greedy_on_cuda_matches_plain_alone_and_in_a_batch_of_8(tmp_path, family):
-    if family == "nemotron_h":
-        path = make_tiny_nemotron_h_checkpoint(tmp_path / "m")
-        add_nemotron_mtp_layers(path)
-    else:
-        path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False, moe=family == "qwen3_5_moe")
-        add_mtp_layers(path, moe=family == "qwen3_5_moe")
+    path = _checkpoint(tmp_path, family)
     plain = _outputs(path, 8)
     spec = {"method": "mtp", "num_speculative_tokens": 3}
     assert _outputs(path, 8, spec) == plain
     assert _outputs(path, 1, spec) == plain
+
+
+def _drafts_sitting_out(path, eager: bool) -> tuple[list[list[int]], list]:
+    """Greedy outputs of a batch of 8 and the MTP drafts, the proposer sitting out two steps of three
+    (its rows then decode plainly: through the CUDA graphs unless ``eager``; the MTP layer catches up
+    over those positions' hidden states at its next turn)."""
+    with _llm(path, 8, {"method": "mtp", "num_speculative_tokens": 3}, eager) as llm:
+        engine = llm.engine
+        if not eager and engine.runner.graphs is None:
+            pytest.skip("this model's decode steps do not run as CUDA graphs yet")
+        proposer = engine.speculative.proposer
+        propose, calls, drafts = proposer.propose, [0], []
+
+        def two_of_three_off(seqs, limits):
+            calls[0] += 1
+            if calls[0] % 3:
+                return [None] * len(seqs)
+            out = propose(seqs, limits)
+            drafts.append([(seq.num_tokens, d.tokens if d else None) for seq, d in zip(seqs, out)])
+            return out
+
+        proposer.propose = two_of_three_off
+        outs = [o.token_ids for o in llm.generate(repetitive_prompts(8, seed=11), GREEDY)]
+        cache = proposer.cache
+        assert not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
+        assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+        assert engine.blocks.state.num_free_slots == engine.blocks.state.num_slots
+    return outs, drafts
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+def test_mtp_reads_the_same_hidden_states_from_graph_steps_as_from_eager_ones(tmp_path, family):
+    path = _checkpoint(tmp_path, family)
+    plain = _outputs(path, 8)
+    eager_outs, eager_drafts = _drafts_sitting_out(path, eager=True)
+    graph_outs, graph_drafts = _drafts_sitting_out(path, eager=False)
+    assert eager_outs == plain and graph_outs == plain
+    assert any(d for step in eager_drafts for _, d in step)
+    assert graph_drafts == eager_drafts
 
 
 def test_mtp_head_logits_on_cuda_match_the_reference(tmp_path):

@@ -283,3 +283,21 @@ def test_mtp_with_context_reuse_drafts_over_a_reused_prefix(mtp_model, prompts, 
     assert_nothing_leaked(engine)
     cold, _ = generate(model, tokenizer, [long, long + first[:3]], GREEDY, batch=1)
     assert [first, second] == cold
+
+
+def test_target_hiddens_keep_copies_of_a_reused_output_buffer():
+    """A CUDA-graph step's hidden states are the graph's output buffer, rewritten by the next replay:
+    the rows a proposer reads steps later are those of the step that produced them."""
+    from trtedge.runtime.core.request import Sequence
+    from trtedge.runtime.speculative.draft_cache import TargetHiddens
+
+    cache = DraftCache(1, 2, 4, 8, 4, torch.float32, torch.device("cpu"))
+    hiddens = TargetHiddens(cache, 3, torch.float32, torch.device("cpu"))
+    seq = Sequence([5, 6, 7], GREEDY)
+    buffer = torch.zeros(4, 3)
+    for step in range(3):  # three one-token steps of the same seat, the buffer rewritten by each
+        buffer.fill_(float(step + 1))
+        seq.num_computed_tokens = 3 + step
+        hiddens.observe([seq], [1], buffer)
+    rows = hiddens.take(cache.state(seq), 2, 5)
+    assert rows[:, 0].tolist() == [1.0, 2.0, 3.0]

@@ -195,7 +195,7 @@ class SpeculativeDecoder:
             logits = runner.graph_logits(ids, positions, slots, row_tables, context_lens, row_seqs)
             if logits is not None:
                 self.graph_steps += 1
-                return logits, None
+                return logits, getattr(model, "aux_hidden", None)  # MTP's tap: the graphs refresh it
         attn = runner._attention_batch(slots, query_lens, context_lens, tables, decode=rows_per_node)
         if any(m is not None for m in masks):
             # the Triton varlen kernel is causal only: token trees take the torch reference path

@@ -111,7 +111,9 @@ def last_rows(rows: list[Row]) -> list[int]:
 
 class TargetHiddens:
     """The target's hidden states per position of each sequence, from its forwards (plain steps and
-    verification), kept in the draft state until a proposer's catch-up reads them."""
+    verification), kept in the draft state until a proposer's catch-up reads them. The rows kept are
+    copies: a CUDA-graph step's hidden states are the graph's output buffer, which the next replay
+    rewrites (a row may wait several steps for its proposer)."""
 
     def __init__(self, cache: DraftCache, width: int, dtype: torch.dtype, device: torch.device):
         self.cache = cache
@@ -124,8 +126,9 @@ class TargetHiddens:
         if hidden is None:
             return
         store = st.extra.setdefault("hidden", {})
+        rows = hidden[:count].clone()
         for i in range(count):
-            store[start + i] = hidden[i]
+            store[start + i] = rows[i]
 
     def observe(self, seqs: list[Sequence], num_tokens: list[int], hidden: torch.Tensor | None) -> None:
         """After a plain forward: ``hidden`` holds every scheduled token's row, in batch order."""
