@@ -2,7 +2,7 @@
 same shapes, one run.
 
     python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b,llama-1b,llama-8b] [--new-tokens 256]
-        [--no-hf] [--no-peer] [--prefill-len 0]
+        [--no-hf] [--no-peer] [--compare-unfused] [--prefill-len 0]
 
 Random bf16 weights (load_format="dummy") with Qwen3 / Llama shapes (``benchmarks/shapes.py``), a
 128-token prompt, greedy, EOS ignored. The peer is ``benchmarks/compiled_peer.py``: a gpt-fast-style
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -103,6 +104,11 @@ def main() -> None:
     parser.add_argument("--prefill-len", type=int, default=8192)
     parser.add_argument("--no-hf", action="store_true")
     parser.add_argument("--no-peer", action="store_true", help="skip the torch.compile peer")
+    parser.add_argument(
+        "--compare-unfused",
+        action="store_true",
+        help="also trtedge with TRTEDGE_DECODE_FUSION=0 (norms, SiLU-mul, adds as kernels of their own)",
+    )
     args = parser.parse_args()
     prompt = torch.randint(10, 128000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
     device = torch.cuda.get_device_name(0)
@@ -121,6 +127,20 @@ def main() -> None:
                 achieved_gb_s=round(gbs, 1),
                 pct_of_peak=round(100 * gbs * 1e9 / PEAK_BYTES_PER_S, 1),
             )
+            if args.compare_unfused:
+                os.environ["TRTEDGE_DECODE_FUSION"] = "0"
+                try:
+                    unfused, _ = trtedge_decode(directory, prompt, args.new_tokens)
+                finally:
+                    del os.environ["TRTEDGE_DECODE_FUSION"]
+                emit(
+                    figure="batch1_decode",
+                    engine="trtedge-unfused",
+                    shape=name,
+                    tokens_per_s=round(unfused, 1),
+                    achieved_gb_s=round(unfused * nbytes / 1e9, 1),
+                    fused_speedup=round(tps / unfused, 2),
+                )
             if not args.no_hf:
                 hf = hf_decode(name, prompt, args.new_tokens)
                 emit(

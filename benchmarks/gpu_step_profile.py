@@ -1,13 +1,17 @@
 """Where a batch-1 decode step's time goes on the GPU: graph replay alone vs the whole engine step,
-and the top kernels inside one replay (torch profiler). For the note when a target is missed.
+the kernels of one replay (how many, per layer) and the top ones (torch profiler). For the note
+when a target is missed.
 
-    python benchmarks/gpu_step_profile.py [--shape qwen3-0.6b]
+    python benchmarks/gpu_step_profile.py [--shape qwen3-0.6b] [--compare-unfused]
+
+``--compare-unfused`` profiles the step again with ``TRTEDGE_DECODE_FUSION=0``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -24,54 +28,82 @@ from trtedge import LLM, SamplingParams  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="qwen3-0.6b")
+    parser.add_argument("--compare-unfused", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         directory = write_shape(Path(tmp) / args.shape, args.shape)
-        with LLM(
-            str(directory),
-            load_format="dummy",
-            dtype="bfloat16",
-            device="cuda",
-            max_kv_cache_capacity=1024,
-            max_input_len=512,
-            engine_process=False,  # in this process: the profile replays the runner's graphs
-        ) as llm:
-            prompt = list(range(100, 228))
-            metrics = []
-            llm.generate(
-                prompt,
-                SamplingParams(max_tokens=128, temperature=0, ignore_eos=True),
-                on_metrics=metrics.append,
-            )
-            graphs = llm.engine.runner.graphs
-            graph = graphs.graphs[1]
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(200):
+        profile(directory, args.shape, "fused")
+        if args.compare_unfused:
+            os.environ["TRTEDGE_DECODE_FUSION"] = "0"
+            profile(directory, args.shape, "unfused")
+
+
+def profile(directory: Path, shape: str, mode: str) -> None:
+    with LLM(
+        str(directory),
+        load_format="dummy",
+        dtype="bfloat16",
+        device="cuda",
+        max_kv_cache_capacity=1024,
+        max_input_len=512,
+        engine_process=False,  # in this process: the profile replays the runner's graphs
+    ) as llm:
+        prompt = list(range(100, 228))
+        metrics = []
+        llm.generate(
+            prompt,
+            SamplingParams(max_tokens=128, temperature=0, ignore_eos=True),
+            on_metrics=metrics.append,
+        )
+        graphs = llm.engine.runner.graphs
+        graph = graphs.graphs[1]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(200):
+            graph.replay()
+        torch.cuda.synchronize()
+        replay_ms = (time.perf_counter() - start) / 200 * 1e3
+        step_ms = 1e3 / metrics[0].decode_tokens_per_second
+        print(
+            json.dumps(
+                dict(
+                    figure="decode_step_breakdown",
+                    shape=shape,
+                    mode=mode,
+                    engine_step_ms=round(step_ms, 3),
+                    graph_replay_ms=round(replay_ms, 3),
+                    host_overhead_ms=round(step_ms - replay_ms, 3),
+                )
+            ),
+            flush=True,
+        )
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
                 graph.replay()
             torch.cuda.synchronize()
-            replay_ms = (time.perf_counter() - start) / 200 * 1e3
-            step_ms = 1e3 / metrics[0].decode_tokens_per_second
-            print(
-                json.dumps(
-                    dict(
-                        figure="decode_step_breakdown",
-                        shape=args.shape,
-                        engine_step_ms=round(step_ms, 3),
-                        graph_replay_ms=round(replay_ms, 3),
-                        host_overhead_ms=round(step_ms - replay_ms, 3),
-                    )
-                ),
-                flush=True,
-            )
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(20):
-                    graph.replay()
-                torch.cuda.synchronize()
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                llm.generate(prompt, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
-            print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=15))
+        kernels = [
+            e
+            for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+        ]
+        layers = len(llm.engine.runner.model.layers)
+        print(
+            json.dumps(
+                dict(
+                    figure="decode_step_kernels",
+                    shape=shape,
+                    mode=mode,
+                    kernels_per_step=round(len(kernels) / 20, 1),
+                    kernels_per_layer=round(len(kernels) / 20 / layers, 2),
+                    layers=layers,
+                )
+            ),
+            flush=True,
+        )
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            llm.generate(prompt, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=15))
 
 
 if __name__ == "__main__":

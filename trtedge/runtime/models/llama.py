@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import torch
@@ -20,9 +21,9 @@ from trtedge.runtime.models.layers import (
 from trtedge.runtime.models.native_decode import NativeDecodeStep
 from trtedge.runtime.models.rope import partial_rotary_order, permute_heads, rope_tables
 from trtedge.runtime.ops import cpu_kernels as kernels
-from trtedge.runtime.ops import triton_attention
+from trtedge.runtime.ops import triton_attention, triton_gemv
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
-from trtedge.runtime.ops.linear import embedding, make_linear
+from trtedge.runtime.ops.linear import DenseLinear, embedding, make_linear
 
 
 class LlamaLayer:
@@ -131,6 +132,14 @@ class LlamaModel:
         self.decode_kernels = _decode_kernels(device, dtype) if self.fused_decode else None
         # int4 / int8 weights on the CPU: the whole decode step is one native call.
         self.native_step = NativeDecodeStep.create(self) if self.decode_kernels is not None else None
+        # CUDA, bf16/fp16 dense weights, at most 16 rows: the norms, SiLU-mul and residual adds run
+        # inside the products (TRTEDGE_DECODE_FUSION=0 keeps them as kernels of their own).
+        self.fused_products = (
+            self.decode_kernels is not None
+            and device.type == "cuda"
+            and os.environ.get("TRTEDGE_DECODE_FUSION", "1") != "0"
+            and all(_products_fuse(layer) for layer in self.layers)
+        )
         # Layers whose input hidden states a draft head reads (EAGLE-3); the last forward's are kept
         # in aux_hidden, concatenated along the feature dimension (index num_layers: the final state).
         self.aux_layers: tuple[int, ...] = ()
@@ -189,6 +198,8 @@ class LlamaModel:
         context_lens = batch.context_lens_tensor
         if context_lens is None:
             context_lens = torch.tensor(batch.context_lens, dtype=torch.long, device=device)
+        if self.fused_products and n <= triton_gemv.MAX_ROWS:
+            return self._decode_fused_products(x, h, q, o, positions, kv_caches, batch, tables, context_lens)
         kernels.add_rms_norm(x, None, self.layers[0].input_norm, h, eps)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             cos, sin = self.rope[layer.rope]
@@ -213,12 +224,43 @@ class LlamaModel:
             kernels.add_rms_norm(x, layer.mlp(h, kernels), following, h, eps)
         return h
 
+    def _decode_fused_products(self, x, h, q, o, positions, kv_caches, batch, tables, context_lens):
+        """Five kernels a layer (with one-kernel attention): qkv reads RMSNorm(x) itself, o adds
+        into x, gate_up reads RMSNorm(x), down reads SiLU(gate) * up and adds into x."""
+        cfg, kernels = self.cfg, self.decode_kernels
+        n, eps = x.shape[0], cfg.rms_norm_eps
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            cos, sin = self.rope[layer.rope]
+            qkv = layer.qkv.skinny.fused(x, norm=layer.input_norm, eps=eps)
+            kernels.qkv_rope_store(
+                qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, positions, cos, sin,
+                layer.q_norm, layer.k_norm, eps, batch.slot_mapping, k_cache, v_cache, q,
+            )  # fmt: skip
+            kernels.paged_decode_attention(
+                q, k_cache, v_cache, tables, context_lens, batch.block_size, cfg.attention_scale, o,
+                layer.window,
+            )  # fmt: skip
+            layer.o.skinny.fused(o.view(n, -1), residual=x)
+            gate_up = layer.mlp.gate_up.skinny.fused(x, norm=layer.post_norm, eps=eps)
+            layer.mlp.down.skinny.fused(gate_up, silu=True, residual=x)
+        kernels.add_rms_norm(x, None, self.norm, h, eps)
+        return h
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return softcap(self.lm_head(hidden).float(), self.cfg.final_logit_softcapping)
 
     @property
     def weight_bytes(self) -> int:
         return sum(m.nbytes for m in [self.lm_head] + [m for layer in self.layers for m in layer.linears])
+
+
+def _products_fuse(layer) -> bool:
+    """Whether a layer's decode products can take its norms, SiLU-mul and residual adds."""
+    mlp = layer.mlp
+    if type(mlp) is not GatedMLP or mlp.act != "silu":
+        return False
+    linears = [layer.qkv, layer.o, mlp.gate_up, mlp.down]
+    return all(type(lin) is DenseLinear and lin.skinny is not None for lin in linears)
 
 
 def _decode_kernels(device: torch.device, dtype: torch.dtype):

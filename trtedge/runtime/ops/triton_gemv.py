@@ -27,34 +27,62 @@ if triton is not None:
         y_ptr,
         part_ptr,
         count_ptr,
+        norm_ptr,
         M,
         N,
         K,
         stride_x,
         stride_w,
         stride_y,
+        eps,
         HAS_BIAS: tl.constexpr,
+        NORM_IN: tl.constexpr,
+        SILU_IN: tl.constexpr,
+        RESIDUAL_OUT: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         SPLIT_K: tl.constexpr,
     ):
+        # NORM_IN: x is the residual stream; the product reads RMSNorm(x) * norm (the row's 1/rms from
+        # a first pass over the whole row). SILU_IN: x is [gate | up] (K columns each); the product
+        # reads silu(gate) * up. RESIDUAL_OUT: y is the residual stream, and gets the product added.
+        # Roundings are the unfused kernels' (triton_fused), which follow HF.
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
+        dt = y_ptr.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         span = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
         lo = pid_k * span
         hi = tl.minimum(lo + span, K)
+        if NORM_IN:
+            squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                ks = k0 + rk
+                xf = tl.load(
+                    x_ptr + rm[:, None] * stride_x + ks[None, :],
+                    mask=(rm[:, None] < M) & (ks[None, :] < K),
+                    other=0.0,
+                ).to(tl.float32)
+                squares += tl.sum(xf * xf, 1)
+            inv = tl.rsqrt(squares / K + eps)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(lo, hi, BLOCK_K):
             ks = k0 + rk
-            x = tl.load(
-                x_ptr + rm[:, None] * stride_x + ks[None, :],
-                mask=(rm[:, None] < M) & (ks[None, :] < hi),
-                other=0.0,
-            )
+            x_mask = (rm[:, None] < M) & (ks[None, :] < hi)
+            x_at = x_ptr + rm[:, None] * stride_x + ks[None, :]
+            if SILU_IN:
+                g = tl.load(x_at, mask=x_mask, other=0.0).to(tl.float32)
+                u = tl.load(x_at + K, mask=x_mask, other=0.0).to(tl.float32)
+                x = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt)
+            elif NORM_IN:
+                xf = tl.load(x_at, mask=x_mask, other=0.0).to(tl.float32)
+                scale = tl.load(norm_ptr + ks, mask=ks < hi, other=0.0).to(tl.float32)
+                x = ((xf * inv[:, None]).to(dt).to(tl.float32) * scale[None, :]).to(dt)
+            else:
+                x = tl.load(x_at, mask=x_mask, other=0.0)
             w = tl.load(
                 w_ptr + rn[:, None] * stride_w + ks[None, :],
                 mask=(rn[:, None] < N) & (ks[None, :] < hi),
@@ -80,7 +108,12 @@ if triton is not None:
             tl.atomic_xchg(count_ptr + pid_n, 0)
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + rm[:, None] * stride_y + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+        y_at = y_ptr + rm[:, None] * stride_y + rn[None, :]
+        if RESIDUAL_OUT:
+            residual = tl.load(y_at, mask=out_mask, other=0.0).to(tl.float32)
+            tl.store(y_at, (acc.to(dt).to(tl.float32) + residual).to(dt), mask=out_mask)
+        else:
+            tl.store(y_at, acc.to(dt), mask=out_mask)
 
 
 # (BLOCK_N, BLOCK_K, SPLIT_K) candidates: the winners of `benchmarks/gpu_gemv.py --sweep` on the
@@ -95,15 +128,18 @@ _CANDIDATES = (
     (128, 128, 4),
 )
 _MAX_SPLIT_TILES = 512  # wider weights have programs enough without split-K
-# (N, K, rows bucket) -> the fastest plan measured in this process, or None where cuBLAS won.
-_plans: dict[tuple[int, int, int], tuple[int, int, int] | None] = {}
+# (N, K, rows bucket, variant) -> the fastest plan measured in this process, or None where cuBLAS won.
+# A variant is (norm in, silu in, residual out): each fused variant keeps its own plan.
+Plan = tuple[int, int, int]
+_PLAIN = (False, False, False)
+_plans: dict[tuple, Plan | None] = {}
 
 
 def _bucket(rows: int) -> int:
     return 1 if rows == 1 else 4 if rows <= 4 else MAX_ROWS
 
 
-def candidates(n: int, k: int) -> list[tuple[int, int, int]]:
+def candidates(n: int, k: int) -> list[Plan]:
     return [
         (bn, bk, split)
         for bn, bk, split in _CANDIDATES
@@ -131,13 +167,16 @@ def _graph_time(fn, calls: int = 20) -> float:
 
 class SkinnyLinear:
     """One weight's product for at most ``MAX_ROWS`` rows. The first call of each row bucket times
-    the candidate plans and cuBLAS (outside any graph capture) and keeps the fastest."""
+    the candidate plans and cuBLAS (outside any graph capture) and keeps the fastest. ``fused``
+    folds a decode layer's element-wise neighbours (RMSNorm before, SiLU-mul before, the residual
+    add after) into the product."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight = weight.contiguous()
         self.bias = bias
         n = self.weight.shape[0]
         self.partials = torch.empty(1, device=weight.device)
+        self._retired: list[torch.Tensor] = []  # earlier partials: captured graphs may still use them
         self.counts = torch.zeros(-(-n // 16), dtype=torch.int32, device=weight.device)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -151,38 +190,76 @@ class SkinnyLinear:
             out = self.launch(rows, plan)
         return out.view(*x.shape[:-1], out.shape[-1])
 
-    def plan(self, rows: int) -> tuple[int, int, int] | None:
+    def fused(
+        self,
+        rows: torch.Tensor,
+        *,
+        norm: torch.Tensor | None = None,
+        eps: float = 0.0,
+        silu: bool = False,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The product of at most ``MAX_ROWS`` contiguous rows with: ``norm`` (an RMSNorm weight):
+        of RMSNorm(rows) * norm; ``silu``: rows are [gate | up], of silu(gate) * up; ``residual``:
+        added into ``residual`` (which is returned)."""
+        variant = (norm is not None, silu, residual is not None)
+        plan = self.plan(rows.shape[0], variant)
+        return self.launch(rows, plan, norm=norm, eps=eps, silu=silu, residual=residual)
+
+    def plan(self, rows: int, variant: tuple[bool, bool, bool] = _PLAIN) -> Plan | None:
         n, k = self.weight.shape
-        key = (n, k, _bucket(rows))
+        key = (n, k, _bucket(rows), variant)
         if key not in _plans:
             if torch.cuda.is_current_stream_capturing():  # no timing inside a capture: a safe default
                 return (32, 128, 1)
-            _plans[key] = self._tune(key[2])
+            _plans[key] = self._tune(key[2], variant)
         plan = _plans[key]
         if plan is not None:
             self._reserve(plan)
         return plan
 
-    def _tune(self, rows: int) -> tuple[int, int, int] | None:
-        x = torch.randn(rows, self.weight.shape[1], device=self.weight.device, dtype=self.weight.dtype)
-        best, best_time = None, _graph_time(lambda: F.linear(x, self.weight, self.bias))
-        for plan in candidates(*self.weight.shape):
+    def _tune(self, rows: int, variant: tuple[bool, bool, bool]) -> Plan | None:
+        """The fastest plan; None where cuBLAS is faster (plain products only: a fused one always
+        runs here, since the unfused neighbours would cost kernels of their own)."""
+        n, k = self.weight.shape
+        like = dict(device=self.weight.device, dtype=self.weight.dtype)
+        x = torch.randn(rows, 2 * k if variant[1] else k, **like)
+        norm = torch.ones(k, **like) if variant[0] else None
+        residual = torch.zeros(rows, n, **like) if variant[2] else None
+        best, best_time = None, float("inf")
+        if variant == _PLAIN:
+            best_time = _graph_time(lambda: F.linear(x, self.weight, self.bias))
+        for plan in candidates(n, k) or ([] if variant == _PLAIN else [(32, 32, 1)]):
             self._reserve(plan)
-            seconds = _graph_time(lambda plan=plan: self.launch(x, plan))
+            seconds = _graph_time(
+                lambda plan=plan: self.launch(
+                    x, plan, norm=norm, eps=1e-6, silu=variant[1], residual=residual
+                )
+            )
             if seconds < best_time:
                 best, best_time = plan, seconds
         return best
 
-    def _reserve(self, plan: tuple[int, int, int]) -> None:
+    def _reserve(self, plan: Plan) -> None:
         need = plan[2] * MAX_ROWS * self.weight.shape[0] if plan[2] > 1 else 1
         if self.partials.numel() < need:
+            self._retired.append(self.partials)
             self.partials = torch.empty(need, device=self.weight.device)
 
-    def launch(self, rows: torch.Tensor, plan: tuple[int, int, int]) -> torch.Tensor:
-        m, k = rows.shape
-        n = self.weight.shape[0]
+    def launch(
+        self,
+        rows: torch.Tensor,
+        plan: Plan,
+        *,
+        norm: torch.Tensor | None = None,
+        eps: float = 0.0,
+        silu: bool = False,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        m = rows.shape[0]
+        n, k = self.weight.shape
         block_n, block_k, split = plan
-        y = torch.empty(m, n, dtype=rows.dtype, device=rows.device)
+        y = torch.empty(m, n, dtype=rows.dtype, device=rows.device) if residual is None else residual
         _skinny_kernel[(-(-n // block_n), split)](
             rows,
             self.weight,
@@ -190,13 +267,18 @@ class SkinnyLinear:
             y,
             self.partials,
             self.counts,
+            norm if norm is not None else self.weight,
             m,
             n,
             k,
             rows.stride(0),
             self.weight.stride(0),
             y.stride(0),
+            eps,
             HAS_BIAS=self.bias is not None,
+            NORM_IN=norm is not None,
+            SILU_IN=silu,
+            RESIDUAL_OUT=residual is not None,
             BLOCK_M=MAX_ROWS,
             BLOCK_N=block_n,
             BLOCK_K=block_k,
