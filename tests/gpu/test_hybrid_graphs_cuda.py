@@ -148,3 +148,88 @@ def test_bfloat16_graphs_track_eager(tmp_path):
         with hybrid_llm(path, eager=eager, dtype="bfloat16") as llm:
             outs.append(run(llm, PROMPTS[:3]))
     assert outs[0] == outs[1]
+
+
+def _randn(generator, *shape, scale=1.0):
+    return (torch.randn(*shape, generator=generator) * scale).cuda()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_conv_step_kernel_shifts_the_state_in_place_at_the_rows(dtype):
+    from trtedge.runtime.ops import gated_delta as gd
+    from trtedge.runtime.ops import triton_recurrent as tr
+
+    g = torch.Generator().manual_seed(0)
+    x = _randn(g, 3, 300)[:, :264].to(dtype)  # a strided view, as split from the input projection
+    states, weight, bias = (
+        _randn(g, 6, 3, 264).to(dtype),
+        _randn(g, 264, 4).to(dtype),
+        _randn(g, 264).to(dtype),
+    )
+    rows = torch.tensor([4, 1, 5], device="cuda")
+    ref_out, ref_state = gd.causal_conv_step(x.float(), states[rows].float(), weight.float(), bias.float())
+    pool = states.clone()
+    out = tr.conv_step(x, pool, rows, weight, bias)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(out, ref_out, atol=tol, rtol=tol)
+    assert torch.equal(pool[rows], ref_state.to(dtype))
+    assert torch.equal(pool[[0, 2, 3]], states[[0, 2, 3]])
+
+
+def test_the_gated_delta_and_gated_norm_kernels_match_the_torch_reference():
+    import torch.nn.functional as F
+
+    from trtedge.runtime.ops import gated_delta as gd
+    from trtedge.runtime.ops import triton_recurrent as tr
+
+    g = torch.Generator().manual_seed(1)
+    b, hk, hv, dk, dv = 3, 4, 8, 128, 128
+    qkv = _randn(g, b, 2 * hk * dk + hv * dv)
+    proj = _randn(g, b, 2 * hv + 5)
+    beta_in, a_in = proj[:, 2 : 2 + hv], proj[:, 2 + hv : 2 + 2 * hv]
+    a_exp, dt_bias = _randn(g, hv).abs(), _randn(g, hv)
+    states = _randn(g, 6, hv, dk, dv, scale=0.1)
+    rows = torch.tensor([5, 0, 2], device="cuda")
+    q, k, v = qkv.split([hk * dk, hk * dk, hv * dv], -1)
+    q = gd.repeat_heads(gd.l2_normalize(q.unflatten(-1, (hk, dk))) * dk**-0.5, hv // hk)
+    k = gd.repeat_heads(gd.l2_normalize(k.unflatten(-1, (hk, dk))), hv // hk)
+    decay = -a_exp * F.softplus(a_in + dt_bias)
+    ref_out, ref_state = gd.recurrent_gated_delta(
+        q, k, v.unflatten(-1, (hv, dv)), decay, beta_in.sigmoid(), states[rows]
+    )
+    pool = states.clone()
+    out = tr.gated_delta_step(qkv, a_in, beta_in, a_exp, dt_bias, pool, rows, hk)
+    assert torch.allclose(out, ref_out, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(pool[rows], ref_state, atol=1e-5, rtol=1e-5)
+    z, w = _randn(g, b, hv * dv + 7)[:, : hv * dv], _randn(g, dv)
+    ref = (F.rms_norm(out, (dv,), None, 1e-6) * w * F.silu(z.view(b, hv, dv))).reshape(b, -1)
+    normed = tr.gated_norm(out.view(b, -1), z, w, 1e-6, hv, False, torch.float32)
+    assert torch.allclose(normed, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_the_ssm_step_kernel_matches_the_torch_reference():
+    import torch.nn.functional as F
+
+    from trtedge.runtime.ops import gated_delta as gd
+    from trtedge.runtime.ops import ssd
+    from trtedge.runtime.ops import triton_recurrent as tr
+
+    g = torch.Generator().manual_seed(2)
+    b, h, p, n, groups = 3, 16, 64, 128, 4
+    xbc = _randn(g, b, h * p + 2 * groups * n)
+    dt_in = _randn(g, b, h + 9)[:, 3 : 3 + h]
+    dt_bias, a, d = _randn(g, h), -_randn(g, h).abs() - 0.1, _randn(g, h)
+    states = _randn(g, 5, h, p, n, scale=0.1)
+    rows = torch.tensor([1, 4, 3], device="cuda")
+    xs, bb, cc = xbc.split([h * p, groups * n, groups * n], -1)
+    bb, cc = (gd.repeat_heads(t.reshape(b, groups, n), h // groups) for t in (bb, cc))
+    dt = F.softplus(dt_in + dt_bias).clamp(min=0.001)
+    ref_y, ref_state = ssd.recurrent_step(xs.reshape(b, h, p), dt, a, bb, cc, states[rows])
+    pool = states.clone()
+    y = tr.ssm_step(xbc, dt_in, dt_bias, a, d, 0.001, pool, rows, groups)
+    assert torch.allclose(y, ref_y + d[:, None] * xs.reshape(b, h, p), atol=1e-4, rtol=1e-4)
+    assert torch.allclose(pool[rows], ref_state, atol=1e-5, rtol=1e-5)
+    z, w = _randn(g, b, h * p), _randn(g, h * p)
+    ref = F.rms_norm((y.reshape(b, -1) * F.silu(z)).view(b, groups, -1), (h * p // groups,), None, 1e-5)
+    normed = tr.gated_norm(y.reshape(b, -1), z, w, 1e-5, groups, True, torch.float32)
+    assert torch.allclose(normed, ref.reshape(b, -1) * w, atol=1e-5, rtol=1e-5)

@@ -25,7 +25,7 @@ from trtedge.runtime.models.nemotron_omni import (
     omni_vision_name,
 )
 from trtedge.runtime.ops import gated_delta as gd
-from trtedge.runtime.ops import ssd, triton_attention
+from trtedge.runtime.ops import ssd, triton_attention, triton_recurrent
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import make_linear
 
@@ -115,6 +115,9 @@ class Mamba2Mixer:
         self.d = w[p + "D"].float()
         self.norm = w[p + "norm.weight"]
         self.out_proj = make_linear(w[p + "out_proj.weight"], w.get(p + "out_proj.bias"), weight_format)
+        # CUDA: decode steps run the fused Triton kernels (in place on the state pool), every step the
+        # fused gated norm
+        self.fused = self.conv_weight.is_cuda and triton_recurrent.available()
 
     @property
     def linears(self) -> list:
@@ -123,8 +126,18 @@ class Mamba2Mixer:
     def __call__(self, x: torch.Tensor, batch: RecurrentBatch) -> torch.Tensor:
         spec, t = self.spec, x.shape[0]
         z, xbc, dt = self.in_proj(x).split(self.splits, dim=-1)
-        dt = F.softplus(dt.float() + self.dt_bias).clamp(min=spec.dt_min)
         conv, ssm = batch.pool.conv[self.index], batch.pool.ssm[self.index]
+        if batch.is_decode and self.fused:
+            rows = batch.rows_tensor
+            activated = triton_recurrent.conv_step(xbc, conv, rows, self.conv_weight, self.conv_bias)
+            y = triton_recurrent.ssm_step(
+                activated, dt, self.dt_bias, self.a, self.d, spec.dt_min, ssm, rows, spec.num_groups
+            )
+            for i, ckpt in enumerate(batch.checkpoints):
+                if ckpt is not None:
+                    conv[ckpt[1]], ssm[ckpt[1]] = conv[batch.rows[i]], ssm[batch.rows[i]]
+            return self._out(y, z, x.dtype)
+        dt = F.softplus(dt.float() + self.dt_bias).clamp(min=spec.dt_min)
         if batch.is_decode:
             y = self._step(xbc, dt, conv, ssm, batch.rows_tensor)
             for i, ckpt in enumerate(batch.checkpoints):
@@ -143,11 +156,18 @@ class Mamba2Mixer:
                 start += n
             if batch.plan is not None:
                 self._windows(xbc, dt, conv, ssm, y, batch.plan)
-        # Gated RMSNorm: norm(y * silu(z)) over each group of channels, in float32.
-        g = spec.num_groups
+        return self._out(y, z, x.dtype)
+
+    def _out(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Gated RMSNorm, norm(y * silu(z)) over each group of channels in float32, then the output
+        projection."""
+        spec, t, g = self.spec, y.shape[0], self.spec.num_groups
+        if self.fused:
+            out = triton_recurrent.gated_norm(y.view(t, -1), z, self.norm, self.eps, g, True, dtype)
+            return self.out_proj(out)
         y = y.reshape(t, spec.inner_size) * F.silu(z.float())
         y = F.rms_norm(y.view(t, g, -1), (spec.inner_size // g,), None, self.eps).view(t, -1)
-        return self.out_proj(self.norm * y.to(x.dtype))
+        return self.out_proj(self.norm * y.to(dtype))
 
     def _split(self, activated: torch.Tensor):
         spec, t = self.spec, activated.shape[0]

@@ -19,7 +19,7 @@ from trtedge.runtime.models.layers import GatedMLP, require, rotate
 from trtedge.runtime.models.moe import SparseMoE
 from trtedge.runtime.models.rope import rope_inv_freq
 from trtedge.runtime.ops import gated_delta as gd
-from trtedge.runtime.ops import triton_attention
+from trtedge.runtime.ops import triton_attention, triton_recurrent
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import make_linear
 
@@ -55,13 +55,24 @@ class GatedDeltaNet:
         self.out_proj = make_linear(w[p + "out_proj.weight"], None, weight_format)
         self.eps = cfg.rms_norm_eps
         self.use_fla = gd.fla_available(self.conv_weight.device)
+        # CUDA: decode steps run the fused Triton kernels (in place on the state pool), every step the
+        # fused gated norm
+        self.fused = self.conv_weight.is_cuda and triton_recurrent.available()
 
     def __call__(self, x: torch.Tensor, batch: RecurrentBatch) -> torch.Tensor:
         t = x.shape[0]
         mixed, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
+        conv, ssm = batch.pool.conv[self.index], batch.pool.ssm[self.index]
+        if batch.is_decode and self.fused:
+            rows = batch.rows_tensor
+            activated = triton_recurrent.conv_step(mixed, conv, rows, self.conv_weight)
+            out = triton_recurrent.gated_delta_step(
+                activated, a, b, self.a_log_exp, self.dt_bias, ssm, rows, self.num_k_heads
+            )
+            self._save_checkpoints(conv, ssm, batch)
+            return self._out(out, z, x.dtype)
         beta = b.float().sigmoid()
         g = -self.a_log_exp * F.softplus(a.float() + self.dt_bias)
-        conv, ssm = batch.pool.conv[self.index], batch.pool.ssm[self.index]
         if batch.is_decode:
             out = self._decode(mixed, g, beta, conv, ssm, batch)
         else:
@@ -84,10 +95,19 @@ class GatedDeltaNet:
                 start += n
             if batch.plan is not None:
                 self._windows(mixed, g, beta, conv, ssm, out, batch.plan)
-        # Gated RMSNorm per value head: norm(o) * w * silu(z), in float32.
+        return self._out(out, z, x.dtype)
+
+    def _out(self, out: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Gated RMSNorm per value head, norm(o) * w * silu(z) in float32, then the output projection."""
+        t = out.shape[0]
+        if self.fused:
+            o = triton_recurrent.gated_norm(
+                out.view(t, -1), z, self.norm, self.eps, self.num_v_heads, False, dtype
+            )
+            return self.out_proj(o)
         o = F.rms_norm(out, (self.dv,), None, self.eps) * self.norm
         o = o * F.silu(z.float().view(t, self.num_v_heads, self.dv))
-        return self.out_proj(o.to(x.dtype).reshape(t, self.value_dim))
+        return self.out_proj(o.to(dtype).reshape(t, self.value_dim))
 
     def _qkv(self, mixed: torch.Tensor):
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -132,11 +152,15 @@ class GatedDeltaNet:
 
     def _decode(self, mixed, g, beta, conv, ssm, batch: RecurrentBatch) -> torch.Tensor:
         out = self._step(mixed, g, beta, conv, ssm, batch.rows_tensor)
+        self._save_checkpoints(conv, ssm, batch)
+        return out
+
+    @staticmethod
+    def _save_checkpoints(conv, ssm, batch: RecurrentBatch) -> None:
         for i, ckpt in enumerate(batch.checkpoints):
             if ckpt is not None:
                 conv[ckpt[1]] = conv[batch.rows[i]]
                 ssm[ckpt[1]] = ssm[batch.rows[i]]
-        return out
 
     def _windows(self, mixed, g, beta, conv, ssm, out, plan: WindowPlan) -> None:
         """Verification windows token by token, keeping the state after each in the plan's scratch."""
