@@ -108,3 +108,27 @@ def test_fused_decode_step_matches_unfused_step(tiny, rows):
         caches.append(cache)
     assert _rel(outs[0], outs[1]) < 2e-2
     assert _rel(caches[0], caches[1]) < 2e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (32, 8, 64), (14, 2, 64), (9, 3, 64)])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_split_attention_merged_in_one_launch_equals_merge_kernel(dtype, heads, kv_heads, head_dim, batch):
+    from trtedge.runtime.ops.triton_attention import MERGE_COUNTS, num_splits, paged_decode_attention
+
+    gen = torch.Generator().manual_seed(heads * 100 + batch)
+    block_size, num_blocks = 16, 200
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to("cuda", dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to("cuda", dtype)
+    lens = torch.randint(1, 700, (batch,), generator=gen)
+    lens[0] = 1
+    tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:44] for _ in range(batch)])
+    tables, lens = tables.to("cuda", torch.int32), lens.cuda()
+    q = torch.randn(batch, heads, head_dim, generator=gen).to("cuda", dtype)
+    ref = paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
+    counts = torch.zeros(MERGE_COUNTS, dtype=torch.int32, device="cuda")
+    for _ in range(2):  # the counters reset themselves
+        out = paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5, counts=counts)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    assert int(counts.sum()) == 0
+    assert num_splits(batch, kv_heads) > 1 or batch * kv_heads > 64
