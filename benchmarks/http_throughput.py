@@ -47,7 +47,10 @@ llm.close()
 async def drive(port: int, requests, concurrency: int) -> dict:
     gate = asyncio.Semaphore(concurrency)
     produced = 0
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+    # httpx pools at most 100 connections by default: without these limits the 256 "in flight" of the
+    # gate would be 100 on the wire, and the server would see a smaller batch than the offline run.
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
 
         async def one(i, prompt, n):
@@ -72,11 +75,44 @@ async def drive(port: int, requests, concurrency: int) -> dict:
 
         await one(0, requests[0][0], 8)  # warm-up
         produced = 0
+        before = await engine_counts(client)
         start = time.perf_counter()
         await asyncio.gather(*(one(i, p, n) for i, (p, n) in enumerate(requests)))
         elapsed = time.perf_counter() - start
+        after = await engine_counts(client)
     return dict(
-        output_tokens=produced, seconds=round(elapsed, 2), output_tokens_per_s=round(produced / elapsed, 1)
+        output_tokens=produced,
+        seconds=round(elapsed, 2),
+        output_tokens_per_s=round(produced / elapsed, 1),
+        **{key: after[key] - before[key] for key in after},
+    )
+
+
+async def engine_counts(client: httpx.AsyncClient) -> dict:
+    """The server's engine steps and preemptions so far (its /metrics gauges)."""
+    counts = {}
+    for line in (await client.get("/metrics")).text.splitlines():
+        for key in ("steps", "preemptions"):
+            if line.startswith(f"trtedge_engine_{key} "):
+                counts[key] = int(float(line.split()[1]))
+    return counts
+
+
+def trtedge_bench(port: int, requests, concurrency: int) -> dict:
+    """`trtedge bench --url` against the same server: its random dataset at the workload's mean
+    lengths and spread (uniform in [100, 1024] is 562 +- 82%), streaming, the same concurrency."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        argv = ["bench", "run", "--url", f"http://127.0.0.1:{port}", "--num-prompts", str(len(requests))]
+        argv += ["--concurrency", str(concurrency), "--input-len", "562", "--output-len", "562"]
+        argv += ["--range-ratio", "0.82", "--temperature", "0.6", "--json", str(out)]
+        subprocess.run([sys.executable, "-c", "from trtedge.cli import main; main()", *argv], check=True)
+        metrics = json.loads(out.read_text())["metrics"]
+    return dict(
+        failed=metrics["failed"],
+        output_tokens=metrics["total_output_tokens"],
+        seconds=round(metrics["duration_s"], 2),
+        output_tokens_per_s=round(metrics["output_throughput"], 1),
     )
 
 
@@ -92,6 +128,12 @@ def main() -> None:
         choices=["auto", "on", "off"],
         default="auto",
         help="the server's engine core in its own process (on) or in the server's (off); offline: auto",
+    )
+    parser.add_argument(
+        "--trtedge-bench",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run `trtedge bench --url` against the same server (its own random prompts)",
     )
     args = parser.parse_args()
     requests = workload(args.requests)
@@ -120,6 +162,7 @@ def main() -> None:
                     pass
                 time.sleep(0.5)
             http = asyncio.run(drive(port, requests, args.concurrency))
+            bench = trtedge_bench(port, requests, args.concurrency) if args.trtedge_bench else None
         finally:
             server.terminate()
             server.wait(timeout=60)
@@ -135,6 +178,8 @@ def main() -> None:
             ),
             flush=True,
         )
+        if bench is not None:
+            print(json.dumps(dict(figure="trtedge_bench_url", concurrency=args.concurrency, **bench)), flush=True)
         if offline is not None:
             ratio = http["output_tokens_per_s"] / offline["output_tokens_per_s"]
             print(json.dumps(dict(figure="http_vs_offline", ratio=round(ratio, 2))), flush=True)

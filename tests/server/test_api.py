@@ -375,6 +375,8 @@ def test_metrics_count_requests_tokens_and_latency(llm):
     assert "trtedge_time_to_first_token_seconds_count 1.0" in text
     assert "trtedge_request_queue_seconds_count 1.0" in text
     assert "trtedge_generation_tokens_total 4.0" in text
+    assert f"trtedge_engine_steps {float(llm.stats()['steps'])}" in text and llm.stats()["steps"] > 0
+    assert f"trtedge_engine_preemptions {float(llm.stats()['preemptions'])}" in text
     for name in (
         "inter_token_latency_seconds",
         "prompt_tokens_total",

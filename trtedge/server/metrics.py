@@ -65,6 +65,12 @@ class ServerMetrics:
         Gauge(
             "trtedge_admission_seats_in_use", "Admission seats held by requests being answered", registry=r
         ).set_function(num_seated)
+        Gauge("trtedge_engine_steps", "Engine steps run so far", registry=r).set_function(
+            lambda: stats()["steps"]
+        )
+        Gauge(
+            "trtedge_engine_preemptions", "Requests preempted (their KV freed, recomputed later)", registry=r
+        ).set_function(lambda: stats()["preemptions"])
         Gauge(
             "trtedge_engine_restarts", "Times the engine restarted after a failed step", registry=r
         ).set_function(lambda: stats()["restarts"])
