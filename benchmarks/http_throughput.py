@@ -179,7 +179,10 @@ def main() -> None:
             flush=True,
         )
         if bench is not None:
-            print(json.dumps(dict(figure="trtedge_bench_url", concurrency=args.concurrency, **bench)), flush=True)
+            print(
+                json.dumps(dict(figure="trtedge_bench_url", concurrency=args.concurrency, **bench)),
+                flush=True,
+            )
         if offline is not None:
             ratio = http["output_tokens_per_s"] / offline["output_tokens_per_s"]
             print(json.dumps(dict(figure="http_vs_offline", ratio=round(ratio, 2))), flush=True)
