@@ -1,12 +1,13 @@
 """Quantized weights on a GPU: bf16 vs fp8 vs int4, batch-1 decode and long-prompt prefill, one run.
 
     python benchmarks/gpu_quant.py [--shape qwen3-8b] [--weights bf16,fp8,int4] [--new-tokens 256]
-                                   [--prefill-len 8192]
+                                   [--prefill-len 8192] [--prefill-weights bf16,fp8,int4] [--no-prefill]
 
 Random weights (load_format="dummy", quantized on the GPU at load for fp8 / int4) with Qwen3 shapes,
-a 128-token prompt, greedy, EOS ignored. One JSON line per figure: decode tokens/s with the bytes
-of weights read per token and the bandwidth that achieves (H200 peak 4.8 TB/s), prefill tokens/s
-and its ratio to bf16's in the same run.
+a 128-token prompt, greedy, EOS ignored; one load per mode measures its decode and (for the modes
+of --prefill-weights) its prefill. One JSON line per figure: decode tokens/s with the bytes of
+weights read per token and the bandwidth that achieves (H200 peak 4.8 TB/s), prefill tokens/s and
+its ratio to bf16's in the same run; a last line sets the figures beside the issue's targets.
 """
 
 from __future__ import annotations
@@ -31,24 +32,10 @@ def emit(**row) -> None:
     print(json.dumps(row), flush=True)
 
 
-def decode(directory: Path, weights: str, prompt: list[int], new_tokens: int) -> tuple[float, int]:
-    with LLM(
-        str(directory),
-        load_format="dummy",
-        dtype="bfloat16",
-        device="cuda",
-        weights=weights,
-        max_kv_cache_capacity=1024,
-        max_input_len=512,
-    ) as llm:
-        params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
-        llm.generate(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))  # warm-up
-        metrics = []
-        llm.generate(prompt, params, on_metrics=metrics.append)
-        return metrics[0].decode_tokens_per_second, llm.describe()["weight_bytes"]
-
-
-def prefill(directory: Path, weights: str, length: int) -> float:
+def measure(directory: Path, weights: str, prompt: list[int], new_tokens: int, prefill_len: int) -> dict:
+    """One load of ``weights``: batch-1 decode tokens/s, then (``prefill_len`` > 0) the prefill of
+    ``prefill_len`` tokens sharing no prefix with anything before it."""
+    length = max(prefill_len, 512)
     with LLM(
         str(directory),
         load_format="dummy",
@@ -59,14 +46,31 @@ def prefill(directory: Path, weights: str, length: int) -> float:
         max_input_len=length,
         max_num_batched_tokens=length,
     ) as llm:
-        warm, prompt = (
-            torch.randint(10, 150000, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-            for seed in (1, 2)
-        )
-        llm.generate(warm, SamplingParams(max_tokens=1))  # warm-up at full length, sharing no prefix
+        params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+        llm.generate(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))  # warm-up
         metrics = []
-        llm.generate(prompt, SamplingParams(max_tokens=1), on_metrics=metrics.append)
-        return length / metrics[0].prefill_time
+        llm.generate(prompt, params, on_metrics=metrics.append)
+        result = {
+            "decode": metrics[0].decode_tokens_per_second,
+            "weight_bytes": llm.describe()["weight_bytes"],
+        }
+        if prefill_len:
+            warm, long = (
+                torch.randint(
+                    10, 150000, (prefill_len,), generator=torch.Generator().manual_seed(seed)
+                ).tolist()
+                for seed in (1, 2)
+            )
+            llm.generate(warm, SamplingParams(max_tokens=1))  # warm-up at full length
+            metrics = []
+            llm.generate(long, SamplingParams(max_tokens=1), on_metrics=metrics.append)
+            result["prefill"] = prefill_len / metrics[0].prefill_time
+        return result
+
+
+# The issue's targets on an H200 (Qwen3-8B shape): batch-1 decode tokens/s, prefill ratio to bf16.
+TARGETS = {"fp8": 450.0, "int4": 700.0}
+PREFILL_TARGET = {"fp8": 1.5}
 
 
 def main() -> None:
@@ -77,16 +81,20 @@ def main() -> None:
     parser.add_argument("--weights", default="bf16,fp8,int4")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--prefill-len", type=int, default=8192)
+    parser.add_argument("--prefill-weights", default="bf16,fp8,int4", help="modes whose prefill is measured")
     parser.add_argument("--no-prefill", action="store_true")
     args = parser.parse_args()
     prompt = torch.randint(10, 150000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
     device = torch.cuda.get_device_name(0)
+    prefill_modes = set() if args.no_prefill else set(args.prefill_weights.split(","))
+    decodes: dict[str, float] = {}
     prefills: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         directory = write_shape(Path(tmp) / args.shape, args.shape)
         for weights in args.weights.split(","):
+            length = args.prefill_len if weights in prefill_modes else 0
             try:
-                tps, nbytes = decode(directory, weights, prompt, args.new_tokens)
+                result = measure(directory, weights, prompt, args.new_tokens, length)
             except Exception as e:  # report, keep going with the other modes
                 emit(
                     figure="batch1_decode",
@@ -95,6 +103,8 @@ def main() -> None:
                     error=f"{type(e).__name__}: {e}"[:300],
                 )
                 continue
+            tps, nbytes = result["decode"], result["weight_bytes"]
+            decodes[weights] = tps
             gbs = tps * nbytes / 1e9
             emit(
                 figure="batch1_decode",
@@ -108,23 +118,22 @@ def main() -> None:
                 pct_of_peak=round(100 * gbs * 1e9 / PEAK_BYTES_PER_S, 1),
                 limit_tokens_per_s=round(PEAK_BYTES_PER_S / nbytes, 1),
             )
-            if args.no_prefill:
+            if "prefill" not in result:
                 continue
-            try:
-                prefills[weights] = prefill(directory, weights, args.prefill_len)
-            except Exception as e:
-                emit(
-                    figure="prefill",
-                    weights=weights,
-                    shape=args.shape,
-                    error=f"{type(e).__name__}: {e}"[:300],
-                )
-                continue
+            prefills[weights] = result["prefill"]
             row = dict(figure="prefill", engine="trtedge", weights=weights, shape=args.shape)
             row.update(prompt_tokens=args.prefill_len, tokens_per_s=round(prefills[weights], 1))
             if "bf16" in prefills and weights != "bf16":
                 row["vs_bf16"] = round(prefills[weights] / prefills["bf16"], 2)
             emit(**row)
+    targets = {
+        f"decode_{w}": [round(decodes[w], 1), t, decodes[w] >= t] for w, t in TARGETS.items() if w in decodes
+    }
+    for w, ratio in PREFILL_TARGET.items():
+        if w in prefills and "bf16" in prefills:
+            got = prefills[w] / prefills["bf16"]
+            targets[f"prefill_{w}_vs_bf16"] = [round(got, 2), ratio, got >= ratio]
+    emit(figure="targets", shape=args.shape, note="[measured, target, met]", **targets)
 
 
 if __name__ == "__main__":
