@@ -3,6 +3,7 @@
 Tokens of all sequences in a step are flattened into one dimension, sequence after sequence:
 sequence i owns the next ``query_lens[i]`` rows; its keys are the first ``context_lens[i]`` slots
 named by its block table, the last ``query_lens[i]`` of which this step writes (``slot_mapping``).
+A cache is in the model's dtype or, with ``--kv-cache-dtype fp8``, in the layout of ``kv_fp8``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from trtedge.runtime.ops import kv_fp8
 
 
 @dataclass
@@ -59,20 +62,18 @@ class TorchAttention:
         v_cache: torch.Tensor,
         batch: AttentionBatch,
     ) -> torch.Tensor:
-        flat_k = k_cache.view(-1, *k_cache.shape[2:])
-        flat_v = v_cache.view(-1, *v_cache.shape[2:])
-        flat_k.index_copy_(0, batch.slot_mapping, k)
-        flat_v.index_copy_(0, batch.slot_mapping, v)
+        kv_fp8.store(k_cache, batch.slot_mapping, k)
+        kv_fp8.store(v_cache, batch.slot_mapping, v)
         out = torch.empty_like(q)
         start = 0
         masks = batch.masks or [None] * len(batch.query_lens)
         for qlen, ctx, table, mask in zip(batch.query_lens, batch.context_lens, batch.block_tables, masks):
             end = start + qlen
-            if qlen == ctx and mask is None:
+            if qlen == ctx and mask is None and not kv_fp8.is_fp8(k_cache):
                 keys, values = k[start:end], v[start:end]
             else:
-                keys = k_cache[table].flatten(0, 1)[:ctx]
-                values = v_cache[table].flatten(0, 1)[:ctx]
+                keys = kv_fp8.read(k_cache[table].flatten(0, 1)[:ctx], q.dtype)
+                values = kv_fp8.read(v_cache[table].flatten(0, 1)[:ctx], q.dtype)
             out[start:end] = self._attend(q[start:end], keys, values, ctx - qlen, mask)
             start = end
         return out
@@ -126,8 +127,8 @@ class CudaAttention(TorchAttention):
         from trtedge.runtime.ops.triton_attention import paged_decode_attention
         from trtedge.runtime.ops.triton_prefill import paged_prefill_attention
 
-        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, batch.slot_mapping, k)
-        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, batch.slot_mapping, v)
+        kv_fp8.store(k_cache, batch.slot_mapping, k)
+        kv_fp8.store(v_cache, batch.slot_mapping, v)
         if batch.tables_tensor is None:
             return paged_prefill_attention(
                 q, k_cache, v_cache, *batch.prefill_plan, self.scale, self.window, self.softcap

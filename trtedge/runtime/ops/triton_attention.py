@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from trtedge.runtime.ops import kv_fp8
+
 try:
     import triton
     import triton.language as tl
@@ -20,15 +22,41 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
+    def _load_kv(
+        k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, rows, valid, offs_d, dtype: tl.constexpr,
+        HEAD_DIM: tl.constexpr, FP8_KV: tl.constexpr,
+    ):  # fmt: skip
+        """Keys and values of cache ``rows`` (slot * heads + head) in ``dtype``; FP8_KV (the layout of
+        ``kv_fp8``: E4M3 bytes then a float32 scale per row): also each row's two scales."""
+        if FP8_KV:
+            width: tl.constexpr = HEAD_DIM + 4
+            offs = rows.to(tl.int64)[:, None] * width + offs_d[None, :]
+            k = tl.load(k_ptr + offs, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(dtype)
+            v = tl.load(v_ptr + offs, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(dtype)
+            at = rows.to(tl.int64) * (width // 4) + HEAD_DIM // 4
+            k_scale = tl.load(k_scale_ptr + at, mask=valid, other=0.0)
+            v_scale = tl.load(v_scale_ptr + at, mask=valid, other=0.0)
+        else:
+            offs = rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+            k = tl.load(k_ptr + offs, mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptr + offs, mask=valid[:, None], other=0.0)
+            k_scale = valid.to(tl.float32)  # unused: the caller multiplies only under FP8_KV
+            v_scale = k_scale
+        return k, v, k_scale, v_scale
+
+    @triton.jit
     def _paged_decode_kernel(
         q_ptr,
         k_cache_ptr,
         v_cache_ptr,
+        k_scale_ptr,
+        v_scale_ptr,
         tables_ptr,
         context_lens_ptr,
         out_ptr,
         tables_stride,
         scale,
+        FP8_KV: tl.constexpr,
         NUM_HEADS: tl.constexpr,
         NUM_KV_HEADS: tl.constexpr,
         GROUP: tl.constexpr,
@@ -75,13 +103,16 @@ if triton is not None:
             valid = offs_n < hi
             block = tl.load(tables_ptr + seq * tables_stride + offs_n // BLOCK_SIZE, mask=valid, other=0)
             slot = block.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
-            kv_offs = (slot * NUM_KV_HEADS + kv_head)[:, None] * HEAD_DIM + offs_d[None, :]
-            k = tl.load(k_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
-            v = tl.load(v_cache_ptr + kv_offs, mask=valid[:, None], other=0.0)
+            k, v, k_scale, v_scale = _load_kv(
+                k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot * NUM_KV_HEADS + kv_head, valid,
+                offs_d, q.dtype, HEAD_DIM, FP8_KV,
+            )  # fmt: skip
             if IEEE:  # float32 caches: exact products, not tf32
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             else:
                 s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            if FP8_KV:
+                s = s * k_scale[None, :]
             if SOFTCAP > 0:  # SOFTCAP * tanh(s / SOFTCAP)
                 s = SOFTCAP * (2.0 * tl.sigmoid(2.0 * s / SOFTCAP) - 1.0)
             s = tl.where(valid[None, :], s, float("-inf"))
@@ -89,6 +120,8 @@ if triton is not None:
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m - m_new)
             denom = denom * alpha + tl.sum(p, 1)
+            if FP8_KV:
+                p = p * v_scale[None, :]  # after the sum: a value's scale weighs its row, not the softmax
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
             else:
@@ -157,6 +190,13 @@ if triton is not None:
 MERGE_COUNTS = 64  # num_splits splits only where batch x kv heads <= 64
 
 
+def kv_scale_views(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 views of fp8 caches (where the kernels read each row's scale); else the caches."""
+    if not kv_fp8.is_fp8(k_cache):
+        return k_cache, v_cache
+    return k_cache.view(torch.float32), v_cache.view(torch.float32)
+
+
 def num_splits(batch: int, kv_heads: int) -> int:
     """Context splits so that a small batch still has ~128 programs in flight (a power of two)."""
     target = max(1, 128 // max(1, batch * kv_heads))
@@ -181,6 +221,7 @@ def paged_decode_attention(
     b, h, d = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     group = h // hkv
+    fp8 = kv_fp8.is_fp8(k_cache)
     out = torch.empty_like(q) if out is None else out
     splits = num_splits(b, hkv)
     merge = splits > 1 and counts is not None
@@ -194,11 +235,13 @@ def paged_decode_attention(
         q,
         k_cache,
         v_cache,
+        *kv_scale_views(k_cache, v_cache),
         tables,
         context_lens,
         out,
         tables.stride(0),
         scale,
+        FP8_KV=fp8,
         NUM_HEADS=h,
         NUM_KV_HEADS=hkv,
         GROUP=group,

@@ -67,8 +67,11 @@ if triton is not None:
         slot_ptr,
         k_cache_ptr,
         v_cache_ptr,
+        k_scale_ptr,
+        v_scale_ptr,
         q_out_ptr,
         eps,
+        FP8_KV: tl.constexpr,
         NUM_HEADS: tl.constexpr,
         NUM_KV_HEADS: tl.constexpr,
         HEAD_DIM: tl.constexpr,
@@ -99,13 +102,39 @@ if triton is not None:
             o1, o2 = _norm_rope(
                 a, b, k_norm_ptr, cos_ptr, sin_ptr, pos, eps, offs, dt, HAS_NORM, HEAD_DIM, HALF
             )
-            dst = k_cache_ptr + (slot * NUM_KV_HEADS + head - NUM_HEADS) * HEAD_DIM
-            tl.store(dst + offs, o1.to(dt))
-            tl.store(dst + HALF + offs, o2.to(dt))
+            row = slot * NUM_KV_HEADS + head - NUM_HEADS
+            if FP8_KV:
+                _store_fp8_row(k_cache_ptr, k_scale_ptr, row, o1.to(dt), o2.to(dt), offs, HEAD_DIM)
+            else:
+                dst = k_cache_ptr + row * HEAD_DIM
+                tl.store(dst + offs, o1.to(dt))
+                tl.store(dst + HALF + offs, o2.to(dt))
         else:
-            dst = v_cache_ptr + (slot * NUM_KV_HEADS + head - NUM_HEADS - NUM_KV_HEADS) * HEAD_DIM
-            tl.store(dst + offs, tl.load(src + offs))
-            tl.store(dst + HALF + offs, tl.load(src + HALF + offs))
+            row = slot * NUM_KV_HEADS + head - NUM_HEADS - NUM_KV_HEADS
+            if FP8_KV:
+                a = tl.load(src + offs)
+                b = tl.load(src + HALF + offs)
+                _store_fp8_row(v_cache_ptr, v_scale_ptr, row, a, b, offs, HEAD_DIM)
+            else:
+                dst = v_cache_ptr + row * HEAD_DIM
+                tl.store(dst + offs, tl.load(src + offs))
+                tl.store(dst + HALF + offs, tl.load(src + HALF + offs))
+
+    @triton.jit
+    def _store_fp8_row(cache_ptr, scale_ptr, row, a, b, offs, HEAD_DIM: tl.constexpr):
+        """One (slot, head) row, halves ``a`` and ``b``, in the fp8 layout of ``kv_fp8``."""
+        HALF: tl.constexpr = HEAD_DIM // 2
+        width: tl.constexpr = HEAD_DIM + 4
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(a), 0), tl.max(tl.abs(b), 0))
+        scale = tl.maximum(amax, 1e-30) / 448.0
+        dst = cache_ptr + row.to(tl.int64) * width
+        qa = tl.clamp(a / scale, -448.0, 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        qb = tl.clamp(b / scale, -448.0, 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        tl.store(dst + offs, qa)
+        tl.store(dst + HALF + offs, qb)
+        tl.store(scale_ptr + row.to(tl.int64) * (width // 4) + HEAD_DIM // 4, scale)
 
     @triton.jit
     def _silu_mul_kernel(gate_up_ptr, out_ptr, inter, BLOCK: tl.constexpr):
@@ -155,6 +184,8 @@ class TritonDecodeKernels:
         v_cache,
         q_out,
     ) -> None:
+        from trtedge.runtime.ops.triton_attention import kv_scale_views
+
         grid = (qkv.shape[0], num_heads + 2 * num_kv_heads)
         _qkv_rope_store_kernel[grid](
             qkv,
@@ -166,8 +197,10 @@ class TritonDecodeKernels:
             slots,
             k_cache,
             v_cache,
+            *kv_scale_views(k_cache, v_cache),
             q_out,
             eps,
+            FP8_KV=k_cache.dtype == torch.uint8,
             NUM_HEADS=num_heads,
             NUM_KV_HEADS=num_kv_heads,
             HEAD_DIM=head_dim,

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import torch
 
-from trtedge.runtime.ops.triton_attention import triton
+from trtedge.runtime.ops import kv_fp8
+from trtedge.runtime.ops.triton_attention import kv_scale_views, triton
 
 BLOCK_M = 64
 
 if triton is not None:
     import triton.language as tl
+
+    from trtedge.runtime.ops.triton_attention import _load_kv
 
     # tables_stride varies with the step's longest block table: one compiled variant serves them all
     @triton.jit(do_not_specialize=["tables_stride"])
@@ -22,12 +25,15 @@ if triton is not None:
         q_ptr,
         k_cache_ptr,
         v_cache_ptr,
+        k_scale_ptr,
+        v_scale_ptr,
         tables_ptr,
         tiles_ptr,  # [num_tiles, 2] int32: sequence index, first row of the tile within the sequence
         seqs_ptr,  # [num_seqs, 3] int32: first query row in q, number of query rows, context length
         out_ptr,
         tables_stride,
         scale,
+        FP8_KV: tl.constexpr,
         NUM_HEADS: tl.constexpr,
         NUM_KV_HEADS: tl.constexpr,
         HEAD_DIM: tl.constexpr,
@@ -68,13 +74,16 @@ if triton is not None:
             keys_valid = offs_n < hi
             block = tl.load(tables_ptr + seq * tables_stride + offs_n // BLOCK_SIZE, mask=keys_valid, other=0)
             slot = block.to(tl.int64) * BLOCK_SIZE + offs_n % BLOCK_SIZE
-            kv_offs = (slot * NUM_KV_HEADS + kv_head)[:, None] * HEAD_DIM + offs_d[None, :]
-            k = tl.load(k_cache_ptr + kv_offs, mask=keys_valid[:, None], other=0.0)
-            v = tl.load(v_cache_ptr + kv_offs, mask=keys_valid[:, None], other=0.0)
+            k, v, k_scale, v_scale = _load_kv(
+                k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot * NUM_KV_HEADS + kv_head,
+                keys_valid, offs_d, q.dtype, HEAD_DIM, FP8_KV,
+            )  # fmt: skip
             if IEEE:  # float32 caches: exact products, not tf32
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             else:
                 s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            if FP8_KV:
+                s = s * k_scale[None, :]
             if SOFTCAP > 0:  # SOFTCAP * tanh(s / SOFTCAP)
                 s = SOFTCAP * (2.0 * tl.sigmoid(2.0 * s / SOFTCAP) - 1.0)
             visible = keys_valid[None, :] & (offs_n[None, :] <= positions[:, None])
@@ -86,6 +95,8 @@ if triton is not None:
             p = tl.exp(s - m_safe[:, None])
             alpha = tl.exp(m - m_safe)
             denom = denom * alpha + tl.sum(p, 1)
+            if FP8_KV:
+                p = p * v_scale[None, :]
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
             else:
@@ -135,12 +146,14 @@ def paged_prefill_attention(
         q,
         k_cache,
         v_cache,
+        *kv_scale_views(k_cache, v_cache),
         tables,
         tiles,
         seqs,
         out,
         tables.stride(0),
         scale,
+        FP8_KV=kv_fp8.is_fp8(k_cache),
         NUM_HEADS=h,
         NUM_KV_HEADS=k_cache.shape[2],
         HEAD_DIM=d,

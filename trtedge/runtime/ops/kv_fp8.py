@@ -1,0 +1,80 @@
+"""The fp8 KV cache (``--kv-cache-dtype fp8``): E4M3 values with a float32 scale per head of each
+token, stored beside them in one uint8 cache [num_blocks, block_size, num_kv_heads, head_dim + 4].
+
+Bytes ``0 .. head_dim`` of a (slot, head) row are the head's key (or value) in E4M3 and the last
+four its scale, so that ``x ~ e4m3 * scale``; the scale maps the row's largest magnitude to 448.
+A per-row scale needs no calibration and no checkpoint scales, keeps outlier heads in range, and
+costs 4 bytes per ``head_dim`` (3% at 128). The attention kernels multiply a key's scores by its
+scale and a value's weights by its own; this module holds the layout and its torch reference
+(the write every path uses outside the fused decode kernel, and the read of the reference
+attention).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_MAX = 448.0
+SCALE_BYTES = 4  # a float32 after each row's values
+DTYPES = ("auto", "fp8")
+
+
+def is_fp8(cache: torch.Tensor) -> bool:
+    return cache.dtype == torch.uint8
+
+
+def row_width(head_dim: int) -> int:
+    """Bytes of one (slot, head) row of an fp8 cache."""
+    return head_dim + SCALE_BYTES
+
+
+def head_dim(cache: torch.Tensor) -> int:
+    return cache.shape[-1] - SCALE_BYTES if is_fp8(cache) else cache.shape[-1]
+
+
+def quantize(x: torch.Tensor) -> torch.Tensor:
+    """[..., D] -> uint8 [..., D + 4]: E4M3 values and their float32 scale."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30) / FP8_MAX
+    values = (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return torch.cat([values, scale.view(torch.uint8)], dim=-1)
+
+
+def dequantize(rows: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 [..., D + 4] -> [..., D] in ``dtype``."""
+    d = rows.shape[-1] - SCALE_BYTES
+    values = rows[..., :d].contiguous().view(torch.float8_e4m3fn).float()
+    scale = rows[..., d:].contiguous().view(torch.float32)
+    return (values * scale).to(dtype)
+
+
+def store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+    """Write ``x`` [T, Hkv, D] into cache slots ``slots`` [T] (either cache dtype)."""
+    flat = cache.view(-1, *cache.shape[2:])
+    flat.index_copy_(0, slots, quantize(x) if is_fp8(cache) else x)
+
+
+def read(cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The cache's rows [..., D] in ``dtype`` (the reference attention's keys and values)."""
+    return dequantize(cache, dtype) if is_fp8(cache) else cache
+
+
+def unsupported(device: torch.device) -> str | None:
+    """Why ``device`` cannot hold an fp8 KV cache, or None where it can."""
+    from trtedge.runtime.ops.triton_attention import available
+
+    if device.type != "cuda":
+        return f"needs a CUDA GPU; the {device.type} keeps the KV cache in the model's dtype"
+    if not available():
+        return "needs Triton (the attention kernels read it)"
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"needs compute capability 8.9 or later for E4M3 (this GPU has {major}.{minor})"
+    return None
+
+
+def cache_shape(shape: tuple[int, ...], kv_cache_dtype: str) -> tuple[int, ...]:
+    """The pool shape [..., Hkv, D] of ``kv_cache_dtype`` (fp8: each row D + 4 bytes)."""
+    if kv_cache_dtype == "fp8":
+        return (*shape[:-1], row_width(shape[-1]))
+    return tuple(shape)
