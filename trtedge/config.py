@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from trtedge.runtime.artifacts.choices import DEVICES, DTYPES, LOAD_FORMATS, WEIGHTS
+from trtedge.runtime.artifacts.choices import DEVICES, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS, WEIGHTS
 from trtedge.runtime.models.ple import PleConfigError, PleRuntimeConfig
 from trtedge.runtime.speculative import SpeculativeConfig, SpeculativeConfigError, check_supported
 
@@ -89,6 +89,7 @@ class LaunchConfig:
     dtype: str = "auto"
     device: str = "auto"
     weights: str = "auto"
+    kv_cache_dtype: str = "auto"  # "fp8": E4M3 KV cache (CUDA; see runtime.ops.kv_fp8)
     load_format: str = "auto"  # "dummy": random weights from config.json alone (benchmarking shapes)
     min_request_priority: int | None = None
     context_cache: ContextCacheConfig = ContextCacheConfig()
@@ -148,6 +149,7 @@ class LaunchConfig:
             ("dtype", DTYPES),
             ("device", DEVICES),
             ("weights", WEIGHTS),
+            ("kv_cache_dtype", KV_CACHE_DTYPES),
             ("load_format", LOAD_FORMATS),
         ):
             value = getattr(self, name)

@@ -70,6 +70,7 @@ class LLM:
         dtype: str = "auto",
         device: str = "auto",
         weights: str = "auto",
+        kv_cache_dtype: str = "auto",
         min_request_priority: int | None = None,
         context_cache_config: ContextCacheConfig | dict | None = None,
         engine_cache_max_size_gb: float = 50.0,
@@ -97,6 +98,7 @@ class LLM:
             dtype=dtype,
             device=device,
             weights=weights,
+            kv_cache_dtype=kv_cache_dtype,
             min_request_priority=min_request_priority,
             context_cache=ContextCacheConfig.coerce(context_cache_config),
             engine_cache_max_size_gb=engine_cache_max_size_gb,
@@ -110,6 +112,8 @@ class LLM:
             ple=ple_config,
         )
         spec = self.config.speculative
+        if kv_cache_dtype == "fp8":
+            _check_fp8_kv(device)
         # the runtime bundle (key, path, manifest) stands in for the checkpoint: a hit converts nothing
         if load_format == "dummy":
             self.bundle, self.checkpoint = None, config_only_checkpoint(model or "")
@@ -140,6 +144,7 @@ class LLM:
             async_scheduling=async_scheduling,
             speculative=spec,
             mm_embedding_cache_bytes=cfg.mm_embedding_cache_bytes,
+            kv_cache_dtype=cfg.kv_cache_dtype,
         )
         self.tp = None  # tensor parallel: the worker ranks, watched; rank 0's model is this process's
         self.model = self.draft = None  # in this process only when the engine core is (engine_process off)
@@ -767,6 +772,16 @@ _PROMPT_KEYS = {
     "enable_thinking",
     "reasoning_effort",
 }
+
+
+def _check_fp8_kv(device: str) -> None:
+    """--kv-cache-dtype fp8 runs where the attention kernels read E4M3: CUDA GPUs from 8.9 on."""
+    from trtedge.runtime.models import resolve_device
+    from trtedge.runtime.ops import kv_fp8
+
+    why = kv_fp8.unsupported(resolve_device(device))
+    if why is not None:
+        raise ConfigError(f"kv_cache_dtype (--kv-cache-dtype) fp8 {why}")
 
 
 def _prompt_options(options: dict) -> dict:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import typer
 
 from trtedge.commands import DRAFT_STEP_FLAGS, VERIFY_TOKENS_FLAGS
-from trtedge.runtime.artifacts.choices import DEVICES, DTYPES, LOAD_FORMATS, WEIGHTS
+from trtedge.runtime.artifacts.choices import DEVICES, DTYPES, KV_CACHE_DTYPES, LOAD_FORMATS, WEIGHTS
 
 _SAME = object()
 
@@ -115,6 +115,12 @@ FLAGS: dict[str, LaunchFlag] = {
         "auto",
         f"{'|'.join(WEIGHTS)} (auto: a GGUF or pre-quantized checkpoint keeps its class; fp8: CUDA only).",
     ),
+    "kv_cache_dtype": LaunchFlag(
+        str,
+        "auto",
+        f"{'|'.join(KV_CACHE_DTYPES)} (auto: the model's dtype; fp8: E4M3 with a scale per head of each "
+        "token, about half the KV memory and attention reads; CUDA only).",
+    ),
     "load_format": LaunchFlag(
         str,
         "auto",
@@ -133,7 +139,7 @@ FLAGS: dict[str, LaunchFlag] = {
 }
 
 CACHE = ("cache_dir", "engine_cache_max_size_gb", "clear_engine_cache")
-PRECISION = ("dtype", "device", "weights")
+PRECISION = ("dtype", "device", "weights", "kv_cache_dtype")
 SPECULATIVE = ("speculative_config", "draft_top_k", "max_spec_draft_tokens", "max_spec_verify_tokens")
 CONTEXT_CACHE = (
     "enable_context_reuse",

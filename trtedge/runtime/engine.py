@@ -82,6 +82,7 @@ class EngineConfig:
     # Make each delta's text here (detokenization, stop strings). False: the consumer does it (the
     # engine core process's client, see client.py) and stops a choice at a stop string (``stop_choice``).
     detokenize: bool = True
+    kv_cache_dtype: str = "auto"  # "fp8": E4M3 KV with a scale per head of each token (CUDA, ops.kv_fp8)
 
 
 @dataclass
@@ -181,6 +182,7 @@ class Engine:
             mm_embedding_cache_bytes=config.mm_embedding_cache_bytes,
             num_partial_snapshots=self.num_partial_snapshots,
             graph_rows=graph_rows,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         self.profiler = Profiler(model.device)
         self.speculative = None

@@ -15,7 +15,7 @@ from trtedge.runtime.executor.sampler import Sampler, SampleResult, TokenLogprob
 from trtedge.runtime.executor.state_pool import RecurrentBatch, RecurrentStatePool, plan_windows
 from trtedge.runtime.models.protocol import model_traits
 from trtedge.runtime.multimodal.inputs import MediaInputs, media_inputs
-from trtedge.runtime.ops import triton_attention, triton_prefill
+from trtedge.runtime.ops import kv_fp8, triton_attention, triton_prefill
 from trtedge.runtime.ops.attention import AttentionBatch
 from trtedge.runtime.structured import draft_rows
 
@@ -57,9 +57,11 @@ class ModelRunner:
         mm_embedding_cache_bytes: int = 0,
         num_partial_snapshots: int = 0,
         graph_rows: int | None = None,
+        kv_cache_dtype: str = "auto",
     ):
         """``graph_rows``: the most decode rows a captured step takes (default ``max_batch_size``); a
-        speculative verify step scores one row per draft node."""
+        speculative verify step scores one row per draft node. ``kv_cache_dtype`` fp8: the pool in
+        the layout of ``ops.kv_fp8`` (CUDA)."""
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
@@ -75,6 +77,7 @@ class ModelRunner:
                 block_size=block_size,
                 max_batch_size=max_batch_size,
                 max_blocks_per_seq=max_blocks_per_seq,
+                kv_cache_dtype=kv_cache_dtype,
             )
         self.guides = guides  # GuidedDecoding: fills token bitmasks of guided rows while the model runs
         # The device decode path (Triton kernels, CUDA graphs) needs CUDA and Triton; without either,
@@ -84,7 +87,8 @@ class ModelRunner:
         pool_blocks = num_blocks + 1 if self.on_cuda else num_blocks
         num_kv_layers = traits.num_kv_layers  # hybrid: full-attention layers only
         shape = (num_kv_layers, 2, pool_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        kv_dtype = traits.act_dtype  # float32 on the CPU, see LlamaModel
+        shape = kv_fp8.cache_shape(shape, kv_cache_dtype)
+        kv_dtype = torch.uint8 if kv_cache_dtype == "fp8" else traits.act_dtype  # float32 on the CPU
         self.kv = torch.zeros(shape, dtype=kv_dtype, device=model.device)
         self.kv_bytes = self.kv.numel() * self.kv.element_size()
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(num_kv_layers)]
