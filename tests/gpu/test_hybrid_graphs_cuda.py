@@ -233,3 +233,32 @@ def test_the_ssm_step_kernel_matches_the_torch_reference():
     ref = F.rms_norm((y.reshape(b, -1) * F.silu(z)).view(b, groups, -1), (h * p // groups,), None, 1e-5)
     normed = tr.gated_norm(y.reshape(b, -1), z, w, 1e-5, groups, True, torch.float32)
     assert torch.allclose(normed, ref.reshape(b, -1) * w, atol=1e-5, rtol=1e-5)
+
+
+def _gaps(logits: torch.Tensor, chosen: list[int]) -> list[float]:
+    """Per row, how far the chosen token's logit is below the row's best, as a share of the row's
+    spread: 0 where the choice is the float32 argmax, small where bf16 broke a near tie."""
+    best, worst = logits.max(-1).values, logits.min(-1).values
+    picked = logits[torch.arange(len(chosen)), torch.tensor(chosen)]
+    return ((best - picked) / (best - worst)).tolist()
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+def test_bfloat16_graphed_decode_tracks_float32_transformers(family, tmp_path):
+    """bf16 decode steps (the fused recurrent kernels, in Qwen3.5 also the products that take the
+    norms, SiLU-mul and residual adds) against HF in float32: 32 greedy tokens that are the float32
+    argmax or within 3% of the logit spread of it."""
+    transformers = pytest.importorskip("transformers")
+    path = checkpoint(family, tmp_path / "m")
+    ids = PROMPTS[3]
+    with hybrid_llm(path, eager=False, dtype="bfloat16") as llm:
+        if family == "qwen3_5":
+            assert llm.model.fused_products
+        out = llm.generate(ids, GREEDY).token_ids
+        assert llm.engine.runner.graphs.num_replays >= GREEDY.max_tokens - 1
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids + out], device="cuda")).logits[0].float().cpu()
+    gaps = _gaps(logits[len(ids) - 1 : -1], out)
+    assert max(gaps) <= 0.03, gaps
+    assert sum(g == 0 for g in gaps) >= 24, gaps

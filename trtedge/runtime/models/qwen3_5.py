@@ -7,6 +7,7 @@ loads the latter itself: speculative/mtp.py)."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Iterable
 
@@ -19,9 +20,9 @@ from trtedge.runtime.models.layers import GatedMLP, require, rotate
 from trtedge.runtime.models.moe import SparseMoE
 from trtedge.runtime.models.rope import rope_inv_freq
 from trtedge.runtime.ops import gated_delta as gd
-from trtedge.runtime.ops import triton_attention, triton_recurrent
+from trtedge.runtime.ops import triton_attention, triton_gemv, triton_recurrent
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
-from trtedge.runtime.ops.linear import make_linear
+from trtedge.runtime.ops.linear import DenseLinear, make_linear
 
 log = logging.getLogger("trtedge")
 
@@ -60,8 +61,12 @@ class GatedDeltaNet:
         self.fused = self.conv_weight.is_cuda and triton_recurrent.available()
 
     def __call__(self, x: torch.Tensor, batch: RecurrentBatch) -> torch.Tensor:
-        t = x.shape[0]
-        mixed, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
+        return self.out_proj(self.mix(self.in_proj(x), batch))
+
+    def mix(self, proj: torch.Tensor, batch: RecurrentBatch) -> torch.Tensor:
+        """From the input projection [T, ...] to the output projection's input [T, value_dim]."""
+        t, dtype = proj.shape[0], proj.dtype
+        mixed, z, b, a = proj.split(self.splits, dim=-1)
         conv, ssm = batch.pool.conv[self.index], batch.pool.ssm[self.index]
         if batch.is_decode and self.fused:
             rows = batch.rows_tensor
@@ -70,13 +75,13 @@ class GatedDeltaNet:
                 activated, a, b, self.a_log_exp, self.dt_bias, ssm, rows, self.num_k_heads
             )
             self._save_checkpoints(conv, ssm, batch)
-            return self._out(out, z, x.dtype)
+            return self._gate(out, z, dtype)
         beta = b.float().sigmoid()
         g = -self.a_log_exp * F.softplus(a.float() + self.dt_bias)
         if batch.is_decode:
             out = self._decode(mixed, g, beta, conv, ssm, batch)
         else:
-            out = torch.empty(t, self.num_v_heads, self.dv, dtype=torch.float32, device=x.device)
+            out = torch.empty(t, self.num_v_heads, self.dv, dtype=torch.float32, device=proj.device)
             windows = batch.windows or [0] * len(batch.rows)
             start = 0
             for row, n, ckpt, w in zip(batch.rows, batch.query_lens, batch.checkpoints, windows):
@@ -95,19 +100,18 @@ class GatedDeltaNet:
                 start += n
             if batch.plan is not None:
                 self._windows(mixed, g, beta, conv, ssm, out, batch.plan)
-        return self._out(out, z, x.dtype)
+        return self._gate(out, z, dtype)
 
-    def _out(self, out: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Gated RMSNorm per value head, norm(o) * w * silu(z) in float32, then the output projection."""
+    def _gate(self, out: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Gated RMSNorm per value head: norm(o) * w * silu(z) in float32, [T, value_dim] in ``dtype``."""
         t = out.shape[0]
         if self.fused:
-            o = triton_recurrent.gated_norm(
+            return triton_recurrent.gated_norm(
                 out.view(t, -1), z, self.norm, self.eps, self.num_v_heads, False, dtype
             )
-            return self.out_proj(o)
         o = F.rms_norm(out, (self.dv,), None, self.eps) * self.norm
         o = o * F.silu(z.float().view(t, self.num_v_heads, self.dv))
-        return self.out_proj(o.to(dtype).reshape(t, self.value_dim))
+        return o.to(dtype).reshape(t, self.value_dim)
 
     def _qkv(self, mixed: torch.Tensor):
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -174,6 +178,14 @@ class GatedDeltaNet:
                 copy_states((conv, ssm), dst, (conv, ssm), src)
 
 
+def _products_fuse(layer: Qwen35Layer) -> bool:
+    """Whether a layer's decode products can take its norms, SiLU-mul and residual adds."""
+    ffn = layer.ffn
+    if type(ffn) is not GatedMLP or ffn.act != "silu":
+        return False
+    return all(type(lin) is DenseLinear and lin.skinny is not None for lin in layer.linears)
+
+
 def unfuse_projections(w: dict, nk: int, dk: int, nv: int, dv: int) -> dict:
     """Qwen3-Next groups q, k, v, z (and b, a) by key head in two fused projections; split them into
     Qwen3.5's four (value heads of one key head stay consecutive, as ``_qkv`` expects)."""
@@ -212,8 +224,12 @@ class GatedAttention:
         self.attention = backend(cfg.head_dim**-0.5)
 
     def __call__(self, x, cos, sin, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
-        cfg, t = self.cfg, x.shape[0]
-        qg, k, v = self.qkv(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.o(self.attend(self.qkv(x), cos, sin, k_cache, v_cache, batch))
+
+    def attend(self, qkv, cos, sin, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
+        """From the qkv projection [T, ...] to the output projection's input [T, q_size]."""
+        cfg, t = self.cfg, qkv.shape[0]
+        qg, k, v = qkv.split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, gate = qg.view(t, cfg.num_heads, 2 * cfg.head_dim).chunk(2, dim=-1)
         q = rms_norm(q, self.q_norm, self.eps)
         k = rms_norm(k.view(t, cfg.num_kv_heads, cfg.head_dim), self.k_norm, self.eps)
@@ -221,7 +237,7 @@ class GatedAttention:
         q = torch.cat([rotate(q[..., :rd], cos, sin), q[..., rd:]], dim=-1)
         k = torch.cat([rotate(k[..., :rd], cos, sin), k[..., rd:]], dim=-1)
         o = self.attention(q, k, v.view(t, cfg.num_kv_heads, cfg.head_dim), k_cache, v_cache, batch)
-        return self.o(o.reshape(t, self.q_size) * torch.sigmoid(gate.reshape(t, self.q_size)))
+        return o.reshape(t, self.q_size) * torch.sigmoid(gate.reshape(t, self.q_size))
 
 
 class Qwen35Layer:
@@ -312,6 +328,13 @@ class Qwen35Model:
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
         self.decode_kernels = None
+        # CUDA, bf16/fp16 dense weights, at most 16 rows: the norms, SiLU-mul and residual adds of a
+        # decode step run inside the products (TRTEDGE_DECODE_FUSION=0 keeps them as kernels of their own)
+        self.fused_products = (
+            device.type == "cuda"
+            and os.environ.get("TRTEDGE_DECODE_FUSION", "1") != "0"
+            and all(_products_fuse(layer) for layer in self.layers)
+        )
         self.aux_layers: tuple[int, ...] = ()  # no EAGLE-3 hidden-state taps
         # MTP drafting reads the final (normed) hidden states of every forward: kept in aux_hidden
         self.keep_hidden = False
@@ -335,6 +358,8 @@ class Qwen35Model:
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         caches = iter(kv_caches)
+        if self.fused_products and states.is_decode and x.shape[0] <= triton_gemv.MAX_ROWS:
+            return self._decode_fused_products(x, cos, sin, caches, batch, states)
         for layer in self.layers:
             h = rms_norm(x, layer.input_norm, layer.eps)
             if isinstance(layer.mixer, GatedDeltaNet):
@@ -344,6 +369,26 @@ class Qwen35Model:
                 x = x + layer.mixer(h, cos, sin, k_cache, v_cache, batch)
             x = layer.mlp(x)
         out = rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+        if self.keep_hidden:
+            self.aux_hidden = out
+        return out
+
+    def _decode_fused_products(self, x, cos, sin, caches, batch, states) -> torch.Tensor:
+        """A decode step whose products read RMSNorm(x) (the mixers' input projections, gate_up),
+        SiLU(gate) * up (down) and add into the residual stream x (out / o, down) themselves."""
+        eps = self.cfg.rms_norm_eps
+        for layer in self.layers:
+            mixer = layer.mixer
+            if isinstance(mixer, GatedDeltaNet):
+                o = mixer.mix(mixer.in_proj.skinny.fused(x, norm=layer.input_norm, eps=eps), states)
+                mixer.out_proj.skinny.fused(o, residual=x)
+            else:
+                k_cache, v_cache = next(caches)
+                qkv = mixer.qkv.skinny.fused(x, norm=layer.input_norm, eps=eps)
+                mixer.o.skinny.fused(mixer.attend(qkv, cos, sin, k_cache, v_cache, batch), residual=x)
+            gate_up = layer.ffn.gate_up.skinny.fused(x, norm=layer.post_norm, eps=eps)
+            layer.ffn.down.skinny.fused(gate_up, silu=True, residual=x)
+        out = rms_norm(x, self.norm, eps)
         if self.keep_hidden:
             self.aux_hidden = out
         return out
