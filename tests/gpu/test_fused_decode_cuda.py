@@ -132,3 +132,69 @@ def test_split_attention_merged_in_one_launch_equals_merge_kernel(dtype, heads, 
         assert _rel(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)  # the same sums, in another order
     assert int(counts.sum()) == 0
     assert num_splits(batch, kv_heads) > 1 or batch * kv_heads > 64
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,hidden,qk_norm,bias",
+    [(16, 8, 128, 1024, True, False), (32, 8, 64, 2048, False, False), (14, 2, 64, 896, False, True),
+     (4, 4, 32, 64, True, True)],
+)  # fmt: skip
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_qkv_epilogue_equals_product_then_rope_store(heads, kv_heads, head_dim, hidden, qk_norm, bias, rows):
+    from trtedge.runtime.models.layers import rms_norm
+    from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
+    from trtedge.runtime.ops.triton_gemv import Fusion, RopeStore, SkinnyLinear, candidates
+
+    dtype = torch.bfloat16
+    gen = torch.Generator().manual_seed(heads + rows)
+    like = dict(device="cuda", dtype=dtype)
+    n = (heads + 2 * kv_heads) * head_dim
+    w = (torch.randn(n, hidden, generator=gen) * hidden**-0.5).to(**like)
+    lin = SkinnyLinear(w, torch.randn(n, generator=gen).to(**like) if bias else None)
+    x = torch.randn(rows, hidden, generator=gen).to(**like)
+    norm = (torch.rand(hidden, generator=gen) + 0.5).to(**like)
+    cos = torch.randn(300, head_dim, generator=gen).to(**like)
+    sin = torch.randn(300, head_dim, generator=gen).to(**like)
+    q_norm, k_norm = (torch.rand(2, head_dim, generator=gen) + 0.5).to(**like) if qk_norm else (None, None)
+    positions = torch.randint(0, 300, (rows,), generator=gen).cuda()
+    slots = torch.randperm(64, generator=gen)[:rows].cuda()
+
+    def outputs():
+        return (
+            torch.zeros(64, kv_heads, head_dim, **like),
+            torch.zeros(64, kv_heads, head_dim, **like),
+            torch.zeros(rows, heads, head_dim, **like),
+        )
+
+    k_ref, v_ref, q_ref = outputs()
+    qkv = F.linear(rms_norm(x, norm, 1e-6), w, lin.bias)
+    TritonDecodeKernels().qkv_rope_store(
+        qkv, heads, kv_heads, head_dim, positions, cos, sin, q_norm, k_norm, 1e-6, slots, k_ref, v_ref, q_ref
+    )
+    fusion = Fusion(norm=True, rope=(heads, kv_heads, head_dim))
+    for plan in candidates(n, hidden, fusion):
+        lin._reserve(plan)
+        k_out, v_out, q_out = outputs()
+        store = RopeStore(
+            heads, kv_heads, head_dim, positions, cos, sin, q_norm, k_norm, 1e-6, slots, k_out, v_out, q_out
+        )
+        for _ in range(2):
+            lin.launch(x, plan, norm=norm, rope=store)
+        for out, ref in ((q_out, q_ref), (k_out, k_ref), (v_out, v_ref)):
+            assert _rel(out, ref) < 1e-2, plan
+    assert int(lin.counts.sum()) == 0
+    k_out, v_out, q_out = outputs()
+    store = RopeStore(
+        heads, kv_heads, head_dim, positions, cos, sin, q_norm, k_norm, 1e-6, slots, k_out, v_out, q_out
+    )
+    lin.fused(x, norm=norm, eps=1e-6, rope=store)  # tunes
+    eager = [t.clone() for t in (q_out, k_out, v_out)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lin.fused(x, norm=norm, eps=1e-6, rope=store)
+    for t in (q_out, k_out, v_out):
+        t.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    for out, ref in zip((q_out, k_out, v_out), eager):
+        assert torch.equal(out, ref)

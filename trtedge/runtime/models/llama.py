@@ -225,17 +225,26 @@ class LlamaModel:
         return h
 
     def _decode_fused_products(self, x, h, q, o, positions, kv_caches, batch, tables, context_lens):
-        """Five kernels a layer (with one-kernel attention): qkv reads RMSNorm(x) itself, o adds
-        into x, gate_up reads RMSNorm(x), down reads SiLU(gate) * up and adds into x."""
+        """Five kernels a layer: qkv reads RMSNorm(x) and writes q, k, v normed and rotated (q to
+        ``q``, k and v to the cache), attention, o adds into x, gate_up reads RMSNorm(x), down reads
+        SiLU(gate) * up and adds into x."""
         cfg, kernels = self.cfg, self.decode_kernels
         n, eps = x.shape[0], cfg.rms_norm_eps
+        rope_in_qkv = triton_gemv.rope_fits(cfg.head_dim)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             cos, sin = self.rope[layer.rope]
-            qkv = layer.qkv.skinny.fused(x, norm=layer.input_norm, eps=eps)
-            kernels.qkv_rope_store(
-                qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, positions, cos, sin,
-                layer.q_norm, layer.k_norm, eps, batch.slot_mapping, k_cache, v_cache, q,
-            )  # fmt: skip
+            if rope_in_qkv:
+                store = triton_gemv.RopeStore(
+                    cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, positions, cos, sin, layer.q_norm,
+                    layer.k_norm, eps, batch.slot_mapping, k_cache, v_cache, q,
+                )  # fmt: skip
+                layer.qkv.skinny.fused(x, norm=layer.input_norm, eps=eps, rope=store)
+            else:
+                qkv = layer.qkv.skinny.fused(x, norm=layer.input_norm, eps=eps)
+                kernels.qkv_rope_store(
+                    qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, positions, cos, sin,
+                    layer.q_norm, layer.k_norm, eps, batch.slot_mapping, k_cache, v_cache, q,
+                )  # fmt: skip
             kernels.paged_decode_attention(
                 q, k_cache, v_cache, tables, context_lens, batch.block_size, cfg.attention_scale, o,
                 layer.window,

@@ -9,6 +9,8 @@ row bucket and keeps the fastest. ``F.linear`` is the oracle."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -28,6 +30,14 @@ if triton is not None:
         part_ptr,
         count_ptr,
         norm_ptr,
+        pos_ptr,
+        cos_ptr,
+        sin_ptr,
+        q_norm_ptr,
+        k_norm_ptr,
+        slot_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
         M,
         N,
         K,
@@ -39,6 +49,10 @@ if triton is not None:
         NORM_IN: tl.constexpr,
         SILU_IN: tl.constexpr,
         RESIDUAL_OUT: tl.constexpr,
+        ROPE_OUT: tl.constexpr,
+        QK_NORM: tl.constexpr,
+        NUM_HEADS: tl.constexpr,
+        NUM_KV_HEADS: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -47,7 +61,9 @@ if triton is not None:
         # NORM_IN: x is the residual stream; the product reads RMSNorm(x) * norm (the row's 1/rms from
         # a first pass over the whole row). SILU_IN: x is [gate | up] (K columns each); the product
         # reads silu(gate) * up. RESIDUAL_OUT: y is the residual stream, and gets the product added.
-        # Roundings are the unfused kernels' (triton_fused), which follow HF.
+        # ROPE_OUT: the product is a fused qkv, one head per column tile (BLOCK_N = head_dim): q heads
+        # get q-norm (QK_NORM) and RoPE into y, k heads k-norm and RoPE into the cache, v heads go to
+        # the cache. Roundings are the unfused kernels' (triton_fused), which follow HF.
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         dt = y_ptr.dtype.element_ty
@@ -109,11 +125,62 @@ if triton is not None:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         y_at = y_ptr + rm[:, None] * stride_y + rn[None, :]
-        if RESIDUAL_OUT:
+        if ROPE_OUT:
+            _rope_store(
+                acc.to(dt).to(tl.float32), pid_n, rm, M, y_ptr, pos_ptr, cos_ptr, sin_ptr, q_norm_ptr,
+                k_norm_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, eps, dt, QK_NORM, NUM_HEADS,
+                NUM_KV_HEADS, BLOCK_M, BLOCK_N,
+            )  # fmt: skip
+        elif RESIDUAL_OUT:
             residual = tl.load(y_at, mask=out_mask, other=0.0).to(tl.float32)
             tl.store(y_at, (acc.to(dt).to(tl.float32) + residual).to(dt), mask=out_mask)
         else:
             tl.store(y_at, acc.to(dt), mask=out_mask)
+
+    @triton.jit
+    def _norm_rope_rows(a, b, w_ptr, pos, cos_ptr, sin_ptr, eps, offs, dt: tl.constexpr,
+                        QK_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr):  # fmt: skip
+        if QK_NORM:
+            inv = tl.rsqrt((tl.sum(a * a, 1) + tl.sum(b * b, 1)) / HEAD_DIM + eps)[:, None]
+            wa = tl.load(w_ptr + offs).to(tl.float32)[None, :]
+            wb = tl.load(w_ptr + HALF + offs).to(tl.float32)[None, :]
+            a = ((a * inv).to(dt).to(tl.float32) * wa).to(dt).to(tl.float32)
+            b = ((b * inv).to(dt).to(tl.float32) * wb).to(dt).to(tl.float32)
+        table = pos[:, None] * HEAD_DIM + offs[None, :]
+        c1 = tl.load(cos_ptr + table).to(tl.float32)
+        c2 = tl.load(cos_ptr + table + HALF).to(tl.float32)
+        s1 = tl.load(sin_ptr + table).to(tl.float32)
+        s2 = tl.load(sin_ptr + table + HALF).to(tl.float32)
+        return a * c1 - b * s1, b * c2 + a * s2
+
+    @triton.jit
+    def _rope_store(
+        acc, head, rm, M, q_ptr, pos_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, slot_ptr,
+        k_cache_ptr, v_cache_ptr, eps, dt: tl.constexpr, QK_NORM: tl.constexpr,
+        NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ):  # fmt: skip
+        # acc: one head of each row, [BLOCK_M, HEAD_DIM] float32 (already rounded to dt)
+        HALF: tl.constexpr = HEAD_DIM // 2
+        rows = rm < M
+        offs = tl.arange(0, HALF)
+        a, b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+        pos = tl.load(pos_ptr + rm, mask=rows, other=0).to(tl.int64)
+        slot = tl.load(slot_ptr + rm, mask=rows, other=0).to(tl.int64)
+        if head < NUM_HEADS:
+            a, b = _norm_rope_rows(
+                a, b, q_norm_ptr, pos, cos_ptr, sin_ptr, eps, offs, dt, QK_NORM, HEAD_DIM, HALF
+            )
+            dst = q_ptr + (rm[:, None].to(tl.int64) * NUM_HEADS + head) * HEAD_DIM + offs[None, :]
+        elif head < NUM_HEADS + NUM_KV_HEADS:
+            a, b = _norm_rope_rows(
+                a, b, k_norm_ptr, pos, cos_ptr, sin_ptr, eps, offs, dt, QK_NORM, HEAD_DIM, HALF
+            )
+            dst = k_cache_ptr + (slot[:, None] * NUM_KV_HEADS + head - NUM_HEADS) * HEAD_DIM + offs[None, :]
+        else:
+            kv_head = head - NUM_HEADS - NUM_KV_HEADS
+            dst = v_cache_ptr + (slot[:, None] * NUM_KV_HEADS + kv_head) * HEAD_DIM + offs[None, :]
+        tl.store(dst, a.to(dt), mask=rows[:, None])
+        tl.store(dst + HALF, b.to(dt), mask=rows[:, None])
 
 
 # (BLOCK_N, BLOCK_K, SPLIT_K) candidates: the winners of `benchmarks/gpu_gemv.py --sweep` on the
@@ -128,10 +195,44 @@ _CANDIDATES = (
     (128, 128, 4),
 )
 _MAX_SPLIT_TILES = 512  # wider weights have programs enough without split-K
-# (N, K, rows bucket, variant) -> the fastest plan measured in this process, or None where cuBLAS won.
-# A variant is (norm in, silu in, residual out): each fused variant keeps its own plan.
+# The qkv product with RoPE in its epilogue takes one head per column tile: (BLOCK_K, SPLIT_K).
+_ROPE_TILINGS = ((64, 1), (128, 1), (128, 2), (128, 4), (64, 8))
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """What a product folds in: RMSNorm of its input, SiLU(gate) * up as its input, the residual
+    add of its output, the q/k-norm + RoPE + KV-cache store of a fused qkv."""
+
+    norm: bool = False
+    silu: bool = False
+    residual: bool = False
+    rope: tuple[int, int, int] | None = None  # (num_heads, num_kv_heads, head_dim)
+
+
+@dataclass
+class RopeStore:
+    """The qkv epilogue's operands: q heads normed (``q_norm``) and rotated into ``q_out``, k heads
+    normed and rotated into ``k_cache`` at ``slots``, v heads into ``v_cache``."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    eps: float
+    slots: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    q_out: torch.Tensor
+
+
+PLAIN = Fusion()
 Plan = tuple[int, int, int]
-_PLAIN = (False, False, False)
+# (N, K, rows bucket, fusion) -> the fastest plan measured in this process, or None where cuBLAS won.
 _plans: dict[tuple, Plan | None] = {}
 
 
@@ -139,12 +240,22 @@ def _bucket(rows: int) -> int:
     return 1 if rows == 1 else 4 if rows <= 4 else MAX_ROWS
 
 
-def candidates(n: int, k: int) -> list[Plan]:
-    return [
+def candidates(n: int, k: int, fusion: Fusion = PLAIN) -> list[Plan]:
+    if fusion.rope:
+        head_dim = fusion.rope[2]
+        fitting = [(head_dim, bk, split) for bk, split in _ROPE_TILINGS if k // split >= bk]
+        return fitting or [(head_dim, 32, 1)]
+    plans = [
         (bn, bk, split)
         for bn, bk, split in _CANDIDATES
         if k // split >= bk and (split == 1 or -(-n // bn) <= _MAX_SPLIT_TILES)
     ]
+    return plans if plans or fusion == PLAIN else [(32, 32, 1)]
+
+
+def rope_fits(head_dim: int) -> bool:
+    """Whether the qkv epilogue can take a head of ``head_dim`` as one column tile."""
+    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
 
 
 def _graph_time(fn, calls: int = 20) -> float:
@@ -168,8 +279,7 @@ def _graph_time(fn, calls: int = 20) -> float:
 class SkinnyLinear:
     """One weight's product for at most ``MAX_ROWS`` rows. The first call of each row bucket times
     the candidate plans and cuBLAS (outside any graph capture) and keeps the fastest. ``fused``
-    folds a decode layer's element-wise neighbours (RMSNorm before, SiLU-mul before, the residual
-    add after) into the product."""
+    folds a decode layer's neighbouring work (``Fusion``) into the product."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight = weight.contiguous()
@@ -198,42 +308,46 @@ class SkinnyLinear:
         eps: float = 0.0,
         silu: bool = False,
         residual: torch.Tensor | None = None,
+        rope: RopeStore | None = None,
     ) -> torch.Tensor:
         """The product of at most ``MAX_ROWS`` contiguous rows with: ``norm`` (an RMSNorm weight):
         of RMSNorm(rows) * norm; ``silu``: rows are [gate | up], of silu(gate) * up; ``residual``:
-        added into ``residual`` (which is returned)."""
-        variant = (norm is not None, silu, residual is not None)
-        plan = self.plan(rows.shape[0], variant)
-        return self.launch(rows, plan, norm=norm, eps=eps, silu=silu, residual=residual)
+        added into ``residual`` (returned); ``rope``: a fused qkv's heads normed, rotated and stored
+        (``rope.q_out`` returned)."""
+        heads = (rope.num_heads, rope.num_kv_heads, rope.head_dim) if rope is not None else None
+        fusion = Fusion(norm is not None, silu, residual is not None, heads)
+        plan = self.plan(rows.shape[0], fusion)
+        return self.launch(rows, plan, norm=norm, eps=eps, silu=silu, residual=residual, rope=rope)
 
-    def plan(self, rows: int, variant: tuple[bool, bool, bool] = _PLAIN) -> Plan | None:
+    def plan(self, rows: int, fusion: Fusion = PLAIN) -> Plan | None:
         n, k = self.weight.shape
-        key = (n, k, _bucket(rows), variant)
+        key = (n, k, _bucket(rows), fusion)
         if key not in _plans:
             if torch.cuda.is_current_stream_capturing():  # no timing inside a capture: a safe default
-                return (32, 128, 1)
-            _plans[key] = self._tune(key[2], variant)
+                return (fusion.rope[2] if fusion.rope else 32, 128, 1)
+            _plans[key] = self._tune(key[2], fusion)
         plan = _plans[key]
         if plan is not None:
             self._reserve(plan)
         return plan
 
-    def _tune(self, rows: int, variant: tuple[bool, bool, bool]) -> Plan | None:
+    def _tune(self, rows: int, fusion: Fusion) -> Plan | None:
         """The fastest plan; None where cuBLAS is faster (plain products only: a fused one always
         runs here, since the unfused neighbours would cost kernels of their own)."""
         n, k = self.weight.shape
         like = dict(device=self.weight.device, dtype=self.weight.dtype)
-        x = torch.randn(rows, 2 * k if variant[1] else k, **like)
-        norm = torch.ones(k, **like) if variant[0] else None
-        residual = torch.zeros(rows, n, **like) if variant[2] else None
+        x = torch.randn(rows, 2 * k if fusion.silu else k, **like)
+        norm = torch.ones(k, **like) if fusion.norm else None
+        residual = torch.zeros(rows, n, **like) if fusion.residual else None
+        rope = _scratch_rope(rows, *fusion.rope, like) if fusion.rope else None
         best, best_time = None, float("inf")
-        if variant == _PLAIN:
+        if fusion == PLAIN:
             best_time = _graph_time(lambda: F.linear(x, self.weight, self.bias))
-        for plan in candidates(n, k) or ([] if variant == _PLAIN else [(32, 32, 1)]):
+        for plan in candidates(n, k, fusion):
             self._reserve(plan)
             seconds = _graph_time(
                 lambda plan=plan: self.launch(
-                    x, plan, norm=norm, eps=1e-6, silu=variant[1], residual=residual
+                    x, plan, norm=norm, eps=1e-6, silu=fusion.silu, residual=residual, rope=rope
                 )
             )
             if seconds < best_time:
@@ -255,30 +369,47 @@ class SkinnyLinear:
         eps: float = 0.0,
         silu: bool = False,
         residual: torch.Tensor | None = None,
+        rope: RopeStore | None = None,
     ) -> torch.Tensor:
         m = rows.shape[0]
         n, k = self.weight.shape
         block_n, block_k, split = plan
-        y = torch.empty(m, n, dtype=rows.dtype, device=rows.device) if residual is None else residual
+        if rope is not None:
+            y = rope.q_out
+            eps = rope.eps
+        else:
+            y = torch.empty(m, n, dtype=rows.dtype, device=rows.device) if residual is None else residual
+        w = self.weight
+        r = rope
         _skinny_kernel[(-(-n // block_n), split)](
             rows,
-            self.weight,
-            self.bias if self.bias is not None else self.weight,
+            w,
+            self.bias if self.bias is not None else w,
             y,
             self.partials,
             self.counts,
-            norm if norm is not None else self.weight,
+            norm if norm is not None else w,
+            *(
+                (r.positions, r.cos, r.sin, r.q_norm if r.q_norm is not None else w)
+                + (r.k_norm if r.k_norm is not None else w, r.slots, r.k_cache, r.v_cache)
+                if r is not None
+                else (w,) * 8
+            ),
             m,
             n,
             k,
             rows.stride(0),
-            self.weight.stride(0),
-            y.stride(0),
+            w.stride(0),
+            y.stride(0) if rope is None else 0,
             eps,
             HAS_BIAS=self.bias is not None,
             NORM_IN=norm is not None,
             SILU_IN=silu,
             RESIDUAL_OUT=residual is not None,
+            ROPE_OUT=rope is not None,
+            QK_NORM=rope is not None and rope.q_norm is not None,
+            NUM_HEADS=rope.num_heads if rope else 0,
+            NUM_KV_HEADS=rope.num_kv_heads if rope else 0,
             BLOCK_M=MAX_ROWS,
             BLOCK_N=block_n,
             BLOCK_K=block_k,
@@ -287,6 +418,19 @@ class SkinnyLinear:
             num_stages=3,
         )
         return y
+
+
+def _scratch_rope(rows: int, heads: int, kv_heads: int, head_dim: int, like: dict) -> RopeStore:
+    """Operands for timing the qkv epilogue (its own caches of ``rows`` slots)."""
+    device = like["device"]
+    table = torch.ones(1, head_dim, **like)
+    norm = torch.ones(head_dim, **like)
+    return RopeStore(
+        heads, kv_heads, head_dim, torch.zeros(rows, dtype=torch.long, device=device), table, table,
+        norm, norm, 1e-6, torch.arange(rows, device=device),
+        torch.empty(rows, kv_heads, head_dim, **like), torch.empty(rows, kv_heads, head_dim, **like),
+        torch.empty(rows, heads, head_dim, **like),
+    )  # fmt: skip
 
 
 def usable(weight: torch.Tensor) -> bool:
