@@ -17,6 +17,7 @@ from tests.tiny import make_tiny_checkpoint
 from trtedge import LLM, SamplingParams
 from trtedge.config import ConfigError, LaunchConfig
 from trtedge.runtime.artifacts.bundle import BuildProfile, cache_key
+from trtedge.runtime.executor import tp_plan
 from trtedge.runtime.executor.distributed import check_tensor_parallel, shard_config, shard_tensor
 from trtedge.runtime.models.config import ModelConfig
 
@@ -75,6 +76,48 @@ def check_greedy(one: LLM, two: LLM) -> None:
     expected = [o.token_ids for o in one.generate(PROMPTS, GREEDY)]
     assert [o.token_ids for o in two.generate(PROMPTS, GREEDY)] == expected
     assert all(len(ids) == GREEDY.max_tokens for ids in expected)
+
+
+def test_steps_send_no_python_objects(pair, monkeypatch):
+    """After the start every step is one int64 tensor broadcast: no pickled plan per step."""
+    from trtedge.runtime.executor import tp as tp_module
+
+    one, two = pair("llama")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a step pickled Python objects")
+
+    sent = []
+    broadcast = tp_module.dist.broadcast
+    monkeypatch.setattr(tp_module.dist, "broadcast_object_list", refuse)
+    monkeypatch.setattr(
+        tp_module.dist, "broadcast", lambda t, **kw: (sent.append(t.numel()), broadcast(t, **kw))[1]
+    )
+    expected = [o.token_ids for o in one.generate(PROMPTS, GREEDY)]
+    assert [o.token_ids for o in two.generate(PROMPTS, GREEDY)] == expected
+    assert sent and all(n == tp_plan.CAPACITY for n in sent)  # every step fitted one broadcast
+
+
+def test_a_step_plan_survives_its_tensor_form():
+    plan = tp_plan.StepPlan(
+        ids=[5, 6, 7, 9],
+        positions=[0, 1, 2, 40],
+        slots=[16, 17, 18, 3],
+        query_lens=[3, 1],
+        context_lens=[3, 41],
+        tables=[[1], [0, 4, 2]],
+        last_rows=[2, 3],
+        score=([0, 1], [6, 7], 3),
+    )
+    assert tp_plan.decode(tp_plan.encode(plan)) == plan
+    bare = replace(plan, score=None, last_rows=[])
+    assert tp_plan.decode(tp_plan.encode(bare)) == bare
+    # a prefill chunk larger than one broadcast: the tensor grows, the plan comes back whole
+    big = tp_plan.StepPlan(
+        list(range(3000)), list(range(3000)), list(range(3000)), [3000], [3000], [list(range(188))], [2999]
+    )
+    buf = tp_plan.encode(big)
+    assert buf.numel() > tp_plan.CAPACITY and tp_plan.decode(buf) == big
 
 
 def test_gathered_logits_match_one_rank(pair):

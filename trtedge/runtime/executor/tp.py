@@ -1,6 +1,7 @@
 """Tensor-parallel launch: rank 0 (the calling process, which runs the engine) starts ranks 1..N-1 as
 ``python -m trtedge.runtime.executor.tp_worker`` processes, or joins ranks that torchrun started; each
-rank loads only its slice of the weights. Every step rank 0 broadcasts the flattened batch and all ranks run the same forward.
+rank loads only its slice of the weights. Every step rank 0 broadcasts the flattened batch as one small
+int64 tensor (``tp_plan``) and all ranks run the same forward.
 
 Two process groups: the model's collectives (NCCL on CUDA, gloo on the CPU) with a timeout, and a
 gloo group that carries the step plans, on which idle workers wait without one. A watchdog thread
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trtedge.runtime.executor import tp_plan
 from trtedge.runtime.executor.distributed import (
     TensorParallelError,
     check_tensor_parallel,
@@ -32,6 +34,7 @@ from trtedge.runtime.executor.distributed import (
     shard_config,
     shard_tensor,
 )
+from trtedge.runtime.executor.tp_plan import Message, StepPlan
 from trtedge.runtime.models import ARCHITECTURES, dummy_tensors, resolve_device, resolve_dtype
 from trtedge.runtime.models.config import ModelConfig
 
@@ -60,20 +63,6 @@ class ShardLaunch:
     @property
     def backend(self) -> str:
         return "nccl" if self.device_type == "cuda" else "gloo"
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """One step's flattened batch, as rank 0's runner built it."""
-
-    ids: list[int]
-    positions: list[int]
-    slots: list[int]
-    query_lens: list[int]
-    context_lens: list[int]
-    tables: list[list[int]]
-    last_rows: list[int]
-    score: tuple | None = None  # prompt logprobs: (rows, target ids, top count)
 
 
 def _prepare_env(launch: ShardLaunch, rank: int) -> torch.device:
@@ -156,22 +145,24 @@ class TensorParallel:
         return self._error
 
     def send_runner(self, **geometry) -> None:
-        """The other ranks build the same runner (KV pool geometry) on their slices."""
-        self._send(("runner", geometry))
+        """The other ranks build the same runner (KV pool geometry) on their slices (once, at start)."""
+        self._send(tp_plan.control(Message.RUNNER), geometry)
 
     def step(self, forward, plan: tuple):
         """Send the step's plan to the other ranks and run rank 0's part: ``forward(*plan)``."""
-        self._send(("step", StepPlan(*plan)))
+        self._send(tp_plan.encode(StepPlan(*plan)))
         try:
             return forward(*plan)
         except Exception as e:
             raise self._failed(e) from e
 
-    def _send(self, message) -> None:
+    def _send(self, message: torch.Tensor, payload=None) -> None:
         if self.error is not None:
             raise TensorParallelError(self.error)
         try:
-            dist.broadcast_object_list([message], src=0, group=self.plan_group)
+            send_message(message, self.plan_group)
+            if payload is not None:
+                dist.broadcast_object_list([payload], src=0, group=self.plan_group)
         except Exception as e:
             raise self._failed(e) from e
 
@@ -194,7 +185,7 @@ class TensorParallel:
             return
         if self.error is None:
             try:
-                self._send(None)
+                self._send(tp_plan.control(Message.STOP))
             except TensorParallelError:
                 pass
         self._closed = True
@@ -363,23 +354,33 @@ def run_worker(launch: ShardLaunch, rank: int, store=None) -> None:
     dist.barrier(group=plan_group)
     runner = None
     while True:
-        box = [None]
-        dist.broadcast_object_list(box, src=0, group=plan_group)
-        if box[0] is None:
+        message = receive_message(plan_group)
+        kind = int(message[0])
+        if kind == Message.STOP:
             break
-        kind, payload = box[0]
-        if kind == "runner":
-            runner = ModelRunner(model, sampler=None, cuda_graphs=False, **payload)
+        if kind == Message.RUNNER:
+            box = [None]
+            dist.broadcast_object_list(box, src=0, group=plan_group)
+            runner = ModelRunner(model, sampler=None, cuda_graphs=False, **box[0])
         else:
-            step: StepPlan = payload
-            runner.forward(
-                step.ids,
-                step.positions,
-                step.slots,
-                step.query_lens,
-                step.context_lens,
-                step.tables,
-                step.last_rows,
-                step.score,
-            )
+            runner.forward(*tp_plan.decode(message).args())
     dist.destroy_process_group()
+
+
+def send_message(buf: torch.Tensor, group) -> None:
+    """Rank 0: the first ``CAPACITY`` integers in one broadcast, the rest (a large step) in a second."""
+    dist.broadcast(buf[: tp_plan.CAPACITY], src=0, group=group)
+    total = int(buf[1])
+    if total > tp_plan.CAPACITY:
+        dist.broadcast(buf[tp_plan.CAPACITY : total].contiguous(), src=0, group=group)
+
+
+def receive_message(group) -> torch.Tensor:
+    buf = torch.empty(tp_plan.CAPACITY, dtype=torch.long)
+    dist.broadcast(buf, src=0, group=group)
+    total = int(buf[1])
+    if total > tp_plan.CAPACITY:
+        rest = torch.empty(total - tp_plan.CAPACITY, dtype=torch.long)
+        dist.broadcast(rest, src=0, group=group)
+        buf = torch.cat([buf, rest])
+    return buf

@@ -1,0 +1,121 @@
+"""A tensor-parallel step's description as one flat int64 tensor: rank 0 packs the flattened batch its
+runner built, every other rank unpacks it and runs the same forward. No Python objects per sequence
+cross the wire: a step is one broadcast of ``CAPACITY`` integers (a second one carries the rest of a
+step larger than that, such as a long prefill chunk).
+
+Layout: a header of ``HEADER`` counts, then the lists back to back:
+ids, positions, slots (one each per token), query_lens, context_lens, table lengths (one each per
+sequence), the block tables concatenated, last_rows, and the scored rows and their target ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+
+CAPACITY = 4096  # int64s in the first broadcast: a decode step of 256 rows with 8-block tables fits
+
+
+class Message(IntEnum):
+    STOP = 0
+    STEP = 1
+    RUNNER = 2  # the runner's geometry follows (once, at start)
+
+
+# kind, total length, tokens, sequences, table entries, last rows, scored rows, top count, has score
+HEADER = 9
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step's flattened batch, as rank 0's runner built it (the arguments of ``ModelRunner.forward``)."""
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    query_lens: list[int]
+    context_lens: list[int]
+    tables: list[list[int]]
+    last_rows: list[int]
+    score: tuple | None = None  # prompt logprobs: (rows, target ids, top count)
+
+    def args(self) -> tuple:
+        return (
+            self.ids,
+            self.positions,
+            self.slots,
+            self.query_lens,
+            self.context_lens,
+            self.tables,
+            self.last_rows,
+            self.score,
+        )
+
+
+def control(kind: Message) -> torch.Tensor:
+    """A message without a step (stop, or the announcement of the runner's geometry)."""
+    buf = torch.zeros(CAPACITY, dtype=torch.long)
+    buf[0], buf[1] = int(kind), HEADER
+    return buf
+
+
+def encode(plan: StepPlan) -> torch.Tensor:
+    """The plan as one int64 tensor of at least ``CAPACITY`` entries (zero-padded)."""
+    rows, targets, top = plan.score if plan.score is not None else ([], [], 0)
+    flat_tables = [b for t in plan.tables for b in t]
+    body = [
+        *plan.ids,
+        *plan.positions,
+        *plan.slots,
+        *plan.query_lens,
+        *plan.context_lens,
+        *(len(t) for t in plan.tables),
+        *flat_tables,
+        *plan.last_rows,
+        *rows,
+        *targets,
+    ]
+    total = HEADER + len(body)
+    header = [
+        int(Message.STEP),
+        total,
+        len(plan.ids),
+        len(plan.query_lens),
+        len(flat_tables),
+        len(plan.last_rows),
+        len(rows),
+        top,
+        int(plan.score is not None),
+    ]
+    buf = torch.zeros(max(total, CAPACITY), dtype=torch.long)
+    buf[:total] = torch.tensor(header + body, dtype=torch.long)
+    return buf
+
+
+def decode(buf: torch.Tensor) -> StepPlan:
+    """The plan ``encode`` packed (``buf`` holds at least its total length)."""
+    values = buf[: int(buf[1])].tolist()
+    kind, _, n, seqs, entries, n_last, n_score, top, has_score = values[:HEADER]
+    if kind != Message.STEP:
+        raise ValueError(f"not a step message: kind {kind}")
+    at = HEADER
+
+    def take(count: int) -> list[int]:
+        nonlocal at
+        part = values[at : at + count]
+        at += count
+        return part
+
+    ids, positions, slots = take(n), take(n), take(n)
+    query_lens, context_lens, lengths = take(seqs), take(seqs), take(seqs)
+    flat = take(entries)
+    tables, start = [], 0
+    for length in lengths:
+        tables.append(flat[start : start + length])
+        start += length
+    last_rows = take(n_last)
+    rows, targets = take(n_score), take(n_score)
+    score = (rows, targets, top) if has_score else None
+    return StepPlan(ids, positions, slots, query_lens, context_lens, tables, last_rows, score)
