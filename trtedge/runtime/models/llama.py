@@ -21,7 +21,7 @@ from trtedge.runtime.models.layers import (
 from trtedge.runtime.models.native_decode import NativeDecodeStep
 from trtedge.runtime.models.rope import partial_rotary_order, permute_heads, rope_tables
 from trtedge.runtime.ops import cpu_kernels as kernels
-from trtedge.runtime.ops import triton_attention, triton_gemv
+from trtedge.runtime.ops import kv_fp8, triton_attention, triton_gemv
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import DenseLinear, embedding, make_linear
 
@@ -230,7 +230,8 @@ class LlamaModel:
         SiLU(gate) * up and adds into x."""
         cfg, kernels = self.cfg, self.decode_kernels
         n, eps = x.shape[0], cfg.rms_norm_eps
-        rope_in_qkv = triton_gemv.rope_fits(cfg.head_dim)
+        # (an fp8 cache's rows are E4M3 bytes and a scale: the unfused store writes them)
+        rope_in_qkv = triton_gemv.rope_fits(cfg.head_dim) and not kv_fp8.is_fp8(kv_caches[0][0])
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             cos, sin = self.rope[layer.rope]
             if rope_in_qkv:
