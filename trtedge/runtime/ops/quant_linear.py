@@ -173,7 +173,9 @@ def runs(weight: QuantizedTensor, device: torch.device) -> bool:
     if cols % 16:
         return False
     if weight.format == "fp8":
-        return fp8_supported(device)
+        groups = weight.scale.shape[1] if weight.scale.dim() == 2 else 1
+        size = cols // groups  # block scales: the kernels broadcast one per power-of-two group
+        return fp8_supported(device) and (groups == 1 or (cols % groups == 0 and size & (size - 1) == 0))
     return weight.format == "int8" or (weight.format == "int4" and cols % triton_quant.SPAN == 0)
 
 

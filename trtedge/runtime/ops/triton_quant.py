@@ -58,10 +58,28 @@ if triton is not None:
             tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
+    def _group_scales(
+        s_ptr, rn, k0, hi, N, GROUPS,
+        GROUP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
+        """The [BLOCK_N, BLOCK_K] scales of the inputs k0 .. k0 + BLOCK_K (tiles start at multiples of
+        BLOCK_K; GROUP_K a power of two): one load per group, broadcast over its inputs (a load per
+        weight would stage a float32 per weight in shared memory, 4x the weight tile itself)."""
+        if GROUP_K >= BLOCK_K:
+            s = tl.load(s_ptr + rn * GROUPS + k0 // GROUP_K, mask=rn < N, other=0.0)
+            return tl.broadcast_to(s[:, None], (BLOCK_N, BLOCK_K))
+        else:
+            G: tl.constexpr = BLOCK_K // GROUP_K
+            rg = tl.arange(0, G)
+            mask = (rn[:, None] < N) & ((k0 + rg * GROUP_K)[None, :] < hi)
+            s = tl.load(s_ptr + rn[:, None] * GROUPS + (k0 // GROUP_K + rg)[None, :], mask=mask, other=0.0)
+            return tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, G, GROUP_K)), (BLOCK_N, BLOCK_K))
+
+    @triton.jit
     def _w8_kernel(
         x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
-        M, N, K, stride_x, stride_w, stride_y, GROUPS, GROUP_K,
-        HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, FP8: tl.constexpr,
+        M, N, K, stride_x, stride_w, stride_y, GROUPS,
+        HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, FP8: tl.constexpr, GROUP_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ):  # fmt: skip
         """8-bit weights [N, K] with scales [N, GROUPS] (GROUP_K inputs each). ROW_SCALE (one scale
@@ -95,7 +113,7 @@ if triton is not None:
             if ROW_SCALE:
                 w = w.to(x.dtype)  # E4M3 and int8 values are exact in bf16 / fp16
             else:
-                s = tl.load(s_ptr + rn[:, None] * GROUPS + ks[None, :] // GROUP_K, mask=w_mask, other=0.0)
+                s = _group_scales(s_ptr, rn, k0, hi, N, GROUPS, GROUP_K, BLOCK_N, BLOCK_K)
                 w = (w.to(tl.float32) * s).to(x.dtype)
             acc += tl.dot(x, tl.trans(w))
         if ROW_SCALE:
@@ -294,8 +312,8 @@ def w8_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -
     assert split == 1 or m <= MAX_ROWS, "split-K partials hold one row tile"
     _w8_kernel[(-(-m // MAX_ROWS), -(-n // block_n), split)](
         x, q.data.view(torch.uint8) if fp8 else q.data, q.scale, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
-        m, n, k, x.stride(0), q.data.stride(0), y.stride(0), groups, k // groups,
-        HAS_BIAS=bias is not None, ROW_SCALE=groups == 1, FP8=fp8,
+        m, n, k, x.stride(0), q.data.stride(0), y.stride(0), groups,
+        HAS_BIAS=bias is not None, ROW_SCALE=groups == 1, FP8=fp8, GROUP_K=k // groups if groups > 1 else 0,
         BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=warps, num_stages=3,
     )  # fmt: skip
     return y

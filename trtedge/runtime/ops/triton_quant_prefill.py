@@ -19,6 +19,8 @@ from trtedge.runtime.ops.triton_attention import triton
 if triton is not None:
     import triton.language as tl
 
+    from trtedge.runtime.ops.triton_quant import _group_scales
+
     @triton.jit
     def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
         """The program's (row tile, column tile), GROUP_M row tiles per column sweep, so the
@@ -40,8 +42,8 @@ if triton is not None:
 
     @triton.jit
     def _w8_gemm_kernel(
-        x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y, GROUPS, GROUP_K,
-        HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, FP8: tl.constexpr,
+        x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y, GROUPS,
+        HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, FP8: tl.constexpr, GROUP_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ):  # fmt: skip
         """x [M, K] times 8-bit weights [N, K] (E4M3 bytes passed as uint8, or int8), scales
@@ -63,9 +65,7 @@ if triton is not None:
             if ROW_SCALE:
                 w = w.to(x.dtype)  # E4M3 and int8 values are exact in bf16 / fp16
             else:
-                s = tl.load(
-                    s_ptr + rn[:, None] * GROUPS + ks[None, :] // GROUP_K, mask=n_ok & k_ok, other=0.0
-                )
+                s = _group_scales(s_ptr, rn, k0, K, N, GROUPS, GROUP_K, BLOCK_N, BLOCK_K)
                 w = (w.to(tl.float32) * s).to(x.dtype)
             acc += tl.dot(x, tl.trans(w))
         if ROW_SCALE:
@@ -134,8 +134,8 @@ def w8_gemm(x: torch.Tensor, q: QuantizedTensor, bias: torch.Tensor | None) -> t
     grid = (-(-m // bm) * -(-n // bn),)
     _w8_gemm_kernel[grid](
         x, q.data.view(torch.uint8) if fp8 else q.data, q.scale, bias if bias is not None else q.scale, y,
-        m, n, k, x.stride(0), q.data.stride(0), y.stride(0), groups, k // groups,
-        HAS_BIAS=bias is not None, ROW_SCALE=groups == 1, FP8=fp8,
+        m, n, k, x.stride(0), q.data.stride(0), y.stride(0), groups,
+        HAS_BIAS=bias is not None, ROW_SCALE=groups == 1, FP8=fp8, GROUP_K=k // groups if groups > 1 else 0,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=_GROUP_M, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return y
