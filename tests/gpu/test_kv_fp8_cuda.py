@@ -31,8 +31,7 @@ def _caches(num_blocks, block_size, kv_heads, head_dim, gen, spread=1.0):
     return kv_fp8.quantize(k).cuda(), kv_fp8.quantize(v).cuda()
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (14, 2, 64), (32, 8, 128)])
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [(16, 8, 128, 16), (14, 2, 64, 32)])
 def test_paged_decode_kernel_reads_the_fp8_cache(heads, kv_heads, head_dim, block_size):
     from trtedge.runtime.ops import kv_fp8
     from trtedge.runtime.ops.attention import TorchAttention
@@ -65,7 +64,7 @@ def test_paged_decode_kernel_reads_the_fp8_cache(heads, kv_heads, head_dim, bloc
     assert rel < 1e-2, rel
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (14, 2, 64)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128)])
 def test_paged_prefill_kernel_reads_the_fp8_cache(heads, kv_heads, head_dim):
     from trtedge.runtime.ops import kv_fp8
     from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
