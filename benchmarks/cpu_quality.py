@@ -1,7 +1,8 @@
 """Greedy quality of quantized weights on 5 prompts: the CPU int4 kernels, or the GPU modes.
 
     python benchmarks/cpu_quality.py [--tokens 16] [--model PATH]
-    python benchmarks/cpu_quality.py --device cuda [--weights fp8,int4] [--positions 256] [--model PATH]
+    python benchmarks/cpu_quality.py --device cuda [--weights fp8,int4] [--kv-cache-dtype fp8] [--positions 256]
+                                     [--model PATH]
 
 CPU (the default): the int4 kernels quantize activations to int16 per group of 32. The references run
 the same int4 bundle dequantized at load: to bfloat16 weights (`--dtype bfloat16`: on the CPU
@@ -13,6 +14,8 @@ CUDA (`--device cuda`): each of --weights (fp8, int4, int8) against the bf16 wei
 greedy continuation equal for --tokens tokens on how many of the 5 prompts, and top-1 agreement over
 --positions positions (each mode teacher-forced through the bf16 continuation: the share of
 positions where its most likely token is bf16's greedy one). The issue's bar: >= 4 of 5 prompts, >= 95%.
+``--kv-cache-dtype fp8`` runs the compared modes with the fp8 KV cache (``--weights bf16`` measures it
+alone), the reference keeping a bf16 one.
 """
 
 from __future__ import annotations
@@ -73,12 +76,14 @@ def gpu_mode(
     prompts: list[list[int]],
     continuations: list[list[int]] | None,
     tokens: int,
+    kv_cache_dtype: str = "auto",
 ):
     """(greedy continuations of ``tokens``, top-1 hits over ``continuations`` teacher-forced, positions)."""
     options = dict(
         device=device,
         dtype="bfloat16" if device == "cuda" else "float32",
         weights=weights,
+        kv_cache_dtype=kv_cache_dtype,
         max_kv_cache_capacity=1024,
         max_input_len=768,
     )
@@ -108,7 +113,7 @@ def gpu(args) -> None:
     continuations = [c[:per_prompt] for c in long_ref]
     for weights in args.weights.split(","):
         outs, hits, positions, _ = gpu_mode(
-            args.model, args.device, weights, prompts, continuations, args.tokens
+            args.model, args.device, weights, prompts, continuations, args.tokens, args.kv_cache_dtype
         )
         same = sum(agreement(a, b) >= args.tokens for a, b in zip(outs, reference))
         for prompt, a, b in zip(PROMPTS, outs, reference):
@@ -119,6 +124,7 @@ def gpu(args) -> None:
             figure="quality",
             device=args.device,
             weights=weights,
+            kv_cache_dtype=args.kv_cache_dtype,
             greedy_equal_prompts=f"{same}/{len(PROMPTS)}",
             top1_agreement=round(hits / max(positions, 1), 4),
             positions=positions,
@@ -135,6 +141,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--weights", default="fp8,int4", help="cuda: the modes compared with bf16")
     parser.add_argument("--positions", type=int, default=256, help="cuda: teacher-forced positions in all")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="cuda: the compared modes' KV cache (fp8: against a bf16 one)",
+    )
     parser.add_argument(
         "--compare", action="store_true", help="the CUDA check (--weights vs bf16) on --device cpu"
     )
