@@ -18,12 +18,16 @@ pytestmark = [
 ]
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h"]
+# nemotron_h routes within 2 expert groups (the torch router); nemotron_h_one_group, as Nemotron-3-Nano
+# does, through the one-launch router kernel
+FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "nemotron_h_one_group"]
 
 
 def checkpoint(family: str, directory):
     if family == "nemotron_h":
         return make_tiny_nemotron_h_checkpoint(directory)
+    if family == "nemotron_h_one_group":
+        return make_tiny_nemotron_h_checkpoint(directory, n_group=1)
     return make_tiny_hybrid_checkpoint(
         directory, vision=False, moe=family != "qwen3_5", family=family.removesuffix("_moe")
     )
@@ -262,3 +266,31 @@ def test_bfloat16_graphed_decode_tracks_float32_transformers(family, tmp_path):
     gaps = _gaps(logits[len(ids) - 1 : -1], out)
     assert max(gaps) <= 0.03, gaps
     assert sum(g == 0 for g in gaps) >= 24, gaps
+
+
+def test_the_decode_router_and_pair_products_match_the_per_expert_reference():
+    """Nemotron-3-Nano's routing (128 experts, top-6, one group) and its experts (squared ReLU)."""
+    import torch.nn.functional as F
+
+    from trtedge.runtime.ops import triton_moe_decode as md
+
+    g = torch.Generator().manual_seed(3)
+    t, k, e, top, inter = 5, 256, 128, 6, 96
+    h = _randn(g, t, k)
+    router, bias = _randn(g, e, k, scale=0.1), _randn(g, e, scale=0.1)
+    weights, ids = md.sigmoid_route(h, router, bias, top, True, 2.5)
+    scores = F.linear(h, router).sigmoid()
+    want = (scores + bias).topk(top, dim=-1).indices
+    assert torch.equal(ids, want)
+    ref_w = scores.gather(1, want)
+    assert torch.allclose(weights, ref_w / ref_w.sum(-1, keepdim=True) * 2.5, atol=1e-6)
+    w_up, w_down = _randn(g, e, inter, k, scale=0.1), _randn(g, e, k, inter, scale=0.1)
+    up = md.pair_gemv(h, w_up, ids, top)
+    y = md.pair_gemv(up, w_down, ids, 1, scale=weights.flatten(), relu2_in=True).view(t, top, -1).sum(1)
+    ref = torch.zeros_like(y)
+    for row in range(t):
+        for j in range(top):
+            expert = ids[row, j]
+            act = F.relu(F.linear(h[row], w_up[expert])).square()
+            ref[row] += F.linear(act, w_down[expert]) * weights[row, j]
+    assert torch.allclose(y, ref, atol=1e-4, rtol=1e-4)

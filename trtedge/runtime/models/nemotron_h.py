@@ -25,7 +25,7 @@ from trtedge.runtime.models.nemotron_omni import (
     omni_vision_name,
 )
 from trtedge.runtime.ops import gated_delta as gd
-from trtedge.runtime.ops import ssd, triton_attention, triton_recurrent
+from trtedge.runtime.ops import ssd, triton_attention, triton_moe_decode, triton_recurrent
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import make_linear
 
@@ -340,13 +340,35 @@ class RoutedMoE:
         return weights * spec.routed_scaling_factor, ids
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.route(h)
+        spec = self.spec
+        # decode-sized batches on CUDA: one launch routes, one per projection runs the chosen experts
+        pairs = self.w_up is not None and h.shape[0] * spec.top_k <= triton_moe_decode.MAX_PAIRS
+        if pairs and spec.num_expert_groups == 1:
+            weights, ids = triton_moe_decode.sigmoid_route(
+                h, self.router, self.bias, spec.top_k, spec.norm_topk_prob, spec.routed_scaling_factor
+            )
+        else:
+            weights, ids = self.route(h)
         x = h if self.latent_in is None else self.latent_in(h)
-        out = self._grouped(x, weights, ids) if self.w_up is not None else self._per_expert(x, weights, ids)
+        if pairs:
+            out = self._pairs(x, weights, ids)
+        elif self.w_up is not None:
+            out = self._grouped(x, weights, ids)
+        else:
+            out = self._per_expert(x, weights, ids)
         out = out.to(h.dtype)
         if self.latent_out is not None:
             out = self.latent_out(out)
         return out + self.shared(h)
+
+    def _pairs(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        t, k = ids.shape
+        up = triton_moe_decode.pair_gemv(x, self.w_up, ids, k)
+        relu2 = self.spec.mlp_act == "relu2"
+        if not relu2:
+            up = _ACTIVATIONS[self.spec.mlp_act](up)
+        y = triton_moe_decode.pair_gemv(up, self.w_down, ids, 1, scale=weights.flatten(), relu2_in=relu2)
+        return y.view(t, k, -1).sum(dim=1)
 
     def _grouped(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         from trtedge.runtime.ops.triton_moe import align_by_expert, grouped_matmul
