@@ -4,7 +4,7 @@ when a target is missed.
 
     python benchmarks/gpu_step_profile.py [--shape qwen3-0.6b] [--compare-unfused]
 
-``--compare-unfused`` profiles the step again with ``TRTEDGE_DECODE_FUSION=0``.
+``--compare-unfused`` profiles the step again with ``TRTEDGE_DECODE_FUSION=0 TRTEDGE_PDL=0``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.shapes import write_shape  # noqa: E402
 from trtedge import LLM, SamplingParams  # noqa: E402
+from trtedge.runtime.ops import pdl  # noqa: E402
 
 
 def main() -> None:
@@ -33,8 +34,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = write_shape(Path(tmp) / args.shape, args.shape)
         profile(directory, args.shape, "fused")
-        if args.compare_unfused:
-            os.environ["TRTEDGE_DECODE_FUSION"] = "0"
+        if args.compare_unfused:  # without the fusions and PDL (probed again: off)
+            os.environ.update(TRTEDGE_DECODE_FUSION="0", TRTEDGE_PDL="0")
+            pdl._enabled = None
             profile(directory, args.shape, "unfused")
 
 

@@ -198,3 +198,59 @@ def test_qkv_epilogue_equals_product_then_rope_store(heads, kv_heads, head_dim, 
     torch.cuda.synchronize()
     for out, ref in zip((q_out, k_out, v_out), eager):
         assert torch.equal(out, ref)
+
+
+def test_pdl_is_on_for_hopper():
+    from trtedge.runtime.ops import pdl
+
+    assert pdl.enabled() == (torch.cuda.get_device_capability() >= (9, 0))
+
+
+def test_decode_step_graph_with_pdl_equals_eager_without(tmp_path):
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+    from trtedge.runtime.models import load_model
+    from trtedge.runtime.ops import pdl
+    from trtedge.runtime.ops.attention import AttentionBatch
+
+    model = load_model(
+        resolve_checkpoint(str(make_tiny_checkpoint(tmp_path, "qwen3"))),
+        dtype="bfloat16",
+        device="cuda",
+        weights="float",
+        max_positions=256,
+    )
+    cfg, block_size, rows = model.cfg, 4, 3
+    kv = torch.randn(cfg.num_layers, 2, 32, block_size, cfg.num_kv_heads, cfg.head_dim, device="cuda")
+    kv = kv.to(model.dtype)
+    context_lens = [5, 17, 9]
+    tables = [torch.tensor(t, device="cuda") for t in ([7, 3], [10, 11, 30, 2, 12], [20, 21, 22])]
+    slots = [
+        int(t[(c - 1) // block_size]) * block_size + (c - 1) % block_size
+        for t, c in zip(tables, context_lens)
+    ]
+    batch = AttentionBatch(torch.tensor(slots, device="cuda"), [1] * rows, context_lens, tables, block_size)
+    batch.tables_tensor = batch.padded_block_tables()
+    batch.context_lens_tensor = torch.tensor(context_lens, device="cuda")
+    ids = torch.tensor([5, 9, 300], device="cuda")
+    pos = torch.tensor([c - 1 for c in context_lens], device="cuda")
+    caches = [kv.clone(), kv.clone()]
+
+    def step(cache):
+        return model.forward(ids, pos, [(cache[i, 0], cache[i, 1]) for i in range(cfg.num_layers)], batch)
+
+    saved = pdl.enabled()
+    try:
+        pdl._enabled = False
+        eager = step(caches[0]).clone()
+        pdl._enabled = saved
+        step(caches[1])  # warm-up (tunes nothing new: the plans are cached)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step(caches[1])
+        caches[1].copy_(kv)
+        graph.replay()
+        torch.cuda.synchronize()
+    finally:
+        pdl._enabled = saved
+    assert torch.equal(out, eager)
+    assert torch.equal(caches[1], caches[0])

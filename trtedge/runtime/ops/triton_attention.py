@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from trtedge.runtime.ops import kv_fp8
+from trtedge.runtime.ops import kv_fp8, pdl
 
 try:
     import triton
@@ -73,11 +73,14 @@ if triton is not None:
         part_acc_ptr,
         count_ptr,
         MERGE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # One program per (sequence, kv head, context split): all query heads of the group share
         # each K/V load. With splits, each program writes a partial softmax state; with MERGE the
         # last split of a (sequence, kv head) to finish (an atomic counter, reset by it for the next
         # call) combines them, else _merge_splits_kernel does.
+        if PDL:  # (see ops.pdl)
+            tl.extra.cuda.gdc_wait()
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -127,6 +130,8 @@ if triton is not None:
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m = m_new
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         if NUM_SPLITS == 1:
             out = acc / denom[:, None]
             tl.store(
@@ -174,8 +179,16 @@ if triton is not None:
 
     @triton.jit
     def _merge_splits_kernel(
-        part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr
+        part_m_ptr,
+        part_l_ptr,
+        part_acc_ptr,
+        out_ptr,
+        NUM_SPLITS: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         row = tl.program_id(0)  # sequence x head
         offs_s = tl.arange(0, NUM_SPLITS)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -225,6 +238,7 @@ def paged_decode_attention(
     out = torch.empty_like(q) if out is None else out
     splits = num_splits(b, hkv)
     merge = splits > 1 and counts is not None
+    launch_pdl = pdl.enabled()
     if splits > 1:
         part_m = torch.empty(b * h * splits, dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
@@ -258,7 +272,18 @@ def paged_decode_attention(
         part_acc_ptr=part_acc,
         count_ptr=counts if merge else context_lens,
         MERGE=merge,
+        PDL=launch_pdl,
+        launch_pdl=launch_pdl,
     )
     if splits > 1 and not merge:
-        _merge_splits_kernel[(b * h,)](part_m, part_l, part_acc, out, NUM_SPLITS=splits, HEAD_DIM=d)
+        _merge_splits_kernel[(b * h,)](
+            part_m,
+            part_l,
+            part_acc,
+            out,
+            NUM_SPLITS=splits,
+            HEAD_DIM=d,
+            PDL=launch_pdl,
+            launch_pdl=launch_pdl,
+        )
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from trtedge.runtime.ops import pdl
 from trtedge.runtime.ops.triton_attention import triton
 
 if triton is not None:
@@ -13,8 +14,18 @@ if triton is not None:
 
     @triton.jit
     def _add_rms_norm_kernel(
-        x_ptr, delta_ptr, w_ptr, out_ptr, dim, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr
+        x_ptr,
+        delta_ptr,
+        w_ptr,
+        out_ptr,
+        dim,
+        eps,
+        HAS_DELTA: tl.constexpr,
+        BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        if PDL:  # (see ops.pdl)
+            tl.extra.cuda.gdc_wait()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         mask = offs < dim
@@ -165,6 +176,8 @@ class TritonDecodeKernels:
             eps,
             HAS_DELTA=delta is not None,
             BLOCK=triton.next_power_of_2(dim),
+            PDL=pdl.enabled(),
+            launch_pdl=pdl.enabled(),
         )
 
     def qkv_rope_store(

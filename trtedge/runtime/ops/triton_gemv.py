@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from trtedge.runtime.ops import pdl
 from trtedge.runtime.ops.triton_attention import available, triton
 
 MAX_ROWS = 16
@@ -57,6 +58,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         SPLIT_K: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # NORM_IN: x is the residual stream; the product reads RMSNorm(x) * norm (the row's 1/rms from
         # a first pass over the whole row). SILU_IN: x is [gate | up] (K columns each); the product
@@ -64,6 +66,8 @@ if triton is not None:
         # ROPE_OUT: the product is a fused qkv, one head per column tile (BLOCK_N = head_dim): q heads
         # get q-norm (QK_NORM) and RoPE into y, k heads k-norm and RoPE into the cache, v heads go to
         # the cache. Roundings are the unfused kernels' (triton_fused), which follow HF.
+        if PDL:  # (see ops.pdl) nothing this kernel reads is ready before the previous kernel ends
+            tl.extra.cuda.gdc_wait()
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         dt = y_ptr.dtype.element_ty
@@ -106,6 +110,8 @@ if triton is not None:
                 eviction_policy="evict_first",
             )
             acc += tl.dot(x, tl.trans(w))
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         out_mask = (rm[:, None] < M) & (rn[None, :] < N)
         if SPLIT_K > 1:
             tile = BLOCK_M * N
@@ -381,6 +387,7 @@ class SkinnyLinear:
             y = torch.empty(m, n, dtype=rows.dtype, device=rows.device) if residual is None else residual
         w = self.weight
         r = rope
+        launch_pdl = pdl.enabled()
         _skinny_kernel[(-(-n // block_n), split)](
             rows,
             w,
@@ -414,8 +421,10 @@ class SkinnyLinear:
             BLOCK_N=block_n,
             BLOCK_K=block_k,
             SPLIT_K=split,
+            PDL=launch_pdl,
             num_warps=4,
             num_stages=3,
+            launch_pdl=launch_pdl,
         )
         return y
 
