@@ -50,6 +50,7 @@ def pair(checkpoints):
     at a time: asking for another family closes the previous pair."""
     paths, cache = checkpoints
     current: dict[str, tuple[LLM, LLM]] = {}
+    root = cache.parent
 
     def close() -> None:
         for llms in current.values():
@@ -60,6 +61,8 @@ def pair(checkpoints):
     def get(family: str) -> tuple[LLM, LLM]:
         if family not in current:
             close()
+            if family not in paths:
+                paths[family] = make_tiny_checkpoint(root / family, family)
             current[family] = (launch(paths[family], cache, 1), launch(paths[family], cache, 2))
         return current[family]
 
@@ -172,6 +175,13 @@ def test_greedy_output_matches_one_rank_qwen3(pair):
     check_greedy(*pair("qwen3"))
 
 
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_moe", "qwen3_moe", "mixtral"])
+def test_greedy_output_matches_one_rank_newly_split_layouts(pair, family):
+    """Gemma 3 (scaled embedding, sandwich norms, sliding layers); MoE with each expert's products
+    split (Qwen2-MoE's gated shared expert, Qwen3-MoE's dense layer, Mixtral's w1/w2/w3 names)."""
+    check_greedy(*pair(family))
+
+
 def test_dead_worker_makes_the_server_answer_503(pair):
     from trtedge.server.app import build_app
 
@@ -229,6 +239,25 @@ def test_split_of_each_weight():
     assert shard_config(cfg, 2).num_kv_heads == 1 and shard_config(cfg, 2).intermediate_size == 6
 
 
+def test_split_of_each_expert():
+    cfg = _config()
+    w = torch.arange(6 * 4).view(6, 4)
+    for name in ("mlp.experts.3.up_proj", "block_sparse_moe.experts.0.w1", "mlp.shared_expert.gate_proj"):
+        got = shard_tensor(f"model.layers.0.{name}.weight", w, cfg, 1, 2)
+        assert got.tolist() == w[3:].tolist(), name
+    for name in ("mlp.experts.3.down_proj", "block_sparse_moe.experts.0.w2", "mlp.shared_expert.down_proj"):
+        got = shard_tensor(f"model.layers.0.{name}.weight", w, cfg, 1, 2)
+        assert got.tolist() == w[:, 2:].tolist(), name
+    for name in ("mlp.gate.weight", "mlp.shared_expert_gate.weight"):  # routers: every rank
+        assert shard_tensor(f"model.layers.0.{name}", w, cfg, 1, 2).tolist() == w.tolist()
+    stacked = torch.arange(2 * 8 * 3).view(2, 8, 3)  # [E, 2I, H]: gate rows 0..3, up rows 4..7
+    got = shard_tensor("model.layers.0.mlp.experts.gate_up_proj", stacked, cfg, 1, 2)
+    assert got.tolist() == torch.cat([stacked[:, 2:4], stacked[:, 6:8]], dim=1).tolist()
+    down = torch.arange(2 * 3 * 4).view(2, 3, 4)  # [E, H, I]
+    got = shard_tensor("model.layers.0.mlp.experts.down_proj.weight", down, cfg, 0, 2)
+    assert got.tolist() == down[:, :, :2].tolist()
+
+
 def test_sizes_that_do_not_divide_the_heads_are_refused():
     with pytest.raises(
         ValueError, match=r"--tensor-parallel-size\) 4 does not divide the model's 2 KV heads"
@@ -236,8 +265,10 @@ def test_sizes_that_do_not_divide_the_heads_are_refused():
         check_tensor_parallel(_config(), 4)
     with pytest.raises(ValueError, match="--tensor-parallel-size.*3 attention heads"):
         check_tensor_parallel(_config(num_attention_heads=3, num_key_value_heads=3, head_dim=2), 2)
-    with pytest.raises(ValueError, match="the gemma3 family does not support tensor parallelism"):
-        check_tensor_parallel(replace(_config(), model_type="gemma3"), 2)
+    with pytest.raises(ValueError, match="the gemma4_text family does not support tensor parallelism"):
+        check_tensor_parallel(replace(_config(), model_type="gemma4_text"), 2)
+    with pytest.raises(ValueError, match="divide the model's 3 moe_intermediate_size"):
+        check_tensor_parallel(replace(_config(), model_type="qwen3_moe", moe_intermediate_size=3), 2)
     check_tensor_parallel(_config(), 2)
 
 

@@ -6,6 +6,13 @@ all-reduce after them), the embedding and lm_head vocab-parallel (an all-reduce 
 a gather of the logits to rank 0). A rank's model is the ordinary model built from its slices with a
 config whose head counts and intermediate size are divided by N; the KV cache it allocates from that
 config holds only its own KV heads. Communication goes through torch.distributed only.
+
+Mixture-of-experts layers shard every expert's products the same way (gate/up by rows, down by
+columns: 1/N of each expert's intermediate size on every rank) rather than placing whole experts on
+ranks: every rank routes all tokens alike (the router is replicated), the grouped kernel runs
+unchanged on narrower experts, the work stays balanced whatever the routing, and the layer needs one
+all-reduce (after the routed and shared experts' sum), as a dense MLP does; expert placement would
+need a token exchange in and out of every layer and leaves ranks idle when routing is skewed.
 """
 
 from __future__ import annotations
@@ -15,15 +22,23 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from trtedge.runtime.models.config import ModelConfig
+from trtedge.runtime.models.layers import GatedMLP
 
 # The families whose layers are all covered by the split below.
-TP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+TP_MODEL_TYPES = (
+    "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral",
+)  # fmt: skip
 _LAYER = re.compile(r"model\.layers\.\d+\.(.+)")
 _COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 _ROW = ("self_attn.o_proj", "mlp.down_proj")
+# one expert's (or the shared expert's) products: gate/up split by rows, down by columns
+_EXPERT = r"(mlp|block_sparse_moe)\.(experts\.\d+|shared_expert)\."
+_EXPERT_COLUMN = re.compile(_EXPERT + r"(gate_proj|up_proj|w1|w3)")
+_EXPERT_ROW = re.compile(_EXPERT + r"(down_proj|w2)")
+# transformers 5's stacked experts: gate_up [E, 2I, H], down [E, H, I] (with or without ".weight")
+_STACKED = re.compile(r"(mlp|block_sparse_moe)\.experts\.(gate_up_proj|down_proj)(\.weight)?")
 _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
 
@@ -35,7 +50,7 @@ def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
     """Raise ``ValueError`` naming --tensor-parallel-size when ``cfg`` cannot be split over ``size`` ranks."""
     if size == 1:
         return
-    if cfg.model_type not in TP_MODEL_TYPES or cfg.num_experts:
+    if cfg.model_type not in TP_MODEL_TYPES:
         raise ValueError(
             f"tensor_parallel_size (--tensor-parallel-size) {size}: the {cfg.model_type} family does not "
             f"support tensor parallelism yet (supported: {', '.join(TP_MODEL_TYPES)}); use 1"
@@ -44,6 +59,8 @@ def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
         ("attention heads", cfg.num_heads),
         ("KV heads (num_key_value_heads)", cfg.num_kv_heads),
         ("intermediate_size", cfg.intermediate_size),
+        ("moe_intermediate_size", cfg.moe_intermediate_size),
+        ("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size),
     ):
         if count % size:
             raise ValueError(
@@ -54,12 +71,15 @@ def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
 
 
 def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
-    """The config one rank builds its model from: 1/size of the heads and of the MLP width."""
+    """The config one rank builds its model from: 1/size of the heads and of the MLP (and each
+    expert's) width."""
     return replace(
         cfg,
         num_heads=cfg.num_heads // size,
         num_kv_heads=cfg.num_kv_heads // size,
         intermediate_size=cfg.intermediate_size // size,
+        moe_intermediate_size=cfg.moe_intermediate_size // size,
+        shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // size,
     )
 
 
@@ -97,6 +117,20 @@ def shard_tensor(name: str, view, cfg: ModelConfig, rank: int, size: int) -> tor
         return view[:]
     local, _, suffix = m.group(1).rpartition(".")
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    stacked = _STACKED.fullmatch(m.group(1))
+    if stacked is not None:
+        if stacked.group(2) == "down_proj":  # [E, H, I]: each expert's input columns
+            step = shape[2] // size
+            return view[:, :, rank * step : (rank + 1) * step]
+        half = shape[1] // 2  # [E, 2I, H]: each expert's gate rows, then its up rows
+        step = half // size
+        gate = view[:, rank * step : (rank + 1) * step]
+        return torch.cat([gate, view[:, half + rank * step : half + (rank + 1) * step]], dim=1)
+    if _EXPERT_COLUMN.fullmatch(local):
+        return _rows(view, [shape[0]], rank, size)
+    if _EXPERT_ROW.fullmatch(local):
+        step = shape[1] // size
+        return view[:, rank * step : (rank + 1) * step]
     if local in _COLUMN:
         return _rows(view, [shape[0]], rank, size)
     if local == "self_attn.qkv_proj":
@@ -129,18 +163,38 @@ class RowParallel:
         return self.linear.nbytes
 
 
-class VocabParallelEmbedding:
-    """Each rank looks up the ids in its vocabulary slice (zeros elsewhere); the all-reduce joins them."""
+class ReducedMLP:
+    """An MLP block whose output is a partial sum on each rank (a MoE layer: its routed experts plus
+    the gated shared expert, all row-parallel), summed over the ranks once."""
 
-    def __init__(self, weight: torch.Tensor, start: int, group=None):
-        self.weight = weight
+    def __init__(self, mlp, group=None):
+        self.mlp = mlp
+        self.group = group
+
+    def __call__(self, h: torch.Tensor, kernels=None) -> torch.Tensor:
+        y = self.mlp(h, kernels).contiguous()
+        dist.all_reduce(y, group=self.group)
+        return y
+
+    @property
+    def linears(self) -> list:
+        return self.mlp.linears
+
+
+class VocabParallelEmbedding:
+    """Each rank looks up the ids in its vocabulary slice (zeros elsewhere); the all-reduce joins them.
+    ``lookup`` is the model's own embedding of ids into its slice (Gemma scales it)."""
+
+    def __init__(self, lookup, rows: int, start: int, group=None):
+        self.lookup = lookup
+        self.rows = rows
         self.start = start
         self.group = group
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         local = input_ids - self.start
-        outside = (local < 0) | (local >= self.weight.shape[0])
-        x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        outside = (local < 0) | (local >= self.rows)
+        x = self.lookup(local.masked_fill(outside, 0)).contiguous()
         x.masked_fill_(outside.unsqueeze(-1), 0)
         dist.all_reduce(x, group=self.group)
         return x
@@ -171,11 +225,18 @@ class GatheredHead:
 
 
 def parallelize(model, rank: int, size: int, vocab_size: int, group=None) -> None:
-    """Join a rank's model built from its slices: all-reduce after o_proj and down_proj, the
-    vocab-parallel embedding, the logits gathered to rank 0."""
+    """Join a rank's model built from its slices: all-reduce after o_proj and down_proj (after a MoE
+    block's sum), the vocab-parallel embedding, the logits gathered to rank 0."""
     for layer in model.layers:
         layer.o = RowParallel(layer.o, group)
-        layer.mlp.down = RowParallel(layer.mlp.down, group)
-    start, _ = vocab_shard(vocab_size, rank, size)
-    model.embed_tokens = VocabParallelEmbedding(model.embed, start, group)
+        if isinstance(layer.mlp, GatedMLP):
+            layer.mlp.down = RowParallel(layer.mlp.down, group)
+        else:
+            layer.mlp = ReducedMLP(layer.mlp, group)
+    start, rows = vocab_shard(vocab_size, rank, size)
+    model.embed_tokens = VocabParallelEmbedding(model.embed_tokens, rows, start, group)
     model.lm_head = GatheredHead(model.lm_head, vocab_size, rank, size, group)
+    # Paths that would skip the collectives: the one-call native decode step (int8/int4 on the CPU)
+    # and the CUDA products that fold the residual add into o_proj / down_proj.
+    model.native_step = None
+    model.fused_products = False
