@@ -5,8 +5,8 @@
                                                      # with a tiny 2-layer draft, draft_model and ngram vs plain
     python benchmarks/speculative.py --mode device --shape qwen3-8b
 
-Device mode also runs, on the same target, an EAGLE-3 head of the published layout (random weights at the
-target's width) and the oracle: a test proposer that drafts the tokens the target emitted for the prompt
+Device mode also runs, on the same target, an EAGLE-3 head and a DFlash draft of the published layouts
+(random weights at the target's width; DFlash at its default depth, 15 of a block of 16) and the oracle: a test proposer that drafts the tokens the target emitted for the prompt
 in its previous run (plain decoding first), so every draft is accepted while outputs agree: the
 ceiling of the verify path at k tokens (trtedge.runtime.speculative.oracle; it runs the engine in this
 process, so its table has an in-process plain row of its own). Then a Qwen3.5-0.8B-style target with one
@@ -157,6 +157,7 @@ def device(args) -> None:
             write_shape(drafts[name], args.shape)
             (drafts[name] / "config.json").write_text(json.dumps(qwen3_config(args.shape) | change))
         eagle3 = write_eagle3_head(Path(tmp) / "eagle3", qwen3_config(args.shape))
+        dflash = write_dflash_draft(Path(tmp) / "dflash", qwen3_config(args.shape))
         prompt = [int(t) for t in (list(range(1000, 1064)) * 3)]  # a repetitive prompt: lookup finds drafts
         configs = [
             ("plain decode", None),
@@ -180,6 +181,7 @@ def device(args) -> None:
                 f"eagle3 (random head, published layout), {args.k[0]}",
                 {"method": "eagle3", "model": str(eagle3), "num_speculative_tokens": args.k[0]},
             ),
+            ("dflash (random 2-layer draft, block 16), 15", {"method": "dflash", "model": str(dflash)}),
         ]
         rows = []
         for name, spec in configs:
@@ -318,6 +320,70 @@ def write_eagle3_head(directory: Path, target: dict, draft_vocab: int = 32000) -
         "draft_vocab_size": draft_vocab,
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": sorted({min(2, layers - 1), layers // 2, max(layers - 3, 0)})
+        },
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
+def write_dflash_draft(directory: Path, target: dict, num_layers: int = 2, block_size: int = 16) -> Path:
+    """A random DFlash draft in the published layout at the target's width: ``num_layers`` Qwen3 layers
+    of the target's geometry, fc over the outputs of 5 target layers spread over its depth."""
+    import torch
+    from safetensors.torch import save_file
+
+    h, layers = target["hidden_size"], target["num_hidden_layers"]
+    q = target["num_attention_heads"] * target["head_dim"]
+    kv = target["num_key_value_heads"] * target["head_dim"]
+    inter, hd = target["intermediate_size"], target["head_dim"]
+    taps = [1 + i * (layers - 3) // 4 for i in range(5)]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=g, device=device) * 0.02).to(torch.bfloat16).cpu()
+
+    def ones(n):
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    tensors = {"fc.weight": rand(h, len(taps) * h), "hidden_norm.weight": ones(h), "norm.weight": ones(h)}
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        tensors |= {
+            f"{p}self_attn.q_proj.weight": rand(q, h),
+            f"{p}self_attn.k_proj.weight": rand(kv, h),
+            f"{p}self_attn.v_proj.weight": rand(kv, h),
+            f"{p}self_attn.o_proj.weight": rand(h, q),
+            f"{p}self_attn.q_norm.weight": ones(hd),
+            f"{p}self_attn.k_norm.weight": ones(hd),
+            f"{p}input_layernorm.weight": ones(h),
+            f"{p}post_attention_layernorm.weight": ones(h),
+            f"{p}mlp.gate_proj.weight": rand(inter, h),
+            f"{p}mlp.up_proj.weight": rand(inter, h),
+            f"{p}mlp.down_proj.weight": rand(h, inter),
+        }
+    config = {
+        key: target[key]
+        for key in (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "rms_norm_eps",
+            "rope_theta",
+            "vocab_size",
+        )
+    } | {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "num_hidden_layers": num_layers,
+        "dflash_config": {
+            "target_layer_ids": taps,
+            "block_size": block_size,
+            "mask_token_id": target["vocab_size"] - 1,
         },
     }
     directory.mkdir(parents=True, exist_ok=True)

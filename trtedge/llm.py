@@ -209,8 +209,8 @@ class LLM:
         draft = None
         if spec is not None and spec.method == "draft_model":
             draft = ("draft_model", picklable_checkpoint(self._draft_source(load_format)))
-        elif spec is not None and spec.method == "eagle3":
-            draft = ("eagle3", self._eagle3_path(spec))
+        elif spec is not None and spec.method in ("eagle3", "dflash"):  # a head's directory
+            draft = (spec.method, self._eagle3_path(spec))
         elif spec is not None and spec.method == "mtp":  # the target checkpoint's own mtp.* tensors
             draft = ("mtp", picklable_checkpoint(self.checkpoint))
         launch = CoreLaunch(
@@ -308,8 +308,8 @@ class LLM:
             raise ConfigError(str(e)) from None
 
     def _load_draft(self, spec, dtype: str, device: str, weights: str, load_format: str):
-        """The draft model (from the paired bundle), the EAGLE-3 head (from its directory) or the MTP
-        head (the checkpoint's own mtp.* tensors)."""
+        """The draft model (from the paired bundle), the EAGLE-3 head or DFlash draft (from its
+        directory) or the MTP head (the checkpoint's own mtp.* tensors)."""
         if spec.method == "draft_model":
             return load_model(
                 self._draft_source(load_format),
@@ -324,6 +324,17 @@ class LLM:
 
             try:
                 return load_eagle3(self._eagle3_path(spec), self.model, self.config.max_kv_cache_capacity)
+            except ValueError as e:
+                raise ConfigError(f"--speculative-config model: {e}") from None
+        if spec.method == "dflash":
+            from trtedge.runtime.speculative import SpeculativeConfigError
+            from trtedge.runtime.speculative.dflash import load_dflash
+
+            capacity = self.config.max_kv_cache_capacity
+            try:
+                return load_dflash(self._eagle3_path(spec), self.model, capacity, spec.num_speculative_tokens)
+            except SpeculativeConfigError as e:  # names its key
+                raise ConfigError(str(e)) from None
             except ValueError as e:
                 raise ConfigError(f"--speculative-config model: {e}") from None
         if spec.method == "mtp":

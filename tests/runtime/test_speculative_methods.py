@@ -1,4 +1,4 @@
-"""The reference server's method names: the block drafters (dflash, jetspec, dspark) and domino parse
+"""The reference server's method names: the block drafters (jetspec, dspark) and domino parse
 with their defaults and are refused at launch naming the method and the methods that are available."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from trtedge.runtime.speculative import (
 )
 
 
-@pytest.mark.parametrize("method,depth", [("dflash", 15), ("jetspec", 16), ("dspark", 7)])
+@pytest.mark.parametrize("method,depth", [("jetspec", 16), ("dspark", 7)])
 def test_block_drafters_parse_and_are_refused_listing_the_available_methods(method, depth):
     spec = SpeculativeConfig.coerce({"method": method, "model": "draft"})
     assert spec.num_speculative_tokens == depth and spec.needs_model
@@ -29,8 +29,26 @@ def test_block_drafters_parse_and_are_refused_listing_the_available_methods(meth
         LaunchConfig(model="m", speculative={"method": method})
 
 
+def test_dflash_parses_with_the_references_default_depth():
+    spec = SpeculativeConfig.coerce({"method": "dflash", "model": "draft"})
+    assert spec.num_speculative_tokens == 15 and spec.needs_model  # one block of 16
+
+
+def test_dflash_is_refused_for_hybrid_models():
+    spec = SpeculativeConfig(method="dflash", model="draft")
+    with pytest.raises(
+        UnsupportedSpeculativeMethod, match="method dflash is not supported with hybrid models"
+    ):
+        check_supported(spec, "qwen3_5", hybrid=True)
+
+
 def test_available_methods_pass_the_launch_check():
-    for spec in ({"method": "ngram"}, {"method": "mtp"}, {"method": "draft_model", "model": "d"}):
+    for spec in (
+        {"method": "ngram"},
+        {"method": "mtp"},
+        {"method": "draft_model", "model": "d"},
+        {"method": "dflash", "model": "d"},
+    ):
         assert LaunchConfig(model="m", speculative=spec).speculative.method == spec["method"]
 
 

@@ -83,7 +83,7 @@ def test_api_key_from_environment(monkeypatch):
         ),
         (
             ["--speculative-config", '{"method": "dspark", "model": "m"}'],
-            "method dspark is not available in trtedge yet; available: draft_model, eagle3, ngram, mtp",
+            "method dspark is not available in trtedge yet; available: draft_model, eagle3, ngram, mtp, dflash",
         ),
         (["--speculative-config", '{"method": "jetspec"}'], "method jetspec needs model"),
         (["--reasoning-parser", "granite"], "--reasoning-parser"),

@@ -121,7 +121,7 @@ class CoreLaunch:
     checkpoint: Any  # a Bundle (its lock stays on this side) or a config-only checkpoint
     load: dict  # load_model's keyword arguments
     engine_config: Any  # EngineConfig
-    # ("draft_model", checkpoint), ("eagle3", head directory) or ("mtp", the target's checkpoint)
+    # ("draft_model", checkpoint), ("eagle3" / "dflash", head directory) or ("mtp", the target's checkpoint)
     draft: tuple[str, Any] | None = None
     log_level: int = logging.INFO
 
@@ -678,6 +678,11 @@ def _start_engine(launch: CoreLaunch):
             from trtedge.runtime.speculative.mtp import load_mtp
 
             draft = load_mtp(source, model, launch.load.get("load_format", "auto"))
+        elif method == "dflash":
+            from trtedge.runtime.speculative.dflash import load_dflash
+
+            spec = launch.engine_config.speculative
+            draft = load_dflash(source, model, launch.load["max_positions"], spec.num_speculative_tokens)
         else:  # an EAGLE-3 head's directory
             from trtedge.runtime.speculative.eagle3 import load_eagle3
 

@@ -1,5 +1,6 @@
 """Speculative decoding: proposers (n-gram lookup, a draft model, an EAGLE-3 head, the checkpoint's own
-MTP layers) draft tokens and the target verifies them in one forward (see ``decoder``)."""
+MTP layers, a DFlash block drafter) draft tokens and the target verifies them in one forward (see
+``decoder``)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,11 @@ def check_supported(config: SpeculativeConfig, model_type: str | None = None, hy
             f"--speculative-config method {config.method} is not available in trtedge yet; available: "
             f"{', '.join(AVAILABLE_METHODS)}"
         )
-    if hybrid and config.method == "eagle3":
+    if hybrid and config.method in ("eagle3", "dflash"):
         raise UnsupportedSpeculativeMethod(
-            f"--speculative-config method eagle3 is not supported with hybrid models ({model_type}: "
-            "its recurrent layers verify linear draft chains only, and it has no EAGLE-3 hidden-state "
-            "taps); use ngram, draft_model or mtp"
+            f"--speculative-config method {config.method} is not supported with hybrid models ({model_type}: "
+            "its recurrent layers verify linear draft chains only, and it has no hidden-state taps for "
+            "a draft head); use ngram, draft_model or mtp"
         )
 
 
@@ -46,7 +47,7 @@ def build_decoder(
     config: SpeculativeConfig, draft, runner, blocks, max_num_batched_tokens: int, max_kv_cache_capacity: int
 ):
     """The engine's SpeculativeDecoder for ``config``; ``draft`` is the loaded draft model or head (the
-    MTP head for ``mtp``: ``mtp.load_mtp``)."""
+    MTP head for ``mtp``: ``mtp.load_mtp``; ``dflash.load_dflash`` for ``dflash``)."""
     from trtedge.runtime.speculative.decoder import SpeculativeDecoder
     from trtedge.runtime.speculative.ngram import NgramProposer
 
@@ -73,6 +74,10 @@ def build_decoder(
 
         check_mtp(runner.model.cfg)
         proposer = MtpProposer(draft, runner.model, blocks.num_blocks, blocks.block_size)
+    elif config.method == "dflash":
+        from trtedge.runtime.speculative.dflash import DFlashProposer
+
+        proposer = DFlashProposer(draft, runner.model, blocks.num_blocks, blocks.block_size)
     else:
         from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
 

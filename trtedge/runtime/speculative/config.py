@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 
-AVAILABLE_METHODS = ("draft_model", "eagle3", "ngram", "mtp")
-# The reference server's block-drafter methods: parsed (with its names and defaults), refused at launch
+AVAILABLE_METHODS = ("draft_model", "eagle3", "ngram", "mtp", "dflash")
+# The reference server's other methods: parsed (with its names and defaults), refused at launch
 # (``check_supported``) until trtedge runs them.
-UNAVAILABLE_METHODS = ("dflash", "jetspec", "dspark", "domino")
+UNAVAILABLE_METHODS = ("jetspec", "dspark", "domino")
 METHODS = AVAILABLE_METHODS + UNAVAILABLE_METHODS
 # need a draft checkpoint in "model" (domino: no public definition says; a model is allowed, not required)
 MODEL_METHODS = ("draft_model", "eagle3", "dflash", "jetspec", "dspark")

@@ -1,0 +1,264 @@
+"""DFlash: a block-diffusion drafter (z-lab). One draft forward proposes a whole block: the anchor (the
+last token, which the target has not computed yet) and ``block_size - 1`` mask tokens at the positions
+after it, all attending to each other and to the context, are denoised at once into the drafts.
+
+Checkpoint layout (``architectures: ["DFlashDraftModel"]``, a Qwen3 config with ``dflash_config``:
+``target_layer_ids``, ``block_size``, ``mask_token_id``; the keys may also sit at the top level):
+``fc.weight`` [hidden, len(target_layer_ids) x hidden] fuses the target's hidden states after those
+layers (transformers' ``hidden_states[i + 1]``: the output of layer ``i``, the last one normed), then
+``hidden_norm``; ``layers.{i}.*``: Qwen3 decoder layers (q/k norms) whose attention takes its queries
+from the block and its keys and values from ``[context, block]``: the context rows are the fused target
+states, projected by each layer's ``k_proj`` / ``v_proj`` (no input norm, no MLP); ``norm.weight``.
+The embedding (times ``input_embedding_scale``, default 1) and the lm head (times ``output_multiplier``,
+then ``final_logit_softcapping`` if set) are the target's. No causal mask inside the block.
+
+Here the context keys and values of every layer live in the proposer's paged cache, appended as the
+target's hidden states arrive; the block's are written after them and overwritten by the next catch-up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.models.layers import rms_norm, rotate
+from trtedge.runtime.models.rope import rope_tables
+from trtedge.runtime.ops.attention import TorchAttention
+from trtedge.runtime.ops.linear import embedding
+from trtedge.runtime.speculative import SpeculativeConfigError, UnsupportedSpeculativeMethod
+from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens
+from trtedge.runtime.speculative.tree import Draft
+
+ARCHITECTURES = ("DFlashDraftModel",)
+
+
+def _setting(config: dict, name: str, default=None):
+    return (config.get("dflash_config") or {}).get(name, config.get(name, default))
+
+
+class DFlashHead:
+    def __init__(self, config: dict, tensors: dict[str, torch.Tensor], target, max_positions: int = 8192):
+        from trtedge.runtime.models.config import _rope_config
+
+        dtype, device = getattr(target, "act_dtype", target.dtype), target.device
+        w = {k.removeprefix("model."): v.to(device=device, dtype=dtype) for k, v in tensors.items()}
+        hidden = target.cfg.hidden_size
+        self.dtype, self.device, self.target = dtype, device, target
+        self.num_heads = int(config["num_attention_heads"])
+        self.num_kv_heads = int(config.get("num_key_value_heads") or self.num_heads)
+        self.head_dim = int(config.get("head_dim") or hidden // self.num_heads)
+        self.eps = float(config.get("rms_norm_eps", 1e-6))
+        self.block_size = int(_setting(config, "block_size", 16))
+        self.mask_token_id = _setting(config, "mask_token_id")
+        ids = _setting(config, "target_layer_ids")
+        num_layers = target.cfg.num_layers
+        if not ids or not all(isinstance(i, int) and 0 <= i < num_layers for i in ids):
+            raise ValueError(
+                f"DFlash draft: target_layer_ids {ids} must name layers of the {num_layers}-layer target"
+            )
+        if not isinstance(self.mask_token_id, int) or not 0 <= self.mask_token_id < target.cfg.vocab_size:
+            raise ValueError(
+                f"DFlash draft: mask_token_id {self.mask_token_id!r} is not a token of the target"
+            )
+        if self.block_size < 2:
+            raise ValueError(f"DFlash draft: block_size must be at least 2, got {self.block_size}")
+        if int(config.get("hidden_size", hidden)) != hidden:
+            raise ValueError(
+                f"DFlash draft: hidden_size {config['hidden_size']} differs from the target's ({hidden})"
+            )
+        # target taps: the input of layer i + 1 (index num_layers: the final state, normed here)
+        self.taps = tuple(i + 1 for i in ids)
+        self.embed_scale = float(_setting(config, "input_embedding_scale", 1.0))
+        self.output_multiplier = float(_setting(config, "output_multiplier", 1.0))
+        self.softcap = _setting(config, "final_logit_softcapping")
+        self.fc = _require(w, "fc.weight", (hidden, len(ids) * hidden))
+        self.hidden_norm = _require(w, "hidden_norm.weight")
+        self.norm = _require(w, "norm.weight")
+        self.layers = []
+        for i in range(int(config["num_hidden_layers"])):
+            p = f"layers.{i}."
+            qkv = [_require(w, f"{p}self_attn.{n}_proj.weight") for n in "qkv"]
+            self.layers.append(
+                {
+                    "q": qkv[0],
+                    "kv": torch.cat(qkv[1:]),
+                    "o": _require(w, f"{p}self_attn.o_proj.weight"),
+                    "q_norm": _require(w, f"{p}self_attn.q_norm.weight"),
+                    "k_norm": _require(w, f"{p}self_attn.k_norm.weight"),
+                    "input_norm": _require(w, f"{p}input_layernorm.weight"),
+                    "post_norm": _require(w, f"{p}post_attention_layernorm.weight"),
+                    "gate_up": torch.cat(
+                        [_require(w, f"{p}mlp.gate_proj.weight"), _require(w, f"{p}mlp.up_proj.weight")]
+                    ),
+                    "down": _require(w, f"{p}mlp.down_proj.weight"),
+                }
+            )
+        if not self.layers:
+            raise ValueError("DFlash draft: num_hidden_layers must be at least 1")
+        rope = _rope_config(config, "DFlash draft", "full_attention")
+        cos, sin = rope_tables(rope, self.head_dim, self.head_dim, max_positions)
+        self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
+        self.attention = TorchAttention(self.head_dim**-0.5)
+
+    @property
+    def num_kv_layers(self) -> int:
+        return len(self.layers)
+
+    def features(self, taps: torch.Tensor) -> torch.Tensor:
+        """The context rows every layer's keys and values read: fc over the target's tapped states."""
+        target = self.target
+        if target.cfg.num_layers in self.taps:  # the last layer's output is normed, as transformers gives it
+            chunks = list(taps.chunk(len(self.taps), dim=-1))
+            j = self.taps.index(target.cfg.num_layers)
+            chunks[j] = target.layers[0].norm(chunks[j], target.norm)
+            taps = torch.cat(chunks, dim=-1)
+        return rms_norm(F.linear(taps, self.fc), self.hidden_norm, self.eps)
+
+    def _kv(self, layer: dict, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t, kv_size = x.shape[0], self.num_kv_heads * self.head_dim
+        k, v = F.linear(x, layer["kv"]).split([kv_size, kv_size], dim=-1)
+        k = rms_norm(k.view(t, self.num_kv_heads, self.head_dim), layer["k_norm"], self.eps)
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        return rotate(k, cos, sin), v.view(t, self.num_kv_heads, self.head_dim)
+
+    def forward(
+        self, context, context_positions, context_slots, ids, positions, kv_caches, attn
+    ) -> torch.Tensor:
+        """Write the ``context`` rows' keys and values (fused target states, ``features``) at
+        ``context_slots``, then denoise the block rows ``ids`` at ``positions`` (``attn``: each
+        sequence's block sees its whole context and block). Returns logits of every block row."""
+        t = ids.shape[0]
+        x = embedding(ids, self.target.embed).to(self.dtype) * self.embed_scale
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        q_size = self.num_heads * self.head_dim
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            if context.shape[0]:
+                k, v = self._kv(layer, context, context_positions)
+                k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, context_slots, k)
+                v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, context_slots, v)
+            h = rms_norm(x, layer["input_norm"], self.eps)
+            q = rms_norm(
+                F.linear(h, layer["q"]).view(t, self.num_heads, self.head_dim), layer["q_norm"], self.eps
+            )
+            k, v = self._kv(layer, h, positions)
+            o = self.attention(rotate(q, cos, sin), k, v, k_cache, v_cache, attn)
+            x = x + F.linear(o.reshape(t, q_size), layer["o"])
+            gate, up = F.linear(rms_norm(x, layer["post_norm"], self.eps), layer["gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer["down"])
+        logits = self.target.logits(rms_norm(x, self.norm, self.eps)) * self.output_multiplier
+        if self.softcap:
+            logits = torch.tanh(logits / float(self.softcap)) * float(self.softcap)
+        return logits
+
+
+def load_dflash(path: str | Path, target, max_positions: int, num_speculative_tokens: int) -> DFlashHead:
+    """A DFlash draft from its directory (config.json + safetensors) for ``target``."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"DFlash draft {path}: no config.json")
+    config = json.loads(config_file.read_text())
+    archs = config.get("architectures") or []
+    if archs and not any(a in ARCHITECTURES for a in archs):
+        raise ValueError(
+            f"DFlash draft {path}: architectures {archs} is not one of {', '.join(ARCHITECTURES)}"
+        )
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"DFlash draft {path}: no .safetensors weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    head = DFlashHead(config, tensors, target, max_positions)
+    if num_speculative_tokens > head.block_size - 1:
+        raise SpeculativeConfigError(
+            f"--speculative-config num_speculative_tokens ({num_speculative_tokens}) must not exceed the "
+            f"DFlash draft's block_size - 1 ({head.block_size - 1}): one block holds the anchor and the proposals"
+        )
+    return head
+
+
+class DFlashProposer:
+    def __init__(self, head: DFlashHead, target, num_blocks: int, block_size: int):
+        if head is None:
+            raise UnsupportedSpeculativeMethod(
+                "--speculative-config method dflash: no DFlash draft was loaded"
+            )
+        self.head = head
+        target.aux_layers = head.taps  # the target keeps these layers' inputs from every forward
+        self.cache = DraftCache(
+            head.num_kv_layers,
+            head.num_kv_heads,
+            head.head_dim,
+            num_blocks,
+            block_size,
+            head.dtype,
+            head.device,
+        )
+        width = len(head.taps) * target.cfg.hidden_size
+        self.hiddens = TargetHiddens(self.cache, width, head.dtype, head.device)
+
+    def observe(self, seqs: list[Sequence], num_tokens: list[int], aux: torch.Tensor | None) -> None:
+        self.hiddens.observe(seqs, num_tokens, aux)
+
+    def verified(self, seq: Sequence, draft: Draft, path: list[int], aux) -> None:
+        self.hiddens.verified(seq, path, aux)
+
+    def release(self, seq: Sequence) -> None:
+        self.cache.release(seq)
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft | None]:
+        head, bs = self.head, self.cache.block_size
+        taps, context_positions, context_slots, rows, live = [], [], [], [], []
+        for i, seq in enumerate(seqs):
+            st = self.cache.state(seq)
+            n = seq.num_tokens  # the target has computed n - 1 of them: the anchor is token n - 1
+            start = min(st.num_computed_tokens, n - 1)
+            if not self.cache.reserve(st, n - 1 + head.block_size):
+                continue
+            taps.append(self.hiddens.take(st, start, n - 1))
+            context_positions += range(start, n - 1)
+            table = st.block_table
+            context_slots += [table[p // bs] * bs + p % bs for p in range(start, n - 1)]
+            block = [seq.token_ids[-1]] + [head.mask_token_id] * (head.block_size - 1)
+            visible = torch.ones(
+                head.block_size, n - 1 + head.block_size, dtype=torch.bool, device=head.device
+            )
+            rows.append(Row(st, block, list(range(n - 1, n - 1 + head.block_size)), n - 1, visible))
+            st.num_computed_tokens = n - 1  # the block's rows are rewritten by the next catch-up
+            live.append(i)
+        if not rows:
+            return [None] * len(seqs)
+        ids, positions, attn = self.cache.attention_batch(rows)
+        device = head.device
+        logits = head.forward(
+            head.features(torch.cat(taps)),
+            torch.tensor(context_positions, dtype=torch.long, device=device),
+            torch.tensor(context_slots, dtype=torch.long, device=device),
+            ids,
+            positions,
+            self.cache.kv_caches,
+            attn,
+        )
+        tokens = logits.view(len(rows), head.block_size, -1)[:, 1:].argmax(dim=-1).tolist()  # one host read
+        drafts: list[Draft | None] = [None] * len(seqs)
+        for row_tokens, i in zip(tokens, live):
+            drafts[i] = Draft.chain(row_tokens[: limits[i]])
+        return drafts
+
+
+def _require(tensors: dict, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    if name not in tensors:
+        raise ValueError(f"DFlash draft: checkpoint has no tensor {name!r}")
+    if shape is not None and tuple(tensors[name].shape) != shape:
+        raise ValueError(
+            f"DFlash draft: tensor {name!r} has shape {tuple(tensors[name].shape)}, expected {shape}"
+        )
+    return tensors[name]
