@@ -156,8 +156,11 @@ def device(args) -> None:
             drafts[name] = Path(tmp) / name
             write_shape(drafts[name], args.shape)
             (drafts[name] / "config.json").write_text(json.dumps(qwen3_config(args.shape) | change))
-        eagle3 = write_eagle3_head(Path(tmp) / "eagle3", qwen3_config(args.shape))
-        dflash = write_dflash_draft(Path(tmp) / "dflash", qwen3_config(args.shape))
+        eagle3, dflash = Path(tmp) / "eagle3", Path(tmp) / "dflash"
+        if "eagle3" in args.only:
+            write_eagle3_head(eagle3, qwen3_config(args.shape))
+        if "dflash" in args.only:
+            write_dflash_draft(dflash, qwen3_config(args.shape))
         prompt = [int(t) for t in (list(range(1000, 1064)) * 3)]  # a repetitive prompt: lookup finds drafts
         configs = [
             ("plain decode", None),
@@ -183,8 +186,12 @@ def device(args) -> None:
             ),
             ("dflash (random 2-layer draft, block 16), 15", {"method": "dflash", "model": str(dflash)}),
         ]
+        wanted = {"draft_model": "draft"}
+        configs = [
+            (n, c) for n, c in configs if c is None or wanted.get(c["method"], c["method"]) in args.only
+        ]
         rows = []
-        for name, spec in configs:
+        for name, spec in configs if len(configs) > 1 else ():
             with LLM(
                 str(target),
                 load_format="dummy",
@@ -193,13 +200,17 @@ def device(args) -> None:
                 speculative_config=spec,
             ) as llm:
                 rows.append((name, run(llm, prompt, args.tokens, args.repeats)))
-        table(f"{args.shape} shape (random weights, {args.dtype}), batch 1, {args.tokens} new tokens", rows)
+        if rows:
+            table(
+                f"{args.shape} shape (random weights, {args.dtype}), batch 1, {args.tokens} new tokens", rows
+            )
         load = dict(load_format="dummy", dtype=args.dtype, max_kv_cache_capacity=2048)
-        table(
-            f"{args.shape} shape, the oracle (drafts = the target's own greedy tokens), in-process, batch 1",
-            oracle_rows(target, load, prompt, args),
-        )
-        if args.mtp_layers:
+        if "oracle" in args.only:
+            table(
+                f"{args.shape} shape, the oracle (drafts = the target's own greedy tokens), in-process, batch 1",
+                oracle_rows(target, load, prompt, args),
+            )
+        if args.mtp_layers and "mtp" in args.only:
             qwen35 = write_config_shape(Path(tmp) / "qwen3.5", qwen3_5_config(args.mtp_layers))
             rows = []
             for name, spec in (
@@ -214,7 +225,7 @@ def device(args) -> None:
                 f"batch 1, {args.tokens} new tokens",
                 rows,
             )
-        for scale in [s for s in args.agreeing_scale if s > 0]:
+        for scale in [s for s in args.agreeing_scale if s > 0] if "agreeing" in args.only else ():
             # a target its own first 2 layers agree with (see write_agreeing_weights): draft_model's gain
             agreeing = write_agreeing_weights(
                 write_shape(Path(tmp) / f"agreeing-{scale}", args.shape), args.shape, scale
@@ -408,6 +419,13 @@ def main() -> None:
         default=[0.1],
         help="device mode: also run draft_model on a target whose layers past the 2nd are scaled by this "
         "(its first 2 layers, the draft, agree with it often; smaller agrees more); 0 skips it",
+    )
+    parser.add_argument(
+        "--only",
+        type=lambda v: set(v.split(",")),
+        default={"ngram", "draft", "eagle3", "dflash", "oracle", "mtp", "agreeing"},
+        help="device mode: the rows to run besides plain decoding, comma-separated among ngram, draft, eagle3, "
+        "dflash, oracle, mtp, agreeing (default: all)",
     )
     parser.add_argument(
         "--mtp-layers",
