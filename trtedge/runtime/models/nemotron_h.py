@@ -8,6 +8,7 @@ loads them itself: speculative/mtp.py)."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,9 +26,9 @@ from trtedge.runtime.models.nemotron_omni import (
     omni_vision_name,
 )
 from trtedge.runtime.ops import gated_delta as gd
-from trtedge.runtime.ops import ssd, triton_attention, triton_moe_decode, triton_recurrent
+from trtedge.runtime.ops import ssd, triton_attention, triton_gemv, triton_moe_decode, triton_recurrent
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
-from trtedge.runtime.ops.linear import make_linear
+from trtedge.runtime.ops.linear import DenseLinear, make_linear
 
 log = logging.getLogger("trtedge")
 
@@ -124,8 +125,12 @@ class Mamba2Mixer:
         return [self.in_proj, self.out_proj]
 
     def __call__(self, x: torch.Tensor, batch: RecurrentBatch) -> torch.Tensor:
-        spec, t = self.spec, x.shape[0]
-        z, xbc, dt = self.in_proj(x).split(self.splits, dim=-1)
+        return self.out_proj(self.mix(self.in_proj(x), batch))
+
+    def mix(self, proj: torch.Tensor, batch: RecurrentBatch) -> torch.Tensor:
+        """From the input projection [T, ...] to the output projection's input [T, inner_size]."""
+        spec, t, dtype = self.spec, proj.shape[0], proj.dtype
+        z, xbc, dt = proj.split(self.splits, dim=-1)
         conv, ssm = batch.pool.conv[self.index], batch.pool.ssm[self.index]
         if batch.is_decode and self.fused:
             rows = batch.rows_tensor
@@ -136,7 +141,7 @@ class Mamba2Mixer:
             for i, ckpt in enumerate(batch.checkpoints):
                 if ckpt is not None:
                     conv[ckpt[1]], ssm[ckpt[1]] = conv[batch.rows[i]], ssm[batch.rows[i]]
-            return self._out(y, z, x.dtype)
+            return self._gate(y, z, dtype)
         dt = F.softplus(dt.float() + self.dt_bias).clamp(min=spec.dt_min)
         if batch.is_decode:
             y = self._step(xbc, dt, conv, ssm, batch.rows_tensor)
@@ -144,7 +149,7 @@ class Mamba2Mixer:
                 if ckpt is not None:
                     conv[ckpt[1]], ssm[ckpt[1]] = conv[batch.rows[i]], ssm[batch.rows[i]]
         else:
-            y = torch.empty(t, spec.num_heads, spec.head_dim, dtype=torch.float32, device=x.device)
+            y = torch.empty(t, spec.num_heads, spec.head_dim, dtype=torch.float32, device=proj.device)
             windows = batch.windows or [0] * len(batch.rows)
             start = 0
             for row, n, ckpt, w in zip(batch.rows, batch.query_lens, batch.checkpoints, windows):
@@ -156,18 +161,16 @@ class Mamba2Mixer:
                 start += n
             if batch.plan is not None:
                 self._windows(xbc, dt, conv, ssm, y, batch.plan)
-        return self._out(y, z, x.dtype)
+        return self._gate(y, z, dtype)
 
-    def _out(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Gated RMSNorm, norm(y * silu(z)) over each group of channels in float32, then the output
-        projection."""
+    def _gate(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Gated RMSNorm, norm(y * silu(z)) over each group of channels in float32: [T, inner_size]."""
         spec, t, g = self.spec, y.shape[0], self.spec.num_groups
         if self.fused:
-            out = triton_recurrent.gated_norm(y.view(t, -1), z, self.norm, self.eps, g, True, dtype)
-            return self.out_proj(out)
+            return triton_recurrent.gated_norm(y.view(t, -1), z, self.norm, self.eps, g, True, dtype)
         y = y.reshape(t, spec.inner_size) * F.silu(z.float())
         y = F.rms_norm(y.view(t, g, -1), (spec.inner_size // g,), None, self.eps).view(t, -1)
-        return self.out_proj(self.norm * y.to(dtype))
+        return self.norm * y.to(dtype)
 
     def _split(self, activated: torch.Tensor):
         spec, t = self.spec, activated.shape[0]
@@ -244,13 +247,17 @@ class Attention:
         return [self.qkv, self.o]
 
     def __call__(self, x, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
-        cfg, t = self.cfg, x.shape[0]
-        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.o(self.attend(self.qkv(x), k_cache, v_cache, batch))
+
+    def attend(self, qkv, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
+        """From the qkv projection [T, ...] to the output projection's input [T, q_size]."""
+        cfg, t = self.cfg, qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         shape = (t, cfg.num_kv_heads, cfg.head_dim)
         o = self.attention(
             q.view(t, cfg.num_heads, cfg.head_dim), k.view(shape), v.view(shape), k_cache, v_cache, batch
         )
-        return self.o(o.reshape(t, self.q_size))
+        return o.reshape(t, self.q_size)
 
 
 class MLP:
@@ -473,6 +480,13 @@ class NemotronHModel:
         self.num_mamba_layers = num_mamba
         self.num_kv_layers = sum(kind == "full_attention" for kind in spec.layer_types)
         self.decode_kernels = None
+        # CUDA, bf16/fp16 dense weights, at most 16 rows: the Mamba and attention layers' products
+        # read RMSNorm(x) and add into x themselves (TRTEDGE_DECODE_FUSION=0 keeps those apart)
+        self.fused_products = (
+            device.type == "cuda"
+            and os.environ.get("TRTEDGE_DECODE_FUSION", "1") != "0"
+            and all(_products_fuse(layer) for layer in self.layers)
+        )
         self.aux_layers: tuple[int, ...] = ()  # no EAGLE-3 hidden-state taps
         # MTP drafting reads the final (normed) hidden states of every forward: kept in aux_hidden
         self.keep_hidden = False
@@ -497,7 +511,18 @@ class NemotronHModel:
             x = x.index_copy(0, embeds[0], embeds[1].to(x.dtype))
         caches = iter(kv_caches)
         eps = self.cfg.rms_norm_eps
+        fused = self.fused_products and states.is_decode and x.shape[0] <= triton_gemv.MAX_ROWS
         for layer in self.layers:
+            if fused and layer.kind in ("linear_attention", "full_attention"):
+                mixer = layer.mixer
+                if layer.kind == "linear_attention":
+                    o = mixer.mix(mixer.in_proj.skinny.fused(x, norm=layer.norm, eps=eps), states)
+                    mixer.out_proj.skinny.fused(o, residual=x)
+                else:
+                    k_cache, v_cache = next(caches)
+                    qkv = mixer.qkv.skinny.fused(x, norm=layer.norm, eps=eps)
+                    mixer.o.skinny.fused(mixer.attend(qkv, k_cache, v_cache, batch), residual=x)
+                continue
             h = rms_norm(x, layer.norm, eps)
             if layer.kind == "linear_attention":
                 x = x + layer.mixer(h, states)
@@ -520,6 +545,13 @@ class NemotronHModel:
         return vision + sum(
             m.nbytes for m in [self.lm_head] + [m for layer in self.layers for m in layer.linears]
         )
+
+
+def _products_fuse(layer: NemotronHLayer) -> bool:
+    """Whether a Mamba or attention layer's decode products can take its norm and residual add."""
+    if layer.kind not in ("linear_attention", "full_attention"):
+        return True
+    return all(type(lin) is DenseLinear and lin.skinny is not None for lin in layer.linears)
 
 
 def nemotron_h_dummy_tensors(cfg: ModelConfig, rand, ones):
