@@ -56,3 +56,38 @@ def test_kv_cache_dtype_is_validated_and_refused_on_the_cpu(tmp_path):
         LaunchConfig(kv_cache_dtype="int8")
     with pytest.raises(ConfigError, match=r"kv_cache_dtype \(--kv-cache-dtype\) fp8 needs a CUDA GPU"):
         LLM(str(tiny), device="cpu", kv_cache_dtype="fp8", cache_dir=str(tmp_path / "cache"))
+
+
+def test_an_fp8_pool_gives_the_same_tokens_whole_chunked_or_from_a_reused_prefix(tmp_path):
+    """The engine path over an fp8 pool (the torch reference attention, here on the CPU): every step
+    reads the cache's E4M3 rows, so a prompt prefilled whole, in chunks, or over a reused prefix
+    continues the same way."""
+    from tests.tiny import make_tiny_checkpoint
+    from trtedge import LLM, SamplingParams
+    from trtedge.runtime.engine import Engine, EngineConfig
+
+    tiny = make_tiny_checkpoint(tmp_path / "tiny", "qwen3")
+    prompt = list(range(10, 90))  # 80 tokens: five blocks
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    with LLM(str(tiny), device="cpu", max_kv_cache_capacity=256, cache_dir=str(tmp_path / "cache"),
+             engine_process=False) as llm:  # fmt: skip
+        model = llm.model
+        model.decode_kernels = model.native_step = None  # the CPU's native kernels read float32 caches
+
+        def run(kv="fp8", **options):
+            config = EngineConfig(kv_cache_dtype=kv, max_kv_cache_capacity=256, **options)
+            engine = Engine(model, llm.tokenizer, config)
+            try:
+                outs = [[t for d in engine.submit(prompt, params) for t in d.token_ids] for _ in range(2)]
+                return outs, engine.runner.kv, engine.context_cache_metrics()["reused_tokens"]
+            finally:
+                engine.shutdown()
+
+        (whole, pool, _), (chunked, _, _) = run(), run(max_num_batched_tokens=32)
+        reused, _, reused_tokens = run(enable_context_reuse=True)
+        (plain, _, _) = run("auto")
+    assert pool.dtype == torch.uint8 and pool.shape[-1] == model.cfg.head_dim + kv_fp8.SCALE_BYTES
+    assert reused_tokens >= 64  # the second request read four full blocks of the first's
+    assert len(whole[0]) == 12
+    assert whole[0] == whole[1] == chunked[0] == reused[0] == reused[1]
+    assert whole[0][:4] == plain[0][:4]  # E4M3 keys and values: the float cache's answer, for a while
