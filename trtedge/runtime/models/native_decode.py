@@ -68,7 +68,7 @@ class NativeDecodeStep:
     def _plan(self, kv_caches) -> torch.Tensor:
         m, cfg = self.model, self.model.cfg
         words = [cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size]
-        words += [m.layers[0].mlp.gate_up.quantized.shape[0] // 2, m.norm.data_ptr(), 0]
+        words += [m.layers[0].mlp.gate_up.quantized.shape[0] // 2, m.norm.data_ptr(), cpu_step.SPIN_NS]
         for layer, (k_cache, v_cache) in zip(m.layers, kv_caches):
             mlp = layer.mlp
             for linear in (layer.qkv, layer.o, mlp.gate_up, mlp.down):

@@ -280,7 +280,7 @@ void int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const u
     float *dx = (float *)malloc(sizeof(float) * M * G * 2);
     float *sx = dx + M * G;
     for (int64_t m = 0; m < M; m++) quantize_row_q16(x + m * K, K, qx + m * K, dx + m * G, sx + m * G);
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, 64)  /* a descheduled thread holds up one chunk, not its share */
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *wr = w + n * (K / 2);
         int4_prefetch(wr, K);

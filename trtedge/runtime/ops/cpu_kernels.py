@@ -97,7 +97,7 @@ static void dot4(const float *x, int64_t ldx, int R, const int8_t *w, const int8
 void int8_linear(const float *x, int64_t M, int64_t K, const int8_t *w, const float *scale,
                  const float *bias, float *y, int64_t N) {
     int64_t groups = (N + 3) / 4;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, 16)  /* a descheduled thread holds up one chunk, not its share */
     for (int64_t g = 0; g < groups; g++) {
         int64_t n0 = g * 4;
         for (int64_t m0 = 0; m0 < M; m0 += 4) {

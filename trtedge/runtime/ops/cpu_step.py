@@ -2,9 +2,13 @@
 
 A batch-1 decode step is ~120 small products; called one by one from Python, each pays the call,
 the tensor allocations and an OpenMP fork and join, which together cost more than the products on a
-small model. Here the threads enter one parallel region per step: each keeps its own copy of the
-residual stream (so norms and activation quantization need no hand-off) and the products are split
-by output rows, with a barrier only where every row of a result is read next (five per layer).
+small model. Here the threads enter one parallel region per step and take chunks of output rows
+from a queue of the step's own (five phases per layer), not a static split with OpenMP barriers: a
+thread the OS deschedules holds up at most the one chunk it took, where a barrier waits for its whole
+share, and a thread with nothing left spins for at most ``SPIN_NS`` and then sleeps on a futex
+(libgomp's barrier spins for milliseconds before it sleeps unless OMP_WAIT_POLICY=PASSIVE, holding
+the core the thread it waits for needs). On a loaded machine the old step at 2 threads ran an 8B
+model slower than at 1.
 
 The model is described once, at load, by a plan: int64 words (pointers and sizes) laid out as
 ``PLAN_HEADER`` then ``LAYER_WORDS`` per layer; see ``plan_words`` in ``models/native_decode.py``.
@@ -12,30 +16,28 @@ The model is described once, at load, by a plan: int64 words (pointers and sizes
 
 from __future__ import annotations
 
-PLAN_HEADER = 8  # num_layers, H, Hkv, D, hidden, inter, final_norm, reserved
+PLAN_HEADER = 8  # num_layers, H, Hkv, D, hidden, inter, final_norm, spin ns
+SPIN_NS = 20_000  # how long a thread with no chunk to take spins before it sleeps
 LINEAR_WORDS = 7  # format (4 or 8), data, scale, min, bias, rows N, cols K
 LAYER_WORDS = 4 * LINEAR_WORDS + 9  # qkv, o, gate_up, down; norms, caches, rope tables, window
 
 SOURCE = r"""
 #include <omp.h>
+#include <limits.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
 
 typedef struct { int64_t fmt, w, scale, min, bias, N, K; } lin_t;
 typedef struct {
     lin_t qkv, o, gate_up, down;
     int64_t input_norm, post_norm, q_norm, k_norm, k_cache, v_cache, cos, sin, window;
 } layer_t;
-typedef struct { int64_t L, H, Hkv, D, hidden, inter, final_norm, reserved; } head_t;
+typedef struct { int64_t L, H, Hkv, D, hidden, inter, final_norm, spin_ns; } head_t;
 
 /* A thread's activations for the int4 products: rows quantized per block of 32. */
 typedef struct { int16_t *qx; float *dx, *sx; } qact_t;
-
-static void split(int64_t n, int64_t unit, int64_t *lo, int64_t *hi) {
-    int nth = omp_get_num_threads(), tid = omp_get_thread_num();
-    int64_t units = (n + unit - 1) / unit, per = units / nth, extra = units % nth;
-    int64_t a = tid * per + (tid < extra ? tid : extra), b = a + per + (tid < extra ? 1 : 0);
-    *lo = a * unit < n ? a * unit : n;
-    *hi = b * unit < n ? b * unit : n;
-}
 
 static void quantize_rows(const float *x, int64_t B, int64_t K, qact_t *q) {
     for (int64_t m = 0; m < B; m++)
@@ -101,86 +103,215 @@ static void add_rows(float *x, const float *d, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += d[i];
 }
 
+/* The step's work queue. A step is a sequence of phases (five per layer: qkv and rope by head,
+   attention by head, o, gate_up with SiLU, down, each in chunks of output rows); a thread claims the
+   next chunk of the current phase, and whoever finishes a phase's last chunk does the short serial
+   work after it (residual add, norm, activation quantization) and opens the next phase. */
+typedef struct {
+    uint64_t word;  /* phase << 32 | next unclaimed chunk */
+    int64_t done;   /* chunks of the phase finished */
+    int phase;      /* futex word: the open phase, for sleepers */
+    int sleepers;
+    int64_t spin_ns;
+} queue_t;
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Returns once phase p is no longer open (spins for up to spin_ns, then sleeps). */
+static void queue_wait(queue_t *qu, int p) {
+    int64_t until = 0;
+    for (int i = 1; __atomic_load_n(&qu->phase, __ATOMIC_ACQUIRE) == p; i++) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+        if ((i & 63) == 0) {
+            int64_t t = now_ns();
+            if (until == 0) until = t + qu->spin_ns;
+            else if (t >= until) break;
+        }
+    }
+    while (__atomic_load_n(&qu->phase, __ATOMIC_ACQUIRE) == p) {
+        __atomic_add_fetch(&qu->sleepers, 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, &qu->phase, FUTEX_WAIT_PRIVATE, p, NULL, NULL, 0);
+        __atomic_sub_fetch(&qu->sleepers, 1, __ATOMIC_SEQ_CST);
+    }
+}
+
+static void queue_open(queue_t *qu, int p) {
+    __atomic_store_n(&qu->done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&qu->word, (uint64_t)p << 32, __ATOMIC_RELEASE);
+    __atomic_store_n(&qu->phase, p, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&qu->sleepers, __ATOMIC_SEQ_CST))
+        syscall(SYS_futex, &qu->phase, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+enum { PH_QKV, PH_ATTN, PH_O, PH_GATE_UP, PH_DOWN, PH_PER_LAYER };
+#define CHUNK_ROWS 64  /* output rows per chunk of o, gate_up (gate rows) and down */
+
+typedef struct {
+    const head_t *hd;
+    const layer_t *layers;
+    int64_t B, width, max_blocks, block_size;
+    const int64_t *positions, *slots, *tables, *context_lens;
+    float eps, attn_scale;
+    float *x, *h, *qkv, *attn, *delta, *act, *out;
+    qact_t q;
+} step_t;
+
+static int64_t phase_chunks(const step_t *st, int p) {
+    const head_t *hd = st->hd;
+    switch (p % PH_PER_LAYER) {
+        case PH_QKV: return hd->H + 2 * hd->Hkv;
+        case PH_ATTN: return st->B * hd->H;
+        case PH_GATE_UP: return (hd->inter + CHUNK_ROWS - 1) / CHUNK_ROWS;
+        default: return (hd->hidden + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    }
+}
+
+/* Chunk c of phase p. scores: max_ctx floats; g: B * 2 * inter floats (the thread's own). */
+static void run_chunk(const step_t *st, int p, int64_t c, float *scores, float *g) {
+    const head_t *hd = st->hd;
+    const layer_t *ly = &st->layers[p / PH_PER_LAYER];
+    int64_t H = hd->H, Hkv = hd->Hkv, D = hd->D, B = st->B, width = st->width, inter = hd->inter;
+    int64_t lo = c * CHUNK_ROWS, hi;
+    switch (p % PH_PER_LAYER) {
+        case PH_QKV:
+            linear_rows(&ly->qkv, st->h, &st->q, B, st->qkv, width, c * D, (c + 1) * D);
+            for (int64_t b = 0; b < B; b++) {
+                const float *cos = (const float *)ly->cos + st->positions[b] * D;
+                const float *sin = (const float *)ly->sin + st->positions[b] * D;
+                float *v = st->qkv + b * width + c * D;
+                int64_t slot = st->slots[b];
+                if (c < H) {
+                    head_norm_rope(v, (const float *)ly->q_norm, cos, sin, D, st->eps);
+                } else if (c < H + Hkv) {
+                    head_norm_rope(v, (const float *)ly->k_norm, cos, sin, D, st->eps);
+                    memcpy((float *)ly->k_cache + (slot * Hkv + c - H) * D, v, sizeof(float) * D);
+                } else {
+                    memcpy((float *)ly->v_cache + (slot * Hkv + c - H - Hkv) * D, v, sizeof(float) * D);
+                }
+            }
+            return;
+        case PH_ATTN: {
+            int64_t b = c / H, head = c % H;
+            attend_head(st->qkv + b * width + head * D, (const float *)ly->k_cache, (const float *)ly->v_cache,
+                        st->tables + b * st->max_blocks, st->context_lens[b], ly->window, Hkv, head / (H / Hkv), D,
+                        st->block_size, st->attn_scale, scores, st->attn + (b * H + head) * D);
+            return;
+        }
+        case PH_O:
+            hi = lo + CHUNK_ROWS < hd->hidden ? lo + CHUNK_ROWS : hd->hidden;
+            linear_rows(&ly->o, st->attn, &st->q, B, st->delta, hd->hidden, lo, hi);
+            return;
+        case PH_GATE_UP:
+            hi = lo + CHUNK_ROWS < inter ? lo + CHUNK_ROWS : inter;
+            linear_rows(&ly->gate_up, st->h, &st->q, B, g, 2 * inter, lo, hi);
+            linear_rows(&ly->gate_up, st->h, &st->q, B, g, 2 * inter, inter + lo, inter + hi);
+            for (int64_t m = 0; m < B; m++)
+                for (int64_t j = lo; j < hi; j++) {
+                    float a = g[m * 2 * inter + j], u = g[m * 2 * inter + inter + j];
+                    st->act[m * inter + j] = a / (1.0f + expf(-a)) * u;
+                }
+            return;
+        default:
+            hi = lo + CHUNK_ROWS < hd->hidden ? lo + CHUNK_ROWS : hd->hidden;
+            linear_rows(&ly->down, st->act, &st->q, B, st->delta, hd->hidden, lo, hi);
+    }
+}
+
+/* Input of layer i's first product (i == L: the final norm, into out). */
+static void layer_input(step_t *st, int64_t i) {
+    const head_t *hd = st->hd;
+    if (i == hd->L) {
+        norm_rows(st->x, (const float *)hd->final_norm, st->out, st->B, hd->hidden, st->eps);
+        return;
+    }
+    norm_rows(st->x, (const float *)st->layers[i].input_norm, st->h, st->B, hd->hidden, st->eps);
+    if (st->layers[i].qkv.fmt == 4) quantize_rows(st->h, st->B, hd->hidden, &st->q);
+}
+
+/* The serial work after phase p, by the thread that finished its last chunk. */
+static void after_phase(step_t *st, int p) {
+    const head_t *hd = st->hd;
+    int64_t i = p / PH_PER_LAYER, B = st->B;
+    const layer_t *ly = &st->layers[i];
+    qact_t *q = &st->q;
+    switch (p % PH_PER_LAYER) {
+        case PH_ATTN:
+            if (ly->o.fmt == 4) quantize_rows(st->attn, B, hd->H * hd->D, q);
+            return;
+        case PH_O:
+            add_rows(st->x, st->delta, B * hd->hidden);
+            norm_rows(st->x, (const float *)ly->post_norm, st->h, B, hd->hidden, st->eps);
+            if (ly->gate_up.fmt == 4) quantize_rows(st->h, B, hd->hidden, q);
+            return;
+        case PH_GATE_UP:
+            if (ly->down.fmt == 4) quantize_rows(st->act, B, hd->inter, q);
+            return;
+        case PH_DOWN:
+            add_rows(st->x, st->delta, B * hd->hidden);
+            layer_input(st, i + 1);
+            return;
+        default:
+            return;
+    }
+}
+
 /* x_in: [B, hidden] embedded tokens; out: [B, hidden] final-normed hidden states. */
 void llama_decode_step(const int64_t *plan, const float *x_in, int64_t B, const int64_t *positions,
                        const int64_t *slots, const int64_t *tables, int64_t max_blocks, const int64_t *context_lens,
                        int64_t block_size, float eps, float attn_scale, float *out) {
     const head_t *hd = (const head_t *)plan;
-    const layer_t *layers = (const layer_t *)(plan + 8);
     int64_t H = hd->H, Hkv = hd->Hkv, D = hd->D, hidden = hd->hidden, inter = hd->inter;
     int64_t width = (H + 2 * Hkv) * D, max_ctx = 1;
     for (int64_t b = 0; b < B; b++) max_ctx = context_lens[b] > max_ctx ? context_lens[b] : max_ctx;
     int64_t wide = hidden > H * D ? hidden : H * D;
     wide = wide > inter ? wide : inter;
-    /* shared results: qkv, attention output, o / down output, activation */
-    float *qkv = (float *)malloc(sizeof(float) * B * (width + H * D + hidden + inter));
-    float *attn = qkv + B * width, *delta = attn + B * H * D, *act = delta + B * hidden;
+    float *buf = (float *)malloc(sizeof(float) * B * (2 * hidden + wide + width + H * D + inter + wide / 16));
+    step_t st = {hd, (const layer_t *)(plan + 8), B, width, max_blocks, block_size, positions, slots, tables,
+                 context_lens, eps, attn_scale};
+    st.x = buf;
+    st.h = st.x + B * hidden;
+    st.qkv = st.h + B * wide;
+    st.attn = st.qkv + B * width;
+    st.delta = st.attn + B * H * D;
+    st.act = st.delta + B * hidden;
+    st.q.dx = st.act + B * inter;
+    st.q.sx = st.q.dx + B * wide / 32;
+    st.q.qx = (int16_t *)malloc(sizeof(int16_t) * B * wide);
+    st.out = out;
+    memcpy(st.x, x_in, sizeof(float) * B * hidden);
+    layer_input(&st, 0);
+    int last = (int)(hd->L * PH_PER_LAYER);
+    queue_t qu = {0, 0, 0, 0, hd->spin_ns};
     #pragma omp parallel
     {
-        float *x = (float *)malloc(sizeof(float) * (B * hidden + B * wide + max_ctx + B * wide / 16 + 2 * B * inter));
-        float *h = x + B * hidden, *scores = h + B * wide, *g = scores + max_ctx + B * wide / 16;
-        qact_t q = {(int16_t *)malloc(sizeof(int16_t) * B * wide), scores + max_ctx, scores + max_ctx + B * wide / 32};
-        memcpy(x, x_in, sizeof(float) * B * hidden);
-        int64_t lo, hi;
-        for (int64_t i = 0; i < hd->L; i++) {
-            const layer_t *ly = &layers[i];
-            if (i > 0) add_rows(x, delta, B * hidden);
-            norm_rows(x, (const float *)ly->input_norm, h, B, hidden, eps);
-            if (ly->qkv.fmt == 4) quantize_rows(h, B, hidden, &q);
-            /* qkv by heads; each head is rotated (and normed) by the thread that computed it */
-            split(H + 2 * Hkv, 1, &lo, &hi);
-            linear_rows(&ly->qkv, h, &q, B, qkv, width, lo * D, hi * D);
-            for (int64_t b = 0; b < B; b++) {
-                const float *cos = (const float *)ly->cos + positions[b] * D, *sin = (const float *)ly->sin + positions[b] * D;
-                for (int64_t head = lo; head < hi; head++) {
-                    float *v = qkv + b * width + head * D;
-                    if (head < H) {
-                        head_norm_rope(v, (const float *)ly->q_norm, cos, sin, D, eps);
-                    } else if (head < H + Hkv) {
-                        head_norm_rope(v, (const float *)ly->k_norm, cos, sin, D, eps);
-                        memcpy((float *)ly->k_cache + (slots[b] * Hkv + head - H) * D, v, sizeof(float) * D);
-                    } else {
-                        memcpy((float *)ly->v_cache + (slots[b] * Hkv + head - H - Hkv) * D, v, sizeof(float) * D);
-                    }
-                }
+        float *scores = (float *)malloc(sizeof(float) * (max_ctx + B * 2 * inter));
+        float *g = scores + max_ctx;
+        for (;;) {
+            uint64_t word = __atomic_load_n(&qu.word, __ATOMIC_ACQUIRE);
+            int p = (int)(word >> 32);
+            if (p == last) break;
+            int64_t c = (int64_t)(word & 0xffffffffu), n = phase_chunks(&st, p);
+            if (c >= n) {
+                queue_wait(&qu, p);
+                continue;
             }
-            #pragma omp barrier
-            split(B * H, 1, &lo, &hi);
-            for (int64_t p = lo; p < hi; p++) {
-                int64_t b = p / H, head = p % H;
-                attend_head(qkv + b * width + head * D, (const float *)ly->k_cache, (const float *)ly->v_cache,
-                            tables + b * max_blocks, context_lens[b], ly->window, Hkv, head / (H / Hkv), D,
-                            block_size, attn_scale, scores, attn + (b * H + head) * D);
+            if (!__atomic_compare_exchange_n(&qu.word, &word, word + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                continue;
+            run_chunk(&st, p, c, scores, g);
+            if (__atomic_add_fetch(&qu.done, 1, __ATOMIC_ACQ_REL) == n) {
+                after_phase(&st, p);
+                queue_open(&qu, p + 1);
             }
-            #pragma omp barrier
-            if (ly->o.fmt == 4) quantize_rows(attn, B, H * D, &q);
-            split(hidden, 4, &lo, &hi);
-            linear_rows(&ly->o, attn, &q, B, delta, hidden, lo, hi);
-            #pragma omp barrier
-            add_rows(x, delta, B * hidden);
-            norm_rows(x, (const float *)ly->post_norm, h, B, hidden, eps);
-            if (ly->gate_up.fmt == 4) quantize_rows(h, B, hidden, &q);
-            /* gate rows [lo, hi) and the matching up rows: this thread owns those activations */
-            split(inter, 4, &lo, &hi);
-            linear_rows(&ly->gate_up, h, &q, B, g, 2 * inter, lo, hi);
-            linear_rows(&ly->gate_up, h, &q, B, g, 2 * inter, inter + lo, inter + hi);
-            for (int64_t m = 0; m < B; m++)
-                for (int64_t j = lo; j < hi; j++) {
-                    float a = g[m * 2 * inter + j], u = g[m * 2 * inter + inter + j];
-                    act[m * inter + j] = a / (1.0f + expf(-a)) * u;
-                }
-            #pragma omp barrier
-            if (ly->down.fmt == 4) quantize_rows(act, B, inter, &q);
-            split(hidden, 4, &lo, &hi);
-            linear_rows(&ly->down, act, &q, B, delta, hidden, lo, hi);
-            #pragma omp barrier
         }
-        add_rows(x, delta, B * hidden);
-        #pragma omp master
-        norm_rows(x, (const float *)hd->final_norm, out, B, hidden, eps);
-        free(q.qx);
-        free(x);
+        free(scores);
     }
-    free(qkv);
+    free(st.q.qx);
+    free(buf);
 }
 """
