@@ -77,6 +77,41 @@ def test_native_batched_decode_matches_reference(tmp_path, family, weights, num_
     torch.testing.assert_close(kv, kv_ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_native_decode_step_is_the_same_at_any_thread_count(tmp_path, weights):
+    # the step's work queue hands chunks to whichever thread asks: each chunk and each serial part
+    # is computed the same way whoever runs it, so the output is bit-identical (5 threads: more
+    # than the cores and than some phases' chunks)
+    path = make_tiny_checkpoint(tmp_path / "llama", "llama")
+    model = load_model(
+        resolve_checkpoint(str(path)), dtype="float32", device="cpu", weights=weights, max_positions=64
+    )
+    cfg = model.cfg
+    assert model.native_step is not None
+    block_size, context_lens = 4, [9, 3, 14]
+    tables = [torch.tensor([5, 1, 7, 2]), torch.tensor([3]), torch.tensor([8, 9, 10, 11])]
+    slots = [
+        int(t[(c - 1) // block_size]) * block_size + (c - 1) % block_size
+        for t, c in zip(tables, context_lens)
+    ]
+    batch = AttentionBatch(torch.tensor(slots), [1] * 3, context_lens, tables, block_size)
+    ids, pos = torch.tensor([5, 9, 30]), torch.tensor([c - 1 for c in context_lens])
+    kv = torch.randn(cfg.num_layers, 2, 16, block_size, cfg.num_kv_heads, cfg.head_dim)
+    results, old = [], torch.get_num_threads()
+    try:
+        for threads in (1, 2, 5):
+            torch.set_num_threads(threads)
+            cache = kv.clone()
+            out = model.forward(ids, pos, [(cache[i, 0], cache[i, 1]) for i in range(cfg.num_layers)], batch)
+            results.append((out, cache))
+    finally:
+        torch.set_num_threads(old)
+    for out, cache in results[1:]:
+        assert torch.equal(out, results[0][0])
+        assert torch.equal(cache, results[0][1])
+    assert not torch.equal(results[0][1], kv)  # the step wrote its keys and values
+
+
 @pytest.mark.parametrize("rows", [1, 3, 70])  # 70: past the kernel's rows, the float32 BLAS path
 def test_bfloat16_weights_sum_in_float32(rows):
     torch.manual_seed(0)
