@@ -37,7 +37,7 @@ from trtedge.runtime.models.ple import (
     split_batch,
 )
 from trtedge.runtime.models.rope import rope_tables
-from trtedge.runtime.ops import triton_attention
+from trtedge.runtime.ops import kv_fp8, triton_attention
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import embedding, make_linear
 
@@ -100,7 +100,7 @@ class GemmaAttention:
             k = gemma_norm(raw_k.view(t, self.num_kv_heads, self.head_dim), self.k_norm, self.eps)
             k = rotate(k, cos, sin)
             v = gemma_norm(raw_v.view(t, self.num_kv_heads, self.head_dim), None, self.eps)
-        pad = k_cache.shape[-1] - self.head_dim  # a narrower layer's share of the widest KV row
+        pad = kv_fp8.head_dim(k_cache) - self.head_dim  # a narrower layer's share of the widest KV row
         if pad:
             q, pk, pv = (F.pad(x, (0, pad)) for x in (q, k, v))
             o = self.attention(q, pk, pv, k_cache, v_cache, batch)[..., : self.head_dim]
