@@ -164,3 +164,69 @@ def test_bad_dflash_drafts_are_refused_naming_the_key(paths, target, tmp_path):
             load_dflash(bad, model, 512, 1)
     with pytest.raises(SpeculativeConfigError, match="method dflash needs model"):
         SpeculativeConfig(method="dflash")
+
+
+def test_draft_tree_takes_the_best_scored_paths_first_children_the_best_tokens():
+    import itertools
+
+    from trtedge.runtime.speculative.dflash import draft_tree
+
+    torch.manual_seed(0)
+    depth, top_k, budget = 4, 3, 11
+    logprobs = torch.log_softmax(torch.randn(depth, 8), dim=-1).topk(top_k, dim=-1)
+    values, tokens = logprobs.values, logprobs.indices + 100 * torch.arange(depth)[:, None]
+    tree = draft_tree(values, tokens, budget)
+    assert len(tree) == budget and all(p <= j for j, p in enumerate(tree.parents))
+
+    def path(node):  # the token path from the root to ``node``
+        out = []
+        while node:
+            out.append(tree.tokens[node - 1])
+            node = tree.parents[node - 1]
+        return tuple(reversed(out))
+
+    scores = {}
+    for d in range(1, depth + 1):
+        for ranks in itertools.product(range(top_k), repeat=d):
+            scores[tuple(int(tokens[i, r]) for i, r in enumerate(ranks))] = sum(
+                float(values[i, r]) for i, r in enumerate(ranks)
+            )
+    best = sorted(scores, key=scores.get, reverse=True)[:budget]
+    assert {path(n) for n in range(1, budget + 1)} == set(best)
+    assert tree.first_path().tokens == tokens[:, 0].tolist()[: len(tree.first_path())]
+
+
+def test_dflash_token_trees_for_greedy_requests_chains_for_sampled_ones(paths, target):
+    model, tokenizer = target
+    prompts = repetitive_prompts(8, seed=6)
+    plain, _ = generate(model, tokenizer, prompts, batch=8)
+    head = load_dflash(paths[1], model, 512, 3)
+    spec = SpeculativeConfig(method="dflash", model=str(paths[1]), num_speculative_tokens=3, draft_top_k=3)
+    assert spec.verify_tokens == 9
+
+    from trtedge.runtime.speculative.dflash import DFlashProposer
+
+    propose, seen = DFlashProposer.propose, []
+
+    def recording(self, seqs, limits):
+        drafts = propose(self, seqs, limits)
+        seen.extend((seq.params.greedy, d) for seq, d in zip(seqs, drafts) if d is not None)
+        return drafts
+
+    DFlashProposer.propose = recording
+    sampled = SamplingParams(max_tokens=16, temperature=0.8, seed=3, ignore_eos=True)
+    try:
+        outs, eng = generate(model, tokenizer, prompts, speculative=spec, draft=head, batch=8)
+        mixed, _ = generate(
+            model, tokenizer, prompts[:2], [GREEDY, sampled], speculative=spec, draft=head, batch=2
+        )
+    finally:
+        DFlashProposer.propose = propose
+        model.aux_layers = ()
+    assert outs == plain and mixed[0] == plain[0][:16] and len(mixed[1]) == 16
+    assert any(greedy and not d.is_chain for greedy, d in seen)
+    assert all(d.is_chain for greedy, d in seen if not greedy) and any(not g for g, _ in seen)
+    cache = eng.speculative.proposer.cache
+    assert not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
+    with pytest.raises(SpeculativeConfigError, match="draft_top_k > 1 .* needs method eagle3 or dflash"):
+        SpeculativeConfig(method="ngram", draft_top_k=2)

@@ -77,7 +77,7 @@ def build_decoder(
     elif config.method == "dflash":
         from trtedge.runtime.speculative.dflash import DFlashProposer
 
-        proposer = DFlashProposer(draft, runner.model, blocks.num_blocks, blocks.block_size)
+        proposer = DFlashProposer(draft, runner.model, config, blocks.num_blocks, blocks.block_size)
     else:
         from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
 

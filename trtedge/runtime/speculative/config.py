@@ -22,6 +22,7 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = {
     "dspark": 7,
     "domino": 4,
 }
+TREE_METHODS = ("eagle3", "dflash")  # draft_top_k > 1: a token tree
 FLAG = "--speculative-config"
 
 
@@ -34,7 +35,8 @@ class SpeculativeConfig:
     """``--speculative-config`` / ``LLM(speculative_config=...)``.
 
     ``num_speculative_tokens``: draft depth (tokens proposed per step along a path).
-    ``draft_top_k``: children kept per tree level (eagle3; 1 = a linear chain).
+    ``draft_top_k``: children kept per tree level (eagle3; dflash: candidates per block position; 1 = a
+    linear chain).
     ``verify_tokens``: most draft tokens the target scores in one step (tree size cap).
     ``prompt_lookup_min``/``prompt_lookup_max``: n-gram lengths the ngram method matches.
     """
@@ -76,8 +78,10 @@ class SpeculativeConfig:
                 f"{FLAG} verify_tokens ({self.verify_tokens}) must be at least num_speculative_tokens "
                 f"({self.num_speculative_tokens}) for a linear chain"
             )
-        if self.draft_top_k > 1 and self.method != "eagle3":
-            raise SpeculativeConfigError(f"{FLAG} draft_top_k > 1 (tree drafting) needs method eagle3")
+        if self.draft_top_k > 1 and self.method not in TREE_METHODS:
+            raise SpeculativeConfigError(
+                f"{FLAG} draft_top_k > 1 (tree drafting) needs method {' or '.join(TREE_METHODS)}"
+            )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise SpeculativeConfigError(f"{FLAG} prompt_lookup_min must not exceed prompt_lookup_max")
 

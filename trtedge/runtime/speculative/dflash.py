@@ -14,10 +14,17 @@ then ``final_logit_softcapping`` if set) are the target's. No causal mask inside
 
 Here the context keys and values of every layer live in the proposer's paged cache, appended as the
 target's hidden states arrive; the block's are written after them and overwritten by the next catch-up.
+
+With ``draft_top_k`` > 1 a greedy request verifies a token tree built from the block's per-position
+distributions (DDTree): a best-first search over paths scored by the sum of their tokens' draft
+log-probabilities (each position's ``draft_top_k`` best tokens), up to ``verify_tokens`` nodes; the
+first child of every node is its position's best token, so the tree's first path is the linear draft.
+Sampled requests verify that linear draft (the reference server's contract).
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 from pathlib import Path
 
@@ -184,13 +191,38 @@ def load_dflash(path: str | Path, target, max_positions: int, num_speculative_to
     return head
 
 
+def draft_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int) -> Draft:
+    """The DDTree over a block: ``logprobs`` / ``tokens`` [depth, top_k] each position's best tokens,
+    best first. Nodes are taken best path score first (a node's score: its parent's plus its own
+    log-probability), at most ``budget``; a node's first child is its position's best token."""
+    depth, top_k = logprobs.shape
+    lp, ids = logprobs.tolist(), tokens.tolist()
+    out_tokens: list[int] = []
+    parents: list[int] = []
+    heap = [(-lp[0][0], 0, 0, 0, 0)]  # (-score, order pushed, position, rank, parent node)
+    order = 1
+    while heap and len(out_tokens) < budget:
+        neg, _, d, r, parent = heapq.heappop(heap)
+        out_tokens.append(ids[d][r])
+        parents.append(parent)
+        node = len(out_tokens)
+        if r + 1 < top_k:  # the next-best token at this position, same parent
+            heapq.heappush(heap, (neg + lp[d][r] - lp[d][r + 1], order, d, r + 1, parent))
+            order += 1
+        if d + 1 < depth:  # this node's best child
+            heapq.heappush(heap, (neg - lp[d + 1][0], order, d + 1, 0, node))
+            order += 1
+    return Draft(out_tokens, parents)
+
+
 class DFlashProposer:
-    def __init__(self, head: DFlashHead, target, num_blocks: int, block_size: int):
+    def __init__(self, head: DFlashHead, target, config, num_blocks: int, block_size: int):
         if head is None:
             raise UnsupportedSpeculativeMethod(
                 "--speculative-config method dflash: no DFlash draft was loaded"
             )
         self.head = head
+        self.top_k, self.max_nodes = config.draft_top_k, config.verify_tokens
         target.aux_layers = head.taps  # the target keeps these layers' inputs from every forward
         self.cache = DraftCache(
             head.num_kv_layers,
@@ -247,10 +279,21 @@ class DFlashProposer:
             self.cache.kv_caches,
             attn,
         )
-        tokens = logits.view(len(rows), head.block_size, -1)[:, 1:].argmax(dim=-1).tolist()  # one host read
+        logits = logits.view(len(rows), head.block_size, -1)[:, 1:]
         drafts: list[Draft | None] = [None] * len(seqs)
-        for row_tokens, i in zip(tokens, live):
-            drafts[i] = Draft.chain(row_tokens[: limits[i]])
+        if self.top_k == 1:
+            tokens = logits.argmax(dim=-1).tolist()  # one host read
+            for row_tokens, i in zip(tokens, live):
+                drafts[i] = Draft.chain(row_tokens[: limits[i]])
+            return drafts
+        values, tokens = torch.log_softmax(logits, dim=-1).topk(self.top_k, dim=-1)
+        values, tokens = values.cpu(), tokens.cpu()  # one host read
+        for j, i in enumerate(live):
+            depth = limits[i]
+            if seqs[i].params.greedy:
+                drafts[i] = draft_tree(values[j, :depth], tokens[j, :depth], self.max_nodes)
+            else:  # sampled requests verify the linear draft
+                drafts[i] = Draft.chain(tokens[j, :depth, 0].tolist())
         return drafts
 
 
