@@ -26,11 +26,12 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 PROMPTS = [[1, 5, 9, 33, 200], [1, *range(40, 70)]]
 
 
-def launch(path, cache, tp: int) -> LLM:
+def launch(path, cache, tp: int, weights: str = "auto") -> LLM:
     return LLM(
         str(path),
         cache_dir=str(cache),
         tensor_parallel_size=tp,
+        weights=weights,
         max_kv_cache_capacity=128,
         max_batch_size=2,
         max_num_batched_tokens=16,
@@ -49,7 +50,7 @@ def pair(checkpoints):
     """family -> (TP=1 LLM, TP=2 LLM). A process holds one torch.distributed group, so one TP=2 LLM
     at a time: asking for another family closes the previous pair."""
     paths, cache = checkpoints
-    current: dict[str, tuple[LLM, LLM]] = {}
+    current: dict[tuple[str, str], tuple[LLM, LLM]] = {}
     root = cache.parent
 
     def close() -> None:
@@ -58,13 +59,15 @@ def pair(checkpoints):
                 llm.close()
         current.clear()
 
-    def get(family: str) -> tuple[LLM, LLM]:
-        if family not in current:
+    def get(family: str, weights: str = "auto") -> tuple[LLM, LLM]:
+        key = (family, weights)
+        if key not in current:
             close()
             if family not in paths:
                 paths[family] = make_tiny_checkpoint(root / family, family)
-            current[family] = (launch(paths[family], cache, 1), launch(paths[family], cache, 2))
-        return current[family]
+            path = paths[family]
+            current[key] = (launch(path, cache, 1, weights), launch(path, cache, 2, weights))
+        return current[key]
 
     yield get
     close()
@@ -182,6 +185,15 @@ def test_greedy_output_matches_one_rank_newly_split_layouts(pair, family):
     check_greedy(*pair(family))
 
 
+@pytest.mark.parametrize(("family", "weights"), [("llama", "int8"), ("qwen3", "int4"), ("gemma3", "int8")])
+def test_greedy_output_matches_one_rank_quantized(pair, family, weights):
+    """Quantized layers split with their scales: int8 (a scale per row) and int4 (groups of 32)."""
+    one, two = pair(family, weights)
+    assert type(two.model.layers[0].qkv) is type(one.model.layers[0].qkv)
+    assert type(one.model.layers[0].qkv).__name__ == f"Int{weights[3]}Linear"
+    check_greedy(one, two)
+
+
 def test_dead_worker_makes_the_server_answer_503(pair):
     from trtedge.server.app import build_app
 
@@ -237,6 +249,26 @@ def test_split_of_each_weight():
     last = shard_tensor("model.embed_tokens.weight", embed, cfg, 3, 4)
     assert last.flatten().tolist() == [9, 0, 0]
     assert shard_config(cfg, 2).num_kv_heads == 1 and shard_config(cfg, 2).intermediate_size == 6
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_weights_split_with_their_scales(fmt):
+    from trtedge.runtime.artifacts.quantize import quantize
+
+    cfg = _config(hidden_size=128, intermediate_size=128)
+    w = torch.randn(128, 128)
+    q = quantize(w, fmt)
+    full = q.dequantize()
+    for rank in (0, 1):  # each rank's columns (row-parallel) and rows (column-parallel): the same values
+        cols = shard_tensor("model.layers.0.mlp.down_proj.weight", q, cfg, rank, 2)
+        assert torch.equal(cols.dequantize(), full[:, rank * 64 : (rank + 1) * 64])
+        rows = shard_tensor("model.layers.0.mlp.up_proj.weight", q, cfg, rank, 2)
+        assert torch.equal(rows.dequantize(), full[rank * 64 : (rank + 1) * 64])
+    head = shard_tensor("lm_head.weight", quantize(torch.randn(10, 128), fmt), cfg, 3, 4)
+    assert head.shape == (3, 128) and torch.equal(head.dequantize()[1:], torch.zeros(2, 128))
+    if fmt == "int4":  # 48 columns a rank would cut a group of 32
+        with pytest.raises(ValueError, match="--tensor-parallel-size.*groups of 32"):
+            shard_tensor("model.layers.0.mlp.down_proj.weight", quantize(torch.randn(8, 96), fmt), cfg, 0, 2)
 
 
 def test_split_of_each_expert():
@@ -312,10 +344,10 @@ def test_cli_flags_reach_the_bundle_profile_and_validation(checkpoints):
     assert result.exit_code != 0 and "--tensor-parallel-size" in result.output
 
 
-def test_quantized_weights_are_refused_with_the_flag(checkpoints):
+def test_layouts_not_split_yet_are_refused_with_the_flag(checkpoints):
     paths, cache = checkpoints
-    with pytest.raises(ConfigError, match=r"--tensor-parallel-size\) > 1 splits float weights only"):
-        LLM(str(paths["llama"]), cache_dir=str(cache), tensor_parallel_size=2, weights="int8")
+    with pytest.raises(ConfigError, match=r"--tensor-parallel-size\) > 1 splits float weights and"):
+        LLM(str(paths["llama"]), cache_dir=str(cache), tensor_parallel_size=2, weights="fp8", device="cpu")
 
 
 _STDIN_SCRIPT = """

@@ -23,6 +23,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from trtedge.runtime.artifacts.quantize import GROUP, QuantizedTensor, pack_int4, unpack_int4
 from trtedge.runtime.models.config import ModelConfig
 from trtedge.runtime.models.layers import GatedMLP
 
@@ -100,18 +101,64 @@ def _rows(view, parts: list[int], rank: int, size: int) -> torch.Tensor:
         step = n // size
         out.append(view[start + rank * step : start + (rank + 1) * step])
         start += n
-    return out[0] if len(out) == 1 else torch.cat(out)
+    if len(out) == 1:
+        return out[0]
+    return QuantizedTensor.cat(out) if isinstance(out[0], QuantizedTensor) else torch.cat(out)
+
+
+class _QuantizedView:
+    """A quantized weight sliced as a tensor is: by rows (with their scales), or by input columns.
+    The values and scales are the whole weight's, never requantized, so a rank's partial product is
+    exactly its share of one device's."""
+
+    def __init__(self, q: QuantizedTensor):
+        self.q = q
+        self.shape = q.shape
+
+    def __getitem__(self, key) -> QuantizedTensor:
+        q = self.q
+        if not isinstance(key, tuple):
+            return q.select_rows(key) if not isinstance(key, slice) else _row_slice(q, key)
+        start, stop = key[1].start, key[1].stop
+        if q.format == "int8":  # one scale per row: every rank's columns keep it
+            return QuantizedTensor("int8", q.data[:, start:stop].contiguous(), q.scale)
+        if q.format == "int4" and start % GROUP == 0 and stop % GROUP == 0:
+            groups = slice(start // GROUP, stop // GROUP)
+            values = pack_int4(unpack_int4(q.data)[:, start:stop])
+            return QuantizedTensor(
+                "int4", values, q.scale[:, groups].contiguous(), q.min[:, groups].contiguous()
+            )
+        raise ValueError(
+            f"tensor_parallel_size (--tensor-parallel-size): a rank's {stop - start} input columns of an "
+            f"{q.format} weight do not split its groups of {GROUP}; use int8 weights or another size"
+        )
+
+
+def _row_slice(q: QuantizedTensor, rows: slice) -> QuantizedTensor:
+    return QuantizedTensor(q.format, q.data[rows], q.scale[rows], None if q.min is None else q.min[rows])
+
+
+def _pad_rows(part, rows: int):
+    """``part`` with zero rows appended up to ``rows`` (a quantized zero row dequantizes to zeros)."""
+    missing = rows - part.shape[0]
+    if missing <= 0:
+        return part
+    if isinstance(part, QuantizedTensor):
+        pad = [None if t is None else torch.cat([t, t.new_zeros(missing, *t.shape[1:])]) for t in
+               (part.data, part.scale, part.min)]  # fmt: skip
+        return QuantizedTensor(part.format, *pad)
+    return torch.cat([part, part.new_zeros(missing, *part.shape[1:])])
 
 
 def shard_tensor(name: str, view, cfg: ModelConfig, rank: int, size: int) -> torch.Tensor:
-    """Rank's slice of the HF-named tensor; ``view`` is a tensor or a safetensors slice (read lazily)."""
+    """Rank's slice of the HF-named tensor; ``view`` is a tensor, a safetensors slice (read lazily)
+    or a ``QuantizedTensor`` (sliced with its scales)."""
+    if isinstance(view, QuantizedTensor):
+        view = _QuantizedView(view)
     shape = _shape(view)
     if name in _VOCAB:
         start, rows = vocab_shard(shape[0], rank, size)
-        part = view[start : min(start + rows, shape[0])]
-        if part.shape[0] < rows:
-            part = torch.cat([part, part.new_zeros(rows - part.shape[0], *part.shape[1:])])
-        return part
+        return _pad_rows(view[start : min(start + rows, shape[0])], rows)
     m = _LAYER.fullmatch(name)
     if m is None:
         return view[:]

@@ -35,7 +35,14 @@ from trtedge.runtime.executor.distributed import (
     shard_tensor,
 )
 from trtedge.runtime.executor.tp_plan import Message, StepPlan
-from trtedge.runtime.models import ARCHITECTURES, dummy_tensors, resolve_device, resolve_dtype
+from trtedge.runtime.models import (
+    ARCHITECTURES,
+    dummy_tensors,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+    takes_quantized,
+)
 from trtedge.runtime.models.config import ModelConfig
 
 log = logging.getLogger("trtedge")
@@ -43,6 +50,7 @@ log = logging.getLogger("trtedge")
 COLLECTIVE_TIMEOUT_S = 300.0  # a step's collectives: a live peer answers within a step
 IDLE_TIMEOUT = timedelta(days=30)  # workers wait for the next step plan as long as the server idles
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZED_WEIGHTS = ("int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,8 @@ class ShardLaunch:
     size: int
     init_method: str | None = None  # None: a TCP store on 127.0.0.1 that rank 0 opens
     store_port: int = 0
+    weights: str = "float"  # int8 / int4: every rank loads through load_model and slices the quantized
+    checkpoint: object = None  # weights with their scales; the (lock-free) checkpoint they come from
 
     @property
     def backend(self) -> str:
@@ -96,6 +106,11 @@ def load_shard(launch: ShardLaunch, rank: int, device: torch.device):
     """This rank's model: its slices of the weights (read lazily from the safetensors files), joined
     by the collectives of ``parallelize``."""
     cfg = ModelConfig.from_hf(launch.config)
+    if launch.weights in QUANTIZED_WEIGHTS:
+        model = _load_quantized_shard(launch, rank, device)
+        parallelize(model, rank, launch.size, cfg.vocab_size)
+        model.tp = None
+        return model
     dtype = _DTYPES[launch.dtype]
     if launch.files:
         tensors = _iter_file_shards(launch.files, cfg, rank, launch.size)
@@ -111,6 +126,25 @@ def load_shard(launch: ShardLaunch, rank: int, device: torch.device):
     parallelize(model, rank, launch.size, cfg.vocab_size)
     model.tp = None
     return model
+
+
+def _load_quantized_shard(launch: ShardLaunch, rank: int, device: torch.device):
+    """The whole weights quantized as one device would run them, then this rank's rows or columns of
+    each with their scales (quantizing a slice would give the row-parallel layers other scales)."""
+
+    def split(cfg: ModelConfig, tensors):
+        sliced = ((name, shard_tensor(name, t, cfg, rank, launch.size)) for name, t in tensors)
+        return shard_config(cfg, launch.size), sliced
+
+    return load_model(
+        launch.checkpoint,
+        dtype=launch.dtype,
+        device=str(device),
+        weights=launch.weights,
+        max_positions=launch.max_positions,
+        load_format="auto" if launch.files else "dummy",
+        split=split,
+    )
 
 
 def _iter_file_shards(files, cfg: ModelConfig, rank: int, size: int):
@@ -205,10 +239,17 @@ def start_tensor_parallel(
     (``init_method`` given, RANK set) a rank other than 0 serves steps here and exits when rank 0 closes."""
     cfg = checkpoint.model_config
     check_tensor_parallel(cfg, size)
-    if weights not in ("auto", "float") or getattr(checkpoint, "quantization", None) or checkpoint.scheme:
+    quantized = weights in QUANTIZED_WEIGHTS
+    if (
+        weights not in ("auto", "float", *QUANTIZED_WEIGHTS)
+        or getattr(checkpoint, "quantization", None)
+        or checkpoint.scheme
+        or (quantized and not takes_quantized(cfg))
+    ):
         raise ValueError(
-            "tensor_parallel_size (--tensor-parallel-size) > 1 splits float weights only: use --weights "
-            "float and a float checkpoint (quantized weights are not split across ranks yet)"
+            "tensor_parallel_size (--tensor-parallel-size) > 1 splits float weights and --weights int8 / "
+            "int4 of the llama family and Gemma 3: fp8, pre-quantized and GGUF checkpoints, and quantized "
+            f"{cfg.model_type} layers, are not split across ranks yet"
         )
     if dist.is_initialized():
         raise ValueError(
@@ -232,6 +273,8 @@ def start_tensor_parallel(
         max_positions=max_positions,
         size=size,
         init_method=init_method,
+        weights=weights if quantized else "float",
+        checkpoint=_picklable(checkpoint) if quantized else None,
     )
     if init_method is not None and "RANK" in os.environ:  # torchrun started every rank
         world = int(os.environ.get("WORLD_SIZE", size))
@@ -262,6 +305,12 @@ def start_tensor_parallel(
         "tensor parallel: %d ranks (%s), rank 0 holds 1/%d of %s", size, launch.backend, size, launch.name
     )
     return tp, model
+
+
+def _picklable(checkpoint):
+    from trtedge.runtime.client import picklable_checkpoint
+
+    return picklable_checkpoint(checkpoint)
 
 
 def _spawn(launch: ShardLaunch):

@@ -211,8 +211,11 @@ def load_model(
     max_positions: int,
     load_format: str = "auto",
     ple=None,
+    split=None,
 ) -> CausalLM:
-    """``ple``: a PleRuntimeConfig, where a model with per-layer embeddings keeps their table."""
+    """``ple``: a PleRuntimeConfig, where a model with per-layer embeddings keeps their table.
+    ``split``: ``(config, tensors) -> (config, tensors)`` applied to the tensors in the format they
+    run in (a tensor-parallel rank takes its slices of the quantized weights)."""
     cfg = checkpoint.model_config
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, cfg, dev)
@@ -225,7 +228,7 @@ def load_model(
         )
     # Families (and partial-rotary layouts, which permute the fused qkv rows) that take no quantized
     # tensors get them dequantized, and quantize float weights to int8 themselves at load (CPU).
-    aware = cls in _QUANTIZED_ARCHITECTURES and cfg.rotary_dim == cfg.head_dim
+    aware = takes_quantized(cfg)
     runnable = runnable_formats(dev, torch_dtype) if aware else frozenset()
     if dev.type == "cuda" and weights not in ("int8", "int4", "fp8") and checkpoint.scheme is None:
         runnable = frozenset()  # a GGUF's int4 / int8 on a GPU: dequantized unless --weights asks for them
@@ -258,7 +261,10 @@ def load_model(
         tensors = ((name, t) for name, t in tensors if not is_encoder_tensor(name))
     tensors = prepare_tensors(tensors, checkpoint, weights, runnable, torch_dtype, dev)
     extra = {"ple": ple} if issubclass(cls, PleModel) else {}
-    model = cls(cfg, tensors, torch_dtype, dev, own_format, max_positions, **extra)
+    model_cfg = cfg
+    if split is not None:
+        model_cfg, tensors = split(cfg, tensors)
+    model = cls(model_cfg, tensors, torch_dtype, dev, own_format, max_positions, **extra)
     weight_format = (
         "+".join(sorted({type(m).__name__.removesuffix("Linear").lower() for m in _linears(model)}))
         or "float"
@@ -274,6 +280,12 @@ def load_model(
         model.weight_bytes / 2**20,
     )
     return model
+
+
+def takes_quantized(cfg: ModelConfig) -> bool:
+    """Whether the family's layers run quantized tensors as they come (others dequantize them, or
+    quantize float weights themselves)."""
+    return ARCHITECTURES[cfg.model_type] in _QUANTIZED_ARCHITECTURES and cfg.rotary_dim == cfg.head_dim
 
 
 def _quantizes(weights: str, checkpoint) -> bool:
