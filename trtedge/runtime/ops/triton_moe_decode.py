@@ -1,9 +1,8 @@
 """Routed experts for decode-sized batches on CUDA (Triton), where sorting (token, slot) pairs by
 expert (triton_moe's grouped matmul) costs more kernels than the products themselves:
 
-- ``sigmoid_route``: Nemotron-H's router in one launch per token (the product with the router
-  weight, sigmoid, the correction bias for the choice, top-k, renormalise and scale), for one
-  expert group;
+- ``sigmoid_route``: Nemotron-H's router after its product in one launch (sigmoid, the correction
+  bias for the choice, top-k, renormalise and scale), for one expert group;
 - ``pair_gemv``: one product per (token, slot) pair with its chosen expert's weight, the squared
   ReLU optionally applied to the input and the routing weight to the output.
 
@@ -23,33 +22,21 @@ if triton is not None:
 
     @triton.jit
     def _sigmoid_route_kernel(
-        h_ptr,  # [T, K] hidden (any float dtype)
-        w_ptr,  # [E, K] float32 router
+        logits_ptr,  # [T, E] float32 router logits
         bias_ptr,  # [E] float32 correction bias (the choice only)
         ids_ptr,  # [T, TOP_K] int64
         weights_ptr,  # [T, TOP_K] float32
-        K,
         E,
         scaling,
         TOP_K: tl.constexpr,
         TOP_K_PAD: tl.constexpr,  # a power of two
         NORMALIZE: tl.constexpr,
         BLOCK_E: tl.constexpr,
-        BLOCK_K: tl.constexpr,
     ):
         t = tl.program_id(0)
         offs_e = tl.arange(0, BLOCK_E)
         me = offs_e < E
-        acc = tl.zeros((BLOCK_E,), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mk = offs_k < K
-            x = tl.load(h_ptr + t * K + offs_k, mask=mk, other=0.0).to(tl.float32)
-            w = tl.load(
-                w_ptr + offs_e[:, None] * K + offs_k[None, :], mask=me[:, None] & mk[None, :], other=0.0
-            )
-            acc += tl.sum(w * x[None, :], axis=1)
-        scores = tl.sigmoid(acc)
+        scores = tl.sigmoid(tl.load(logits_ptr + t * E + offs_e, mask=me, other=0.0))
         choice = tl.where(me, scores + tl.load(bias_ptr + offs_e, mask=me, other=0.0), float("-inf"))
         offs_j = tl.arange(0, TOP_K_PAD)
         picked_ids = tl.zeros((TOP_K_PAD,), tl.int64)
@@ -111,25 +98,24 @@ if triton is not None:
 def sigmoid_route(
     h: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, top_k: int, normalize: bool, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [T, top_k] float32, expert ids [T, top_k]) for one expert group (``RoutedMoE.route``)."""
-    t, k = h.shape
+    """(weights [T, top_k] float32, expert ids [T, top_k]) for one expert group (``RoutedMoE.route``):
+    the router's product by cuBLAS (every SM streams the router), the rest in one launch."""
+    t = h.shape[0]
     e = router.shape[0]
+    logits = torch.nn.functional.linear(h.float(), router)
     ids = torch.empty(t, top_k, dtype=torch.long, device=h.device)
     weights = torch.empty(t, top_k, dtype=torch.float32, device=h.device)
     _sigmoid_route_kernel[(t,)](
-        h.contiguous(),
-        router,
+        logits,
         bias,
         ids,
         weights,
-        k,
         e,
         scaling,
         TOP_K=top_k,
         TOP_K_PAD=triton.next_power_of_2(top_k),
         NORMALIZE=normalize,
         BLOCK_E=triton.next_power_of_2(e),
-        BLOCK_K=max(16, min(64, 8192 // triton.next_power_of_2(e))),
     )
     return weights, ids
 
