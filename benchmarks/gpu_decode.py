@@ -1,8 +1,8 @@
 """Batch-1 decode and long-prompt prefill on a GPU: trtedge, a torch.compile peer and HF transformers,
 same shapes, one run.
 
-    python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b,llama-1b,llama-8b] [--new-tokens 256]
-        [--no-hf] [--no-peer] [--compare-unfused] [--prefill-len 0]
+    python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b,llama-1b,llama-8b,qwen3-30b-a3b]
+        [--new-tokens 256] [--no-hf] [--no-peer] [--compare-unfused] [--prefill-len 0]
 
 Random bf16 weights (load_format="dummy") with Qwen3 / Llama shapes (``benchmarks/shapes.py``), a
 128-token prompt, greedy, EOS ignored. The peer is ``benchmarks/compiled_peer.py``: a gpt-fast-style
@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.compiled_peer import peer_decode  # noqa: E402
-from benchmarks.shapes import shape_config, write_shape  # noqa: E402
+from benchmarks.shapes import QWEN3_MOE, shape_config, write_shape  # noqa: E402
 from trtedge import LLM, SamplingParams  # noqa: E402
 
 PEAK_BYTES_PER_S = 4.8e12  # H200 datasheet
@@ -155,7 +155,7 @@ def main() -> None:
                     tokens_per_s=round(hf, 1),
                     trtedge_speedup=round(tps / hf, 1),
                 )
-            if not args.no_peer:
+            if not args.no_peer and name not in QWEN3_MOE:  # the peer is a dense decoder
                 try:
                     peer = peer_decode(name, prompt, args.new_tokens)
                     emit(

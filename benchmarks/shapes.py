@@ -49,8 +49,30 @@ LLAMA = {
 }
 
 
+# Qwen3-30B-A3B: 128 experts, 8 active per token.
+QWEN3_MOE = {
+    "qwen3-30b-a3b": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    ),
+}
+
+
 def shape_config(name: str) -> dict:
-    """The HF config of a benchmark shape (``QWEN3`` or ``LLAMA`` names)."""
+    """The HF config of a benchmark shape (``QWEN3``, ``QWEN3_MOE`` or ``LLAMA`` names)."""
+    if name in QWEN3_MOE:
+        config = dict(
+            qwen3_config("qwen3-0.6b"), model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"]
+        )
+        return {**config, **QWEN3_MOE[name]}
     if name in LLAMA:
         return dict(
             model_type="llama",
@@ -68,7 +90,7 @@ def shape_config(name: str) -> dict:
             **LLAMA[name],
         )
     if name not in QWEN3:
-        raise ValueError(f"unknown shape {name!r}; known: {', '.join([*QWEN3, *LLAMA])}")
+        raise ValueError(f"unknown shape {name!r}; known: {', '.join([*QWEN3, *QWEN3_MOE, *LLAMA])}")
     return qwen3_config(name)
 
 

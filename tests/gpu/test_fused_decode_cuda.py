@@ -62,7 +62,7 @@ def test_fused_products_match_torch_reference(dtype, seed):
     assert torch.equal(captured, eager)
 
 
-@pytest.fixture(scope="module", params=["llama", "llama3", "qwen2", "qwen3", "phi3"])
+@pytest.fixture(scope="module", params=["llama", "llama3", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral"])
 def tiny(request, tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp(request.param), request.param)
 
@@ -254,3 +254,40 @@ def test_decode_step_graph_with_pdl_equals_eager_without(tmp_path):
         pdl._enabled = saved
     assert torch.equal(out, eager)
     assert torch.equal(caches[1], caches[0])
+
+
+@pytest.mark.parametrize(
+    "experts,top_k,hidden,inter,normalize",
+    [(128, 8, 256, 96, True), (6, 2, 64, 48, False), (64, 4, 128, 200, True)],
+)
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_moe_decode_experts_match_grouped_reference(experts, top_k, hidden, inter, normalize, rows):
+    from trtedge.runtime.models.layers import rms_norm
+    from trtedge.runtime.ops.triton_moe import decode_experts, fused_experts
+
+    dtype = torch.bfloat16
+    gen = torch.Generator().manual_seed(experts + rows)
+    like = dict(device="cuda", dtype=dtype)
+    w_gate_up = (torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden**-0.5).to(**like)
+    w_down = (torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5).to(**like)
+    router = torch.randn(experts, hidden, generator=gen).to(**like)
+    x = torch.randn(rows, hidden, generator=gen).to(**like)
+    norm = (torch.rand(hidden, generator=gen) + 0.5).to(**like)
+    h = rms_norm(x, norm, 1e-6)
+    logits = F.linear(h, router)
+    probs = logits.float().softmax(dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    ref = x + fused_experts(h, w_gate_up, w_down, weights.to(dtype), ids, F.silu)
+    out = x.clone()
+    decode_experts(out, norm, 1e-6, logits, w_gate_up, w_down, top_k, normalize)  # tunes, then runs
+    assert _rel(out, ref) < 1e-2
+    captured = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_experts(captured, norm, 1e-6, logits, w_gate_up, w_down, top_k, normalize)
+    captured.copy_(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, out)

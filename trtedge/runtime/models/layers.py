@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from trtedge.runtime.ops.linear import cat_weights, make_linear
+from trtedge.runtime.ops.linear import DenseLinear, cat_weights, make_linear
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
@@ -127,6 +127,19 @@ class GatedMLP:
             return self.down(act)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down(ACTIVATIONS[self.act](gate) * up)
+
+    @property
+    def fuses_decode(self) -> bool:
+        """Whether ``fused_decode`` can run (CUDA, dense bf16/fp16 weights, SiLU)."""
+        return self.act == "silu" and all(
+            type(lin) is DenseLinear and lin.skinny is not None for lin in self.linears
+        )
+
+    def fused_decode(self, x: torch.Tensor, norm: torch.Tensor, eps: float) -> None:
+        """x += this MLP of RMSNorm(x) * norm, for at most 16 decode rows: two products, the norm
+        read by the first, SiLU-mul by the second, which adds into x."""
+        gate_up = self.gate_up.skinny.fused(x, norm=norm, eps=eps)
+        self.down.skinny.fused(gate_up, silu=True, residual=x)
 
     @property
     def linears(self) -> list:

@@ -138,7 +138,7 @@ class LlamaModel:
             self.decode_kernels is not None
             and device.type == "cuda"
             and os.environ.get("TRTEDGE_DECODE_FUSION", "1") != "0"
-            and all(_products_fuse(layer) for layer in self.layers)
+            and all(self._layer_fuses(layer) for layer in self.layers)
         )
         # Layers whose input hidden states a draft head reads (EAGLE-3); the last forward's are kept
         # in aux_hidden, concatenated along the feature dimension (index num_layers: the final state).
@@ -226,8 +226,8 @@ class LlamaModel:
 
     def _decode_fused_products(self, x, h, q, o, positions, kv_caches, batch, tables, context_lens):
         """Five kernels a layer: qkv reads RMSNorm(x) and writes q, k, v normed and rotated (q to
-        ``q``, k and v to the cache), attention, o adds into x, gate_up reads RMSNorm(x), down reads
-        SiLU(gate) * up and adds into x."""
+        ``q``, k and v to the cache), attention, o adds into x, then the MLP's ``fused_decode``
+        (gate_up reads RMSNorm(x), down reads SiLU(gate) * up and adds into x)."""
         cfg, kernels = self.cfg, self.decode_kernels
         n, eps = x.shape[0], cfg.rms_norm_eps
         # (an fp8 cache's rows are E4M3 bytes and a scale: the unfused store writes them)
@@ -251,10 +251,17 @@ class LlamaModel:
                 layer.window,
             )  # fmt: skip
             layer.o.skinny.fused(o.view(n, -1), residual=x)
-            gate_up = layer.mlp.gate_up.skinny.fused(x, norm=layer.post_norm, eps=eps)
-            layer.mlp.down.skinny.fused(gate_up, silu=True, residual=x)
+            layer.mlp.fused_decode(x, layer.post_norm, eps)
         kernels.add_rms_norm(x, None, self.norm, h, eps)
         return h
+
+    def _layer_fuses(self, layer) -> bool:
+        """Whether a layer's decode products can take its norms, SiLU-mul and residual adds."""
+        dense = all(type(lin) is DenseLinear and lin.skinny is not None for lin in (layer.qkv, layer.o))
+        return dense and self._mlp_fuses(layer.mlp)
+
+    def _mlp_fuses(self, mlp) -> bool:
+        return type(mlp) is GatedMLP and mlp.fuses_decode
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return softcap(self.lm_head(hidden).float(), self.cfg.final_logit_softcapping)
@@ -262,15 +269,6 @@ class LlamaModel:
     @property
     def weight_bytes(self) -> int:
         return sum(m.nbytes for m in [self.lm_head] + [m for layer in self.layers for m in layer.linears])
-
-
-def _products_fuse(layer) -> bool:
-    """Whether a layer's decode products can take its norms, SiLU-mul and residual adds."""
-    mlp = layer.mlp
-    if type(mlp) is not GatedMLP or mlp.act != "silu":
-        return False
-    linears = [layer.qkv, layer.o, mlp.gate_up, mlp.down]
-    return all(type(lin) is DenseLinear and lin.skinny is not None for lin in linears)
 
 
 def _decode_kernels(device: torch.device, dtype: torch.dtype):

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trtedge.runtime.models.layers import ACTIVATIONS, GatedMLP, require
+from trtedge.runtime.models.layers import ACTIVATIONS, GatedMLP, require, rms_norm
 from trtedge.runtime.models.llama import LlamaModel
-from trtedge.runtime.ops import triton_attention
+from trtedge.runtime.ops import triton_attention, triton_gemv
 from trtedge.runtime.ops.linear import make_linear
 
 # Per family: where the sparse block lives, its router, and each expert's (gate, up, down) names.
@@ -94,6 +94,9 @@ class SparseMoE:
         )
         if not self.grouped_kernel:
             self.w_gate_up = self.w_down = None  # the per-expert layers hold the weights
+        # CUDA decode: the router's product reads RMSNorm(x) itself (see fused_decode)
+        fusable = self.grouped_kernel and self.act == "silu" and triton_gemv.usable(self.router)
+        self.router_product = triton_gemv.SkinnyLinear(self.router, None) if fusable else None
         self.shared = self.shared_gate = None
         if cfg.shared_expert_intermediate_size:
             self.shared = GatedMLP.from_layer(w, cfg.hidden_act, weight_format, prefix="mlp.shared_expert.")
@@ -120,6 +123,25 @@ class SparseMoE:
                 F.linear(h.to(self.shared_gate.dtype), self.shared_gate).to(h.dtype)
             ) * self.shared(h)
         return out
+
+    @property
+    def fuses_decode(self) -> bool:
+        return self.router_product is not None and self.shared is None
+
+    def fused_decode(self, x: torch.Tensor, norm: torch.Tensor, eps: float) -> None:
+        """x += this MLP of RMSNorm(x) * norm for a decode step's rows (at most 16). Up to
+        ``DECODE_MAX_ROWS`` rows: three kernels (the router's product, the selected experts' gate_up
+        with SiLU-mul, their down with the weighted sum and the residual add); more rows take the
+        grouped path, which reads each active expert once for all its rows."""
+        from trtedge.runtime.ops import triton_moe
+
+        if x.shape[0] <= triton_moe.DECODE_MAX_ROWS:
+            logits = self.router_product.fused(x, norm=norm, eps=eps)
+            triton_moe.decode_experts(
+                x, norm, eps, logits, self.w_gate_up, self.w_down, self.top_k, self.normalize
+            )
+            return
+        x.add_(self(rms_norm(x, norm, eps)))
 
     def grouped_reference(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Sort (token, slot) pairs by expert; one gate_up/down matmul pair per expert with tokens."""
@@ -148,6 +170,9 @@ class SparseMoE:
 class MoeModel(LlamaModel):
     """Qwen3-MoE, Qwen2-MoE and Mixtral: sparse layers get a SparseMoE; the others (mlp_only_layers,
     decoder_sparse_step) keep a dense gated MLP."""
+
+    def _mlp_fuses(self, mlp) -> bool:
+        return mlp.fuses_decode if isinstance(mlp, SparseMoE) else super()._mlp_fuses(mlp)
 
     def make_mlp(self, index: int, w: dict[str, torch.Tensor], weight_format: str):
         if self.cfg.sparse_layers[index]:

@@ -125,3 +125,178 @@ def fused_experts(h, w_gate_up, w_down, weights, ids, act) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     y = grouped_matmul(act(gate) * up, w_down, sorted_rows, block_expert, rows, 1, block_m, weights.flatten())
     return y.view(t, top_k, -1).sum(dim=1)
+
+
+# Decode (a few rows): the router's logits come from a product; each expert kernel program redoes the
+# softmax and top-k of its row from them (128 values) instead of a routing kernel and a sort, and
+# reads only its selected experts' weights.
+DECODE_MAX_ROWS = 4  # more rows share experts: the grouped path reads each active expert once
+_DECODE_TILES = ((16, 256), (32, 128), (32, 256), (64, 128))  # (BLOCK_N, BLOCK_K)
+_decode_plans: dict[tuple, tuple[int, int]] = {}
+
+if triton is not None:
+
+    @triton.jit
+    def _route_row(logits_ptr, row, NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr,
+                   K_PAD: tl.constexpr, NORMALIZE: tl.constexpr, dt: tl.constexpr):  # fmt: skip
+        """A row's top-k experts [K_PAD] and their weights (float32 of the dt-rounded weight), as
+        SparseMoE.route: softmax in float32, top-k, optionally over the k's sum."""
+        offs = tl.arange(0, E_PAD)
+        z = tl.load(logits_ptr + row * NUM_EXPERTS + offs, mask=offs < NUM_EXPERTS, other=float("-inf"))
+        z = z.to(tl.float32)
+        p = tl.exp(z - tl.max(z, 0))
+        p = p / tl.sum(p, 0)
+        slots = tl.arange(0, K_PAD)
+        ids = tl.zeros([K_PAD], dtype=tl.int32)
+        weights = tl.zeros([K_PAD], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            best = tl.max(p, 0)
+            pick = tl.min(tl.where(p == best, offs, E_PAD), 0)  # the lowest index of a tie
+            ids = tl.where(slots == j, pick, ids)
+            weights = tl.where(slots == j, best, weights)
+            p = tl.where(offs == pick, -1.0, p)
+        if NORMALIZE:
+            weights = weights / tl.sum(weights, 0)
+        return ids, weights.to(dt).to(tl.float32)
+
+    @triton.jit
+    def _experts_gate_up_kernel(
+        x_ptr, norm_ptr, logits_ptr, w_ptr, act_ptr, H, INTER, eps,
+        NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+        NORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        # One program per (row, slot, column tile): act = silu(gate) * up of the slot's expert over
+        # RMSNorm(x) * norm. w: [E, 2 * INTER, H] (gate rows, then up rows).
+        if PDL:  # (see ops.pdl)
+            tl.extra.cuda.gdc_wait()
+        pair = tl.program_id(0)
+        row = pair // TOP_K
+        dt = act_ptr.dtype.element_ty
+        ids, _ = _route_row(logits_ptr, row, NUM_EXPERTS, E_PAD, TOP_K, K_PAD, NORMALIZE, dt)
+        expert = tl.sum(tl.where(tl.arange(0, K_PAD) == pair % TOP_K, ids, 0), 0).to(tl.int64)
+        rk = tl.arange(0, BLOCK_K)
+        squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            xf = tl.load(x_ptr + row * H + k0 + rk, mask=k0 + rk < H, other=0.0).to(tl.float32)
+            squares += xf * xf
+        inv = tl.rsqrt(tl.sum(squares, 0) / H + eps)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        gate_rows = w_ptr + expert * 2 * INTER * H + rn[:, None].to(tl.int64) * H
+        up_rows = gate_rows + INTER * H
+        acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            ks = k0 + rk
+            xf = tl.load(x_ptr + row * H + ks, mask=ks < H, other=0.0).to(tl.float32)
+            scale = tl.load(norm_ptr + ks, mask=ks < H, other=0.0).to(tl.float32)
+            h = ((xf * inv).to(dt).to(tl.float32) * scale).to(dt).to(tl.float32)[None, :]
+            mask = (rn[:, None] < INTER) & (ks[None, :] < H)
+            g = tl.load(gate_rows + ks[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+            u = tl.load(up_rows + ks[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+            acc_g += tl.sum(g.to(tl.float32) * h, 1)
+            acc_u += tl.sum(u.to(tl.float32) * h, 1)
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        g = acc_g.to(dt).to(tl.float32)
+        act = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * acc_u.to(dt).to(tl.float32)).to(dt)
+        tl.store(act_ptr + pair * INTER + rn, act, mask=rn < INTER)
+
+    @triton.jit
+    def _experts_down_kernel(
+        act_ptr, logits_ptr, w_ptr, x_ptr, H, INTER,
+        NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+        NORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    ):  # fmt: skip
+        # One program per (row, column tile): x += sum over the row's slots of weight * down(act).
+        # w: [E, H, INTER]. Roundings as fused_experts: each slot's weighted rows in dt, summed in
+        # float32, the sum in dt, then the residual add.
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        row = tl.program_id(0)
+        dt = x_ptr.dtype.element_ty
+        ids, weights = _route_row(logits_ptr, row, NUM_EXPERTS, E_PAD, TOP_K, K_PAD, NORMALIZE, dt)
+        slots = tl.arange(0, K_PAD)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for j in range(TOP_K):
+            expert = tl.sum(tl.where(slots == j, ids, 0), 0).to(tl.int64)
+            weight = tl.sum(tl.where(slots == j, weights, 0.0), 0)
+            rows = w_ptr + expert * H * INTER + rn[:, None].to(tl.int64) * INTER
+            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, INTER, BLOCK_K):
+                ks = k0 + rk
+                a = tl.load(act_ptr + (row * TOP_K + j) * INTER + ks, mask=ks < INTER, other=0.0)
+                w = tl.load(
+                    rows + ks[None, :],
+                    mask=(rn[:, None] < H) & (ks[None, :] < INTER),
+                    other=0.0,
+                    eviction_policy="evict_first",
+                )
+                acc += tl.sum(w.to(tl.float32) * a.to(tl.float32)[None, :], 1)
+            total += (acc * weight).to(dt).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        at = x_ptr + row * H + rn
+        residual = tl.load(at, mask=rn < H, other=0.0).to(tl.float32)
+        tl.store(at, (total.to(dt).to(tl.float32) + residual).to(dt), mask=rn < H)
+
+
+def decode_experts(x, norm, eps, logits, w_gate_up, w_down, top_k: int, normalize: bool, plans=None) -> None:
+    """x += the MoE MLP of RMSNorm(x) * norm for a few decode rows, from the router's ``logits``
+    [T, E] (in x's dtype): each selected expert's weights are read once per row."""
+    from trtedge.runtime.ops import pdl
+
+    t, h = x.shape
+    num_experts, inter = w_down.shape[0], w_down.shape[2]
+    act = torch.empty(t * top_k, inter, dtype=x.dtype, device=x.device)
+    (gn, gk), (dn, dk) = plans or _decode_plan(w_gate_up, w_down, t, top_k, normalize)
+    launch_pdl = pdl.enabled()
+    common = dict(
+        NUM_EXPERTS=num_experts,
+        E_PAD=triton.next_power_of_2(num_experts),
+        TOP_K=top_k,
+        K_PAD=triton.next_power_of_2(top_k),
+        NORMALIZE=normalize,
+        PDL=launch_pdl,
+        launch_pdl=launch_pdl,
+    )
+    _experts_gate_up_kernel[(t * top_k, triton.cdiv(inter, gn))](
+        x, norm, logits, w_gate_up, act, h, inter, eps, BLOCK_N=gn, BLOCK_K=gk, **common
+    )
+    _experts_down_kernel[(t, triton.cdiv(h, dn))](
+        act, logits, w_down, x, h, inter, BLOCK_N=dn, BLOCK_K=dk, **common
+    )
+
+
+def _decode_plan(w_gate_up, w_down, rows: int, top_k: int, normalize: bool):
+    """The fastest (BLOCK_N, BLOCK_K) of each expert kernel for this shape, timed once per process
+    (outside graph capture; inside one, the first tiles)."""
+    from trtedge.runtime.ops.triton_gemv import _bucket, _graph_time
+
+    key = (tuple(w_gate_up.shape), tuple(w_down.shape), _bucket(rows), top_k, normalize)
+    if key in _decode_plans:
+        return _decode_plans[key]
+    if torch.cuda.is_current_stream_capturing():
+        return _DECODE_TILES[0], _DECODE_TILES[0]
+    h = w_down.shape[1]
+    like = dict(device=w_down.device, dtype=w_down.dtype)
+    x, norm = torch.randn(rows, h, **like), torch.ones(h, **like)
+    logits = torch.randn(rows, w_down.shape[0], **like)
+    best = {}
+    for tiles in _DECODE_TILES:  # the gate_up kernel's tiles with the first down tiles, then the down's
+        best[tiles] = _graph_time(
+            lambda tiles=tiles: decode_experts(
+                x, norm, 1e-6, logits, w_gate_up, w_down, top_k, normalize, (tiles, _DECODE_TILES[0])
+            )
+        )
+    gate_up = min(best, key=best.get)
+    for tiles in _DECODE_TILES:
+        best[tiles] = _graph_time(
+            lambda tiles=tiles: decode_experts(
+                x, norm, 1e-6, logits, w_gate_up, w_down, top_k, normalize, (gate_up, tiles)
+            )
+        )
+    down = min(_DECODE_TILES, key=best.get)
+    _decode_plans[key] = (gate_up, down)
+    return gate_up, down
