@@ -230,3 +230,30 @@ def test_dflash_token_trees_for_greedy_requests_chains_for_sampled_ones(paths, t
     assert not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
     with pytest.raises(SpeculativeConfigError, match="draft_top_k > 1 .* needs method eagle3 or dflash"):
         SpeculativeConfig(method="ngram", draft_top_k=2)
+
+
+def test_dflash_with_context_reuse_drafts_over_a_reused_prefix(paths, target):
+    """A prompt extending an earlier one reuses its cached prefix, whose target hidden states the draft
+    never saw (it reads zeros there): output still equals plain decoding and nothing leaks."""
+    from trtedge.runtime.engine import Engine, EngineConfig
+
+    model, tokenizer = target
+    head = load_dflash(paths[1], model, 512, 3)
+    config = EngineConfig(max_kv_cache_capacity=256, enable_context_reuse=True, speculative=_spec(paths[1]))
+    engine = Engine(model, tokenizer, config, draft=head)
+    long = repetitive_prompts(4, seed=8)[3] * 2  # past one 16-token block: a prefix to reuse
+    try:
+        first = [t for d in engine.submit(long, GREEDY) for t in d.token_ids]
+        metrics = []
+        second = [
+            t for d in engine.submit(long + first[:3], GREEDY, on_metrics=metrics.append) for t in d.token_ids
+        ]
+        assert metrics[0].reused_tokens > 0 and metrics[0].spec_steps > 0
+    finally:
+        engine.shutdown()
+        model.aux_layers = ()
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    cache = engine.speculative.proposer.cache
+    assert not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
+    cold, _ = generate(model, tokenizer, [long, long + first[:3]], GREEDY, batch=1)
+    assert [first, second] == cold
