@@ -323,7 +323,19 @@ class SkinnyLinear:
         heads = (rope.num_heads, rope.num_kv_heads, rope.head_dim) if rope is not None else None
         fusion = Fusion(norm is not None, silu, residual is not None, heads)
         plan = self.plan(rows.shape[0], fusion)
+        if plan is None:  # cuBLAS with torch's element-wise kernels measured faster
+            return self._unfused(rows, norm, eps, silu, residual)
         return self.launch(rows, plan, norm=norm, eps=eps, silu=silu, residual=residual, rope=rope)
+
+    def _unfused(self, rows, norm, eps: float, silu: bool, residual) -> torch.Tensor:
+        """``fused`` through cuBLAS and torch, with the same roundings (HF's)."""
+        if norm is not None:
+            rows = norm * F.rms_norm(rows.float(), (rows.shape[-1],), None, eps).to(rows.dtype)
+        if silu:
+            gate, up = rows.chunk(2, dim=-1)
+            rows = F.silu(gate) * up
+        y = F.linear(rows, self.weight, self.bias)
+        return y if residual is None else residual.add_(y)
 
     def plan(self, rows: int, fusion: Fusion = PLAIN) -> Plan | None:
         n, k = self.weight.shape
@@ -338,8 +350,8 @@ class SkinnyLinear:
         return plan
 
     def _tune(self, rows: int, fusion: Fusion) -> Plan | None:
-        """The fastest plan; None where cuBLAS is faster (plain products only: a fused one always
-        runs here, since the unfused neighbours would cost kernels of their own)."""
+        """The fastest plan; None where cuBLAS is faster (for a fused product: cuBLAS with the
+        neighbouring work as torch kernels; the qkv epilogue always runs here)."""
         n, k = self.weight.shape
         like = dict(device=self.weight.device, dtype=self.weight.dtype)
         x = torch.randn(rows, 2 * k if fusion.silu else k, **like)
@@ -347,8 +359,8 @@ class SkinnyLinear:
         residual = torch.zeros(rows, n, **like) if fusion.residual else None
         rope = _scratch_rope(rows, *fusion.rope, like) if fusion.rope else None
         best, best_time = None, float("inf")
-        if fusion == PLAIN:
-            best_time = _graph_time(lambda: F.linear(x, self.weight, self.bias))
+        if not fusion.rope:
+            best_time = _graph_time(lambda: self._unfused(x, norm, 1e-6, fusion.silu, residual))
         for plan in candidates(n, k, fusion):
             self._reserve(plan)
             seconds = _graph_time(
