@@ -23,6 +23,24 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
+    def _x_tile(x_ptr, norm_ptr, inv, rm, ks, M, K, hi, stride_x, dt: tl.constexpr,
+                NORM_IN: tl.constexpr, SILU_IN: tl.constexpr):  # fmt: skip
+        """The product's input at columns ``ks`` of every row, with its folded-in prologue."""
+        x_mask = (rm[:, None] < M) & (ks[None, :] < hi)
+        x_at = x_ptr + rm[:, None] * stride_x + ks[None, :]
+        if SILU_IN:
+            g = tl.load(x_at, mask=x_mask, other=0.0).to(tl.float32)
+            u = tl.load(x_at + K, mask=x_mask, other=0.0).to(tl.float32)
+            x = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt)
+        elif NORM_IN:
+            xf = tl.load(x_at, mask=x_mask, other=0.0).to(tl.float32)
+            scale = tl.load(norm_ptr + ks, mask=ks < hi, other=0.0).to(tl.float32)
+            x = ((xf * inv[:, None]).to(dt).to(tl.float32) * scale[None, :]).to(dt)
+        else:
+            x = tl.load(x_at, mask=x_mask, other=0.0)
+        return x
+
+    @triton.jit
     def _skinny_kernel(
         x_ptr,
         w_ptr,
@@ -66,8 +84,6 @@ if triton is not None:
         # ROPE_OUT: the product is a fused qkv, one head per column tile (BLOCK_N = head_dim): q heads
         # get q-norm (QK_NORM) and RoPE into y, k heads k-norm and RoPE into the cache, v heads go to
         # the cache. Roundings are the unfused kernels' (triton_fused), which follow HF.
-        if PDL:  # (see ops.pdl) nothing this kernel reads is ready before the previous kernel ends
-            tl.extra.cuda.gdc_wait()
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         dt = y_ptr.dtype.element_ty
@@ -77,6 +93,18 @@ if triton is not None:
         span = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
         lo = pid_k * span
         hi = tl.minimum(lo + span, K)
+        w_rows = w_ptr + rn[:, None] * stride_w
+        # The weights are no kernel's output: the first tile loads before waiting for the previous
+        # kernel (ops.pdl), so its latency overlaps that kernel's tail.
+        w = tl.load(
+            w_rows + (lo + rk)[None, :],
+            mask=(rn[:, None] < N) & ((lo + rk)[None, :] < hi),
+            other=0.0,
+            eviction_policy="evict_first",
+        )
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        inv = tl.full((BLOCK_M,), 1.0, tl.float32)
         if NORM_IN:
             squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
@@ -88,23 +116,13 @@ if triton is not None:
                 ).to(tl.float32)
                 squares += tl.sum(xf * xf, 1)
             inv = tl.rsqrt(squares / K + eps)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(lo, hi, BLOCK_K):
+        x = _x_tile(x_ptr, norm_ptr, inv, rm, lo + rk, M, K, hi, stride_x, dt, NORM_IN, SILU_IN)
+        acc = tl.dot(x, tl.trans(w))
+        for k0 in range(lo + BLOCK_K, hi, BLOCK_K):
             ks = k0 + rk
-            x_mask = (rm[:, None] < M) & (ks[None, :] < hi)
-            x_at = x_ptr + rm[:, None] * stride_x + ks[None, :]
-            if SILU_IN:
-                g = tl.load(x_at, mask=x_mask, other=0.0).to(tl.float32)
-                u = tl.load(x_at + K, mask=x_mask, other=0.0).to(tl.float32)
-                x = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt)
-            elif NORM_IN:
-                xf = tl.load(x_at, mask=x_mask, other=0.0).to(tl.float32)
-                scale = tl.load(norm_ptr + ks, mask=ks < hi, other=0.0).to(tl.float32)
-                x = ((xf * inv[:, None]).to(dt).to(tl.float32) * scale[None, :]).to(dt)
-            else:
-                x = tl.load(x_at, mask=x_mask, other=0.0)
+            x = _x_tile(x_ptr, norm_ptr, inv, rm, ks, M, K, hi, stride_x, dt, NORM_IN, SILU_IN)
             w = tl.load(
-                w_ptr + rn[:, None] * stride_w + ks[None, :],
+                w_rows + ks[None, :],
                 mask=(rn[:, None] < N) & (ks[None, :] < hi),
                 other=0.0,
                 eviction_policy="evict_first",
