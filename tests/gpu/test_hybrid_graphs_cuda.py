@@ -293,3 +293,25 @@ def test_the_decode_router_and_pair_products_match_the_per_expert_reference():
             act = F.relu(F.linear(h[row], w_up[expert])).square()
             ref[row] += F.linear(act, w_down[expert]) * weights[row, j]
     assert torch.allclose(y, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_qk_norm_rope_kernel_matches_the_gated_attention_reference(dtype):
+    from trtedge.runtime.models.layers import rotate
+    from trtedge.runtime.models.qwen3_5 import rms_norm
+    from trtedge.runtime.ops import triton_qk_norm
+
+    g = torch.Generator().manual_seed(4)
+    t, h, kv, d, rd = 3, 16, 4, 256, 64  # the ~9B shape's heads: partial rotary on a quarter
+    qkv = _randn(g, t, 2 * h * d + 2 * kv * d + 8)[:, : 2 * h * d + 2 * kv * d].to(dtype)
+    cos, sin = _randn(g, t, 1, rd).to(dtype), _randn(g, t, 1, rd).to(dtype)
+    q_norm, k_norm = 1 + _randn(g, d, scale=0.1), 1 + _randn(g, d, scale=0.1)
+    qg, k, _ = qkv.split([2 * h * d, kv * d, kv * d], dim=-1)
+    q = rms_norm(qg.reshape(t, h, 2 * d)[..., :d], q_norm, 1e-6)
+    k = rms_norm(k.reshape(t, kv, d), k_norm, 1e-6)
+    q = torch.cat([rotate(q[..., :rd], cos, sin), q[..., rd:]], dim=-1)
+    k = torch.cat([rotate(k[..., :rd], cos, sin), k[..., rd:]], dim=-1)
+    got_q, got_k = triton_qk_norm.qk_norm_rope(qkv, cos, sin, q_norm, k_norm, 1e-6, h, kv, d)
+    tol = 1e-5 if dtype == torch.float32 else 4e-2  # bf16: a rounding of 1/rms apart at most
+    assert torch.allclose(got_q.float(), q.float(), atol=tol, rtol=tol)
+    assert torch.allclose(got_k.float(), k.float(), atol=tol, rtol=tol)

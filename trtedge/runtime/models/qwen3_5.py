@@ -20,7 +20,7 @@ from trtedge.runtime.models.layers import GatedMLP, require, rotate
 from trtedge.runtime.models.moe import SparseMoE
 from trtedge.runtime.models.rope import rope_inv_freq
 from trtedge.runtime.ops import gated_delta as gd
-from trtedge.runtime.ops import triton_attention, triton_gemv, triton_recurrent
+from trtedge.runtime.ops import triton_attention, triton_gemv, triton_qk_norm, triton_recurrent
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import DenseLinear, make_linear
 
@@ -222,6 +222,7 @@ class GatedAttention:
             else TorchAttention
         )
         self.attention = backend(cfg.head_dim**-0.5)
+        self.fused = backend is CudaAttention
 
     def __call__(self, x, cos, sin, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
         return self.o(self.attend(self.qkv(x), cos, sin, k_cache, v_cache, batch))
@@ -231,11 +232,24 @@ class GatedAttention:
         cfg, t = self.cfg, qkv.shape[0]
         qg, k, v = qkv.split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, gate = qg.view(t, cfg.num_heads, 2 * cfg.head_dim).chunk(2, dim=-1)
-        q = rms_norm(q, self.q_norm, self.eps)
-        k = rms_norm(k.view(t, cfg.num_kv_heads, cfg.head_dim), self.k_norm, self.eps)
-        rd = cos.shape[-1]
-        q = torch.cat([rotate(q[..., :rd], cos, sin), q[..., rd:]], dim=-1)
-        k = torch.cat([rotate(k[..., :rd], cos, sin), k[..., rd:]], dim=-1)
+        if self.fused:  # norms and rotary in one launch
+            q, k = triton_qk_norm.qk_norm_rope(
+                qkv,
+                cos,
+                sin,
+                self.q_norm,
+                self.k_norm,
+                self.eps,
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                cfg.head_dim,
+            )
+        else:
+            q = rms_norm(q, self.q_norm, self.eps)
+            k = rms_norm(k.view(t, cfg.num_kv_heads, cfg.head_dim), self.k_norm, self.eps)
+            rd = cos.shape[-1]
+            q = torch.cat([rotate(q[..., :rd], cos, sin), q[..., rd:]], dim=-1)
+            k = torch.cat([rotate(k[..., :rd], cos, sin), k[..., rd:]], dim=-1)
         o = self.attention(q, k, v.view(t, cfg.num_kv_heads, cfg.head_dim), k_cache, v_cache, batch)
         return o.reshape(t, self.q_size) * torch.sigmoid(gate.reshape(t, self.q_size))
 
