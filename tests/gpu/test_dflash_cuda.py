@@ -1,6 +1,7 @@
 """DFlash speculative decoding on CUDA: greedy output equals plain decoding in float32 alone and in a
-batch of 8 with every KV block and draft row freed, and the drafts equal the CPU torch reference of the
-published layout. Skips cleanly without CUDA."""
+batch of 8 with every KV block and draft row freed, verify steps replay the decode CUDA graphs (captured
+again with the draft's hidden-state taps), and the drafts equal the CPU torch reference of the published
+layout. Skips cleanly without CUDA."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ def _outputs(target, batch: int, spec=None, seen=None) -> list[list[int]]:
         outs = [o.token_ids for o in llm.generate(repetitive_prompts(8, seed=11), GREEDY)]
         if spec is not None:
             assert llm.speculative_metrics()["steps"] > 0
+            # the target's steps keep the draft's hidden-state taps inside the CUDA graphs
+            assert engine.runner.graphs.aux_layers == engine.runner.model.aux_layers
+            assert engine.speculative.graph_steps > 0
             cache = engine.speculative.proposer.cache
             assert not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
         assert engine.blocks.num_free_blocks == engine.blocks.num_blocks

@@ -121,6 +121,24 @@ class DecodeGraphs:
         self.logits: dict[int, torch.Tensor] = {}
         self.hidden: dict[int, torch.Tensor] = {}  # the final hidden states (MTP drafting reads them)
         self.num_replays = 0
+        self.chain_depth = chain_depth
+        self._capture(kv_caches)
+
+    def recapture(self) -> None:
+        """Capture again (a proposer changed what the steps keep: ``model.aux_layers``, the hidden
+        states an EAGLE-3 head or DFlash draft reads), the old graphs' memory released first."""
+        self.graphs.clear()
+        self.chains.clear()
+        self.logits, self.hidden, self.aux, self.chain_tokens = {}, {}, {}, {}
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        self._capture(self.kv_caches)
+
+    def _capture(self, kv_caches) -> None:
+        chain_depth, states = self.chain_depth, self.states
+        self.kv_caches = kv_caches
+        self.aux_layers = tuple(self.model.aux_layers)  # the taps these graphs keep (aux)
+        self.aux: dict[int, torch.Tensor] = {}
         start = time.perf_counter()
         pool = None
         for size in reversed(self.sizes):
@@ -131,7 +149,8 @@ class DecodeGraphs:
                 self.logits[size] = self._step(size, kv_caches)
             pool = graph.pool()
             self.graphs[size] = graph
-        self.chain_depth = chain_depth
+            if self.aux_layers:
+                self.aux[size] = self.model.aux_hidden
         self.chains: dict[int, torch.cuda.CUDAGraph] = {}
         self.chain_tokens: dict[int, torch.Tensor] = {}
         for size in reversed(self.sizes) if chain_depth and states is None else ():
@@ -214,6 +233,8 @@ class DecodeGraphs:
         self.num_replays += 1
         if getattr(self.model, "keep_hidden", False):
             self.model.aux_hidden = self.hidden[size][: len(ids)]
+        if self.aux_layers:
+            self.model.aux_hidden = self.aux[size][: len(ids)]
         return self.logits[size][: len(ids)]
 
     def run_chain(self, ids, positions, slots, tables, context_lens, fill, seq_ids) -> torch.Tensor:

@@ -369,7 +369,8 @@ class ModelRunner:
         scores one row per node) through the decode CUDA graphs; None when the graphs cannot take them.
         ``fill``: as ``DecodeGraphs.run``. The logits are the graph's output buffer: read them before
         the next step."""
-        if self.graphs is None or self.model.aux_layers or not self.graphs.fits(len(ids)):
+        graphs = self.graphs
+        if graphs is None or self.model.aux_layers != graphs.aux_layers or not graphs.fits(len(ids)):
             return None
         states = self._step_states if self.states is not None else None
         if states is not None and not states.is_decode:  # draft windows: eager, token by token

@@ -82,6 +82,8 @@ def build_decoder(
         from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
 
         proposer = Eagle3Proposer(draft, runner.model, config, blocks.num_blocks, blocks.block_size)
+    if runner.graphs is not None and runner.graphs.aux_layers != runner.model.aux_layers:
+        runner.graphs.recapture()  # the proposer taps hidden states (eagle3, dflash): the graphs keep them
     return SpeculativeDecoder(config, proposer, runner, blocks, max_num_batched_tokens, max_kv_cache_capacity)
 
 
