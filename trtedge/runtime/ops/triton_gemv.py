@@ -258,6 +258,9 @@ PLAIN = Fusion()
 Plan = tuple[int, int, int]
 # (N, K, rows bucket, fusion) -> the fastest plan measured in this process, or None where cuBLAS won.
 _plans: dict[tuple, Plan | None] = {}
+# (N, K, rows bucket) -> the fastest Triton plan of the plain product: a fused variant of it takes
+# that tiling (compiling and timing every tiling for every variant would slow the engine's start).
+_kernel_plans: dict[tuple, Plan] = {}
 
 
 def _bucket(rows: int) -> int:
@@ -376,19 +379,25 @@ class SkinnyLinear:
         norm = torch.ones(k, **like) if fusion.norm else None
         residual = torch.zeros(rows, n, **like) if fusion.residual else None
         rope = _scratch_rope(rows, *fusion.rope, like) if fusion.rope else None
-        best, best_time = None, float("inf")
-        if not fusion.rope:
-            best_time = _graph_time(lambda: self._unfused(x, norm, 1e-6, fusion.silu, residual))
-        for plan in candidates(n, k, fusion):
+        plans = candidates(n, k, fusion)
+        if fusion != PLAIN and not fusion.rope:
+            self.plan(rows)  # the plain product's tilings first
+            plans = [_kernel_plans.get((n, k, rows), plans[0])]
+        timed = {}
+        for plan in plans:
             self._reserve(plan)
-            seconds = _graph_time(
+            timed[plan] = _graph_time(
                 lambda plan=plan: self.launch(
                     x, plan, norm=norm, eps=1e-6, silu=fusion.silu, residual=residual, rope=rope
                 )
             )
-            if seconds < best_time:
-                best, best_time = plan, seconds
-        return best
+        best = min(timed, key=timed.get) if timed else None
+        if fusion == PLAIN and best is not None:
+            _kernel_plans[(n, k, rows)] = best
+        if fusion.rope:
+            return best
+        unfused = _graph_time(lambda: self._unfused(x, norm, 1e-6, fusion.silu, residual))
+        return best if best is not None and timed[best] < unfused else None
 
     def _reserve(self, plan: Plan) -> None:
         need = plan[2] * MAX_ROWS * self.weight.shape[0] if plan[2] > 1 else 1
