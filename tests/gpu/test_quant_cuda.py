@@ -245,3 +245,23 @@ def test_weights_flag_on_cuda_runs_the_quantized_layers_with_cuda_graphs(tiny, t
     assert _greedy(tiny, tmp_path, weights=weights) == _greedy(
         tiny, tmp_path, weights=weights, enforce_eager=True
     )
+
+
+def test_an_fp8_moe_checkpoint_runs_its_experts_in_the_grouped_fp8_kernel(tmp_path):
+    from trtedge.runtime.artifacts.bundle import BuildProfile, prepare_bundle
+    from trtedge.runtime.models import load_model
+
+    if not torch.cuda.get_device_capability() >= (8, 9):
+        pytest.skip("E4M3 needs compute capability 8.9")
+    moe = make_tiny_checkpoint(tmp_path / "moe", "qwen3_moe")
+    path, reference = write_prequantized(moe, tmp_path / "q", "compressed-tensors-fp8-channel")
+    float_path = write_dequantized(moe, tmp_path / "float", reference)
+    bundle = prepare_bundle(str(path), BuildProfile(), cache_dir=tmp_path / "cache")
+    try:
+        model = load_model(bundle, dtype="bfloat16", device="cuda", weights="auto", max_positions=128)
+        sparse = model.layers[0].mlp
+        assert sparse.grouped_kernel and sparse.scales is not None
+        assert sparse.w_gate_up.dtype == torch.float8_e4m3fn
+    finally:
+        bundle.release()
+    _assert_follows(path, float_path, tmp_path)

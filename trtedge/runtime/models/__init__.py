@@ -230,6 +230,9 @@ def load_model(
     # tensors get them dequantized, and quantize float weights to int8 themselves at load (CPU).
     aware = takes_quantized(cfg)
     runnable = runnable_formats(dev, torch_dtype) if aware else frozenset()
+    if cls is MoeModel and dev.type == "cuda" and cfg.rotary_dim == cfg.head_dim:
+        # the grouped expert kernel reads E4M3 rows; int4 / int8 experts are dequantized on a GPU
+        runnable = runnable_formats(dev, torch_dtype) & {"fp8"}
     if dev.type == "cuda" and weights not in ("int8", "int4", "fp8") and checkpoint.scheme is None:
         runnable = frozenset()  # a GGUF's int4 / int8 on a GPU: dequantized unless --weights asks for them
     own_format = "int8" if kernels and not aware and _quantizes(weights, checkpoint) else "float"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trtedge.runtime.artifacts.quantize import QuantizedTensor
 from trtedge.runtime.models.layers import ACTIVATIONS, GatedMLP, require, rms_norm
 from trtedge.runtime.models.llama import LlamaModel
 from trtedge.runtime.ops import triton_attention, triton_gemv
@@ -76,31 +77,54 @@ class SparseMoE:
         self.top_k = cfg.num_experts_per_tok
         self.normalize = cfg.norm_topk_prob
         router, experts = expert_names(cfg)
-        self.router = require(w, router + ".weight")
+        dtype = _layer_dtype(w)
+        self.router = _float(require(w, router + ".weight"), torch.float32)  # routing stays precise
+        self.scales = None  # fp8 experts: the (gate_up, down) row scales [E, N] of the grouped kernel
         # Stacked [E, 2I, H] and [E, H, I]: the grouped kernel's operands; per-expert linear layers are
         # views of them (or their int8 form), so a quantized build quantizes experts like any layer.
         fused = fused_experts(cfg, w)
         if fused is not None:
             self.w_gate_up, self.w_down = fused
+            self.gate_up = [make_linear(t, None, weight_format) for t in self.w_gate_up]
+            self.down = [make_linear(t, None, weight_format) for t in self.w_down]
         else:
-            self.w_gate_up = torch.stack(
-                [torch.cat([require(w, g + ".weight"), require(w, u + ".weight")]) for g, u, _ in experts]
-            )
-            self.w_down = torch.stack([require(w, d + ".weight") for _, _, d in experts])
-        self.gate_up = [make_linear(t, None, weight_format) for t in self.w_gate_up]
-        self.down = [make_linear(t, None, weight_format) for t in self.w_down]
+            gate_up = [
+                _cat(require(w, g + ".weight"), require(w, u + ".weight"), dtype) for g, u, _ in experts
+            ]
+            down = [require(w, d + ".weight") for _, _, d in experts]
+            if _fp8_rows(gate_up + down):  # E4M3 experts, a scale per row: the grouped kernel reads them
+                self.w_gate_up, self.w_down = (torch.stack([q.data for q in t]) for t in (gate_up, down))
+                self.scales = tuple(
+                    torch.stack([q.scale.view(-1) for q in t]).float() for t in (gate_up, down)
+                )
+                # the per-expert layers view the stacked weights (one copy of the experts)
+                gate_up, down = (
+                    [QuantizedTensor("fp8", d, sc[:, None]) for d, sc in zip(data, scales)]
+                    for data, scales in zip((self.w_gate_up, self.w_down), self.scales)
+                )
+            else:
+                gate_up, down = [_float(t, dtype) for t in gate_up], [_float(t, dtype) for t in down]
+                self.w_gate_up, self.w_down = torch.stack(gate_up), torch.stack(down)
+            self.gate_up = [make_linear(t, None, weight_format) for t in gate_up]
+            self.down = [make_linear(t, None, weight_format) for t in down]
         self.grouped_kernel = (
             weight_format == "float" and self.w_down.is_cuda and triton_attention.available()
         )
         if not self.grouped_kernel:
             self.w_gate_up = self.w_down = None  # the per-expert layers hold the weights
         # CUDA decode: the router's product reads RMSNorm(x) itself (see fused_decode)
-        fusable = self.grouped_kernel and self.act == "silu" and triton_gemv.usable(self.router)
+        # (fp8 experts: the decode kernels read 16-bit ones; the grouped kernel runs them)
+        fusable = (
+            self.grouped_kernel
+            and self.scales is None
+            and self.act == "silu"
+            and triton_gemv.usable(self.router)
+        )
         self.router_product = triton_gemv.SkinnyLinear(self.router, None) if fusable else None
         self.shared = self.shared_gate = None
         if cfg.shared_expert_intermediate_size:
             self.shared = GatedMLP.from_layer(w, cfg.hidden_act, weight_format, prefix="mlp.shared_expert.")
-            self.shared_gate = require(w, "mlp.shared_expert_gate.weight")
+            self.shared_gate = _float(require(w, "mlp.shared_expert_gate.weight"), torch.float32)
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] in h's dtype, expert ids [T, k])."""
@@ -115,7 +139,9 @@ class SparseMoE:
         if self.grouped_kernel:
             from trtedge.runtime.ops.triton_moe import fused_experts
 
-            out = fused_experts(h, self.w_gate_up, self.w_down, weights, ids, ACTIVATIONS[self.act])
+            out = fused_experts(
+                h, self.w_gate_up, self.w_down, weights, ids, ACTIVATIONS[self.act], self.scales
+            )
         else:
             out = self.grouped_reference(h, weights, ids)
         if self.shared is not None:
@@ -165,6 +191,34 @@ class SparseMoE:
     @property
     def linears(self) -> list:
         return [*self.gate_up, *self.down, *(self.shared.linears if self.shared is not None else [])]
+
+
+def _cat(gate, up, dtype: torch.dtype):
+    if isinstance(gate, QuantizedTensor) and isinstance(up, QuantizedTensor) and gate.format == up.format:
+        return QuantizedTensor.cat([gate, up])
+    return torch.cat([_float(gate, dtype), _float(up, dtype)])
+
+
+def _float(t, dtype: torch.dtype):
+    """A quantized weight dequantized to ``dtype`` (a router, an expert the grouped kernel cannot read)."""
+    return t.dequantize(dtype) if isinstance(t, QuantizedTensor) else t
+
+
+def _fp8_rows(tensors) -> bool:
+    return all(
+        isinstance(t, QuantizedTensor) and t.format == "fp8" and t.scale.numel() == t.shape[0]
+        for t in tensors
+    )
+
+
+def _layer_dtype(w: dict) -> torch.dtype:
+    """The model dtype, read from the layer's float tensors (its norms)."""
+    return next(
+        (t.dtype for t in w.values() if isinstance(t, torch.Tensor) and t.dtype in _FLOATS), torch.float32
+    )
+
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class MoeModel(LlamaModel):

@@ -24,11 +24,13 @@ if triton is not None:
         sorted_rows_ptr,  # [num_blocks * BLOCK_M]: row ids by expert, `num_rows` for padding
         block_expert_ptr,  # [num_blocks]: the expert of each block, -1 past the last
         scale_ptr,  # [rows]: multiplies each output row (HAS_SCALE)
+        w_scale_ptr,  # [E, N] float32: each weight row's scale (FP8: w holds E4M3 bytes)
         num_rows,
         N,
         K,
         ROW_DIV: tl.constexpr,
         HAS_SCALE: tl.constexpr,
+        FP8: tl.constexpr,
         IEEE: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
@@ -54,12 +56,17 @@ if triton is not None:
                 b = tl.load(
                     w_base + offs_n[None, :].to(tl.int64) * K + offs_k[:, None],
                     mask=(offs_n[None, :] < N) & (offs_k[:, None] < K),
-                    other=0.0,
+                    other=0,
                 )
+                if FP8:
+                    b = b.to(tl.float8e4nv, bitcast=True).to(a.dtype)  # exact in bf16 / fp16
                 if IEEE:
                     acc += tl.dot(a, b, input_precision="ieee")
                 else:
                     acc += tl.dot(a, b)
+            if FP8:
+                w_scale = tl.load(w_scale_ptr + expert.to(tl.int64) * N + offs_n, mask=offs_n < N, other=0.0)
+                acc = acc * w_scale[None, :]
             if HAS_SCALE:
                 acc = acc * tl.load(scale_ptr + rows, mask=valid, other=0.0).to(tl.float32)[:, None]
             tl.store(
@@ -89,24 +96,30 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[
     return sorted_rows, block_expert
 
 
-def grouped_matmul(x, w, sorted_rows, block_expert, num_rows: int, row_div: int, block_m: int, scale=None):
-    """out[r] = w[expert(r)] @ x[r // row_div] (* scale[r]) for every row r: [num_rows, N]."""
+def grouped_matmul(
+    x, w, sorted_rows, block_expert, num_rows: int, row_div: int, block_m: int, scale=None, w_scale=None
+):
+    """out[r] = w[expert(r)] @ x[r // row_div] (* scale[r]) for every row r: [num_rows, N]. ``w_scale``
+    [E, N] float32: ``w`` is E4M3 [E, N, K], each of its rows times its scale."""
     n, k = w.shape[1], w.shape[2]
+    fp8 = w_scale is not None
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
     block_n, block_k = 64, 32
     grid = (block_expert.numel(), triton.cdiv(n, block_n))
     _grouped_matmul_kernel[grid](
         x.contiguous(),
-        w,
+        w.view(torch.uint8) if fp8 else w,
         out,
         sorted_rows,
         block_expert,
         out if scale is None else scale.contiguous(),
+        w_scale if fp8 else out,
         num_rows,
         n,
         k,
         ROW_DIV=row_div,
         HAS_SCALE=scale is not None,
+        FP8=fp8,
         IEEE=x.dtype == torch.float32,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
@@ -115,15 +128,19 @@ def grouped_matmul(x, w, sorted_rows, block_expert, num_rows: int, row_div: int,
     return out
 
 
-def fused_experts(h, w_gate_up, w_down, weights, ids, act) -> torch.Tensor:
-    """sum over the k selected experts of weight * down(act(gate(h)) * up(h)): [T, H]."""
+def fused_experts(h, w_gate_up, w_down, weights, ids, act, scales=None) -> torch.Tensor:
+    """sum over the k selected experts of weight * down(act(gate(h)) * up(h)): [T, H]. ``scales``: the
+    (gate_up, down) row scales [E, N] of E4M3 expert weights."""
     t, top_k = ids.shape
     rows = t * top_k
     block_m = 16 if rows <= 256 else 64
+    gu_scale, down_scale = scales or (None, None)
     sorted_rows, block_expert = align_by_expert(ids, w_gate_up.shape[0], block_m)
-    gate_up = grouped_matmul(h, w_gate_up, sorted_rows, block_expert, rows, top_k, block_m)
+    gate_up = grouped_matmul(h, w_gate_up, sorted_rows, block_expert, rows, top_k, block_m, w_scale=gu_scale)
     gate, up = gate_up.chunk(2, dim=-1)
-    y = grouped_matmul(act(gate) * up, w_down, sorted_rows, block_expert, rows, 1, block_m, weights.flatten())
+    y = grouped_matmul(
+        act(gate) * up, w_down, sorted_rows, block_expert, rows, 1, block_m, weights.flatten(), down_scale
+    )
     return y.view(t, top_k, -1).sum(dim=1)
 
 
