@@ -2,7 +2,7 @@
 same shapes, one run.
 
     python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b,llama-1b,llama-8b,qwen3-30b-a3b]
-        [--new-tokens 256] [--no-hf] [--no-peer] [--compare-unfused] [--prefill-len 0]
+        [--new-tokens 256] [--no-hf] [--no-peer] [--compare-unfused] [--compare-no-pdl] [--prefill-len 0]
 
 Random bf16 weights (load_format="dummy") with Qwen3 / Llama shapes (``benchmarks/shapes.py``), a
 128-token prompt, greedy, EOS ignored. The peer is ``benchmarks/compiled_peer.py``: a gpt-fast-style
@@ -107,8 +107,9 @@ def main() -> None:
     parser.add_argument(
         "--compare-unfused",
         action="store_true",
-        help="also trtedge with TRTEDGE_PDL=0, and with TRTEDGE_DECODE_FUSION=0 as well (the unfused step)",
+        help="also trtedge with TRTEDGE_DECODE_FUSION=0 TRTEDGE_PDL=0 (the unfused step)",
     )
+    parser.add_argument("--compare-no-pdl", action="store_true", help="also trtedge with TRTEDGE_PDL=0")
     args = parser.parse_args()
     prompt = torch.randint(10, 128000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
     device = torch.cuda.get_device_name(0)
@@ -127,25 +128,24 @@ def main() -> None:
                 achieved_gb_s=round(gbs, 1),
                 pct_of_peak=round(100 * gbs * 1e9 / PEAK_BYTES_PER_S, 1),
             )
-            if args.compare_unfused:  # the step without PDL, then without the fusions either
-                for engine, env in (
-                    ("trtedge-no-pdl", {"TRTEDGE_PDL": "0"}),
-                    ("trtedge-unfused", {"TRTEDGE_PDL": "0", "TRTEDGE_DECODE_FUSION": "0"}),
-                ):
-                    os.environ.update(env)
-                    try:
-                        other, _ = trtedge_decode(directory, prompt, args.new_tokens)
-                    finally:
-                        for key in env:
-                            del os.environ[key]
-                    emit(
-                        figure="batch1_decode",
-                        engine=engine,
-                        shape=name,
-                        tokens_per_s=round(other, 1),
-                        achieved_gb_s=round(other * nbytes / 1e9, 1),
-                        trtedge_speedup=round(tps / other, 2),
-                    )
+            others = [("trtedge-no-pdl", {"TRTEDGE_PDL": "0"})] if args.compare_no_pdl else []
+            if args.compare_unfused:  # the step before this work: no fusions, no PDL
+                others.append(("trtedge-unfused", {"TRTEDGE_PDL": "0", "TRTEDGE_DECODE_FUSION": "0"}))
+            for engine, env in others:
+                os.environ.update(env)
+                try:
+                    other, _ = trtedge_decode(directory, prompt, args.new_tokens)
+                finally:
+                    for key in env:
+                        del os.environ[key]
+                emit(
+                    figure="batch1_decode",
+                    engine=engine,
+                    shape=name,
+                    tokens_per_s=round(other, 1),
+                    achieved_gb_s=round(other * nbytes / 1e9, 1),
+                    trtedge_speedup=round(tps / other, 2),
+                )
             if not args.no_hf:
                 hf = hf_decode(name, prompt, args.new_tokens)
                 emit(
