@@ -95,10 +95,14 @@ FLAGS: dict[str, LaunchFlag] = {
     "speculative_config": LaunchFlag(
         str,
         None,
-        'JSON {"method": "ngram|draft_model|eagle3|mtp", "model": ..., "num_speculative_tokens": k, '
+        'JSON {"method": "ngram|draft_model|eagle3|mtp|dflash", "model": ..., "num_speculative_tokens": k, '
         '"draft_top_k": t, "verify_tokens": v}.',
     ),
-    "draft_top_k": LaunchFlag(int, None, "Children per draft-tree level (eagle3); overrides draft_top_k."),
+    "draft_top_k": LaunchFlag(
+        int,
+        None,
+        "Children per draft-tree level (eagle3; dflash: candidates per block position); overrides draft_top_k.",
+    ),
     "max_spec_draft_tokens": LaunchFlag(
         int,
         None,
