@@ -51,8 +51,8 @@ def test_speculative_greedy_on_cuda_matches_plain(tmp_path):
 
 
 def test_verify_and_draft_steps_replay_cuda_graphs(tmp_path):
-    """Chains verify through the target's decode graphs (one row per node) and the draft model drafts
-    through its own, its steps chained on the device; requests with different limits (max_tokens) end
+    """Chains verify through the target's decode graphs (one row per node; an EAGLE-3 target's graphs
+    keep its taps) and the draft model drafts through its own, its steps chained on the device; requests with different limits (max_tokens) end
     their chains at different steps. Greedy output equals plain decoding in float32."""
     target = make_tiny_checkpoint(tmp_path / "t", "qwen3")
     draft = make_tiny_checkpoint(tmp_path / "d", "qwen3", seed=5)
@@ -80,9 +80,12 @@ def test_verify_and_draft_steps_replay_cuda_graphs(tmp_path):
                 )
             return outs
 
+    head = make_eagle3_head(tmp_path / "e", 64, 512, aux_layers=(0, 1, 2))
     plain = outputs(None)
     for spec in (
         {"method": "ngram", "num_speculative_tokens": 4},
         {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4},
+        # the target's graphs are captured again with the head's hidden-state taps
+        {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3},
     ):
         assert outputs(spec) == plain, spec
