@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.server.asgi import call
-from tests.tiny import make_tiny_checkpoint
+from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint
 from trtedge import LLM, SamplingParams
 from trtedge.config import ConfigError, LaunchConfig
 from trtedge.runtime.artifacts.bundle import BuildProfile, cache_key
@@ -26,12 +26,13 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 PROMPTS = [[1, 5, 9, 33, 200], [1, *range(40, 70)]]
 
 
-def launch(path, cache, tp: int, weights: str = "auto") -> LLM:
+def launch(path, cache, tp: int, weights: str = "auto", **extra) -> LLM:
     return LLM(
         str(path),
         cache_dir=str(cache),
         tensor_parallel_size=tp,
         weights=weights,
+        **extra,
         max_kv_cache_capacity=128,
         max_batch_size=2,
         max_num_batched_tokens=16,
@@ -43,6 +44,12 @@ def launch(path, cache, tp: int, weights: str = "auto") -> LLM:
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp")
     return {f: make_tiny_checkpoint(root / f, f) for f in ("llama", "qwen3")}, root / "cache"
+
+
+def _make(path, family: str):
+    if family.startswith("qwen3_5"):  # the Gated DeltaNet hybrids
+        return make_tiny_hybrid_checkpoint(path, vision=False, moe=family == "qwen3_5_moe")
+    return make_tiny_checkpoint(path, family)
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +71,14 @@ def pair(checkpoints):
         if key not in current:
             close()
             if family not in paths:
-                paths[family] = make_tiny_checkpoint(root / family, family)
+                paths[family] = _make(root / family, family)
             path = paths[family]
-            current[key] = (launch(path, cache, 1, weights), launch(path, cache, 2, weights))
+            # hybrids: context reuse on, so that prompts resume from recurrent-state snapshots
+            extra = {"context_cache_config": {"enabled": True}} if family.startswith("qwen3_5") else {}
+            current[key] = (
+                launch(path, cache, 1, weights, **extra),
+                launch(path, cache, 2, weights, **extra),
+            )
         return current[key]
 
     yield get
@@ -118,6 +130,16 @@ def test_a_step_plan_survives_its_tensor_form():
     assert tp_plan.decode(tp_plan.encode(plan)) == plan
     bare = replace(plan, score=None, last_rows=[])
     assert tp_plan.decode(tp_plan.encode(bare)) == bare
+    hybrid = replace(
+        plan,
+        states=([3, 0], [None, (2, 9)], [0, 2]),
+        ops=(
+            (tp_plan.StateOp.ZERO, [3]),
+            (tp_plan.StateOp.COPY, [8, 9, 0, 1]),
+            (tp_plan.StateOp.RESTORE, [0, 4]),
+        ),
+    )
+    assert tp_plan.decode(tp_plan.encode(hybrid)) == hybrid
     # a prefill chunk larger than one broadcast: the tensor grows, the plan comes back whole
     big = tp_plan.StepPlan(
         list(range(3000)), list(range(3000)), list(range(3000)), [3000], [3000], [list(range(188))], [2999]
@@ -183,6 +205,18 @@ def test_greedy_output_matches_one_rank_newly_split_layouts(pair, family):
     """Gemma 3 (scaled embedding, sandwich norms, sliding layers); MoE with each expert's products
     split (Qwen2-MoE's gated shared expert, Qwen3-MoE's dense layer, Mixtral's w1/w2/w3 names)."""
     check_greedy(*pair(family))
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_5_moe"])
+def test_greedy_output_matches_one_rank_hybrid(pair, family):
+    """Gated DeltaNet heads and their conv / recurrent state split across ranks; the second run
+    resumes the prompts from the prefix cache (rank 0's snapshot copies replayed on the worker)."""
+    one, two = pair(family)
+    assert two.model.cfg.linear.num_value_heads * 2 == one.model.cfg.linear.num_value_heads
+    check_greedy(one, two)
+    expected = [o.token_ids for o in one.generate(PROMPTS, GREEDY)]
+    assert [o.token_ids for o in two.generate(PROMPTS, GREEDY)] == expected
+    assert two.get_context_cache_metrics().hits >= 1
 
 
 @pytest.mark.parametrize(("family", "weights"), [("llama", "int8"), ("qwen3", "int4"), ("gemma3", "int8")])

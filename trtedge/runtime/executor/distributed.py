@@ -13,6 +13,13 @@ ranks: every rank routes all tokens alike (the router is replicated), the groupe
 unchanged on narrower experts, the work stays balanced whatever the routing, and the layer needs one
 all-reduce (after the routed and shared experts' sum), as a dense MLP does; expert placement would
 need a token exchange in and out of every layer and leaves ranks idle when routing is skewed.
+
+Qwen3.5's Gated DeltaNet layers split by heads like attention: each rank holds 1/N of the key heads
+and of the value heads (a key head's value heads stay on its rank), so its slices of the qkv, z, b
+and a projections, of the short convolution's channels, of A_log and dt_bias, and its recurrent
+state rows are those heads' only; out_proj is row-parallel. The state pool of a rank holds its heads'
+states; rank 0's operations on the pool outside a forward (zeroing a fresh sequence, snapshot
+copies, rollbacks) are replayed on the other ranks with the next step (see ``tp_plan``).
 """
 
 from __future__ import annotations
@@ -26,12 +33,14 @@ import torch.distributed as dist
 from trtedge.runtime.artifacts.quantize import GROUP, QuantizedTensor, pack_int4, unpack_int4
 from trtedge.runtime.models.config import ModelConfig
 from trtedge.runtime.models.layers import GatedMLP
+from trtedge.runtime.models.qwen3_5 import GatedDeltaNet, Qwen35Layer
 
 # The families whose layers are all covered by the split below.
 TP_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral",
+    "qwen3_5", "qwen3_5_moe",
 )  # fmt: skip
-_LAYER = re.compile(r"model\.layers\.\d+\.(.+)")
+_LAYER = re.compile(r"model\.(?:language_model\.)?layers\.\d+\.(.+)")
 _COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 _ROW = ("self_attn.o_proj", "mlp.down_proj")
 # one expert's (or the shared expert's) products: gate/up split by rows, down by columns
@@ -40,7 +49,11 @@ _EXPERT_COLUMN = re.compile(_EXPERT + r"(gate_proj|up_proj|w1|w3)")
 _EXPERT_ROW = re.compile(_EXPERT + r"(down_proj|w2)")
 # transformers 5's stacked experts: gate_up [E, 2I, H], down [E, H, I] (with or without ".weight")
 _STACKED = re.compile(r"(mlp|block_sparse_moe)\.experts\.(gate_up_proj|down_proj)(\.weight)?")
-_VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+_VOCAB = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "lm_head.weight")
+# Gated DeltaNet: split by heads (rows), out_proj by columns; the per-head-dim norm on every rank
+_LINEAR_HEAD_ROWS = ("linear_attn.in_proj_z.weight", "linear_attn.in_proj_b.weight",
+                     "linear_attn.in_proj_a.weight", "linear_attn.A_log", "linear_attn.dt_bias")  # fmt: skip
+_LINEAR_MIXED = ("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight")  # q, k, v channels
 
 
 class TensorParallelError(RuntimeError):
@@ -56,12 +69,20 @@ def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
             f"tensor_parallel_size (--tensor-parallel-size) {size}: the {cfg.model_type} family does not "
             f"support tensor parallelism yet (supported: {', '.join(TP_MODEL_TYPES)}); use 1"
         )
+    if cfg.vision is not None or cfg.audio is not None:
+        raise ValueError(
+            f"tensor_parallel_size (--tensor-parallel-size) {size}: tensor parallelism serves text "
+            "models only (this checkpoint has a vision or audio encoder); use 1"
+        )
+    lin = cfg.linear
     for what, count in (
         ("attention heads", cfg.num_heads),
         ("KV heads (num_key_value_heads)", cfg.num_kv_heads),
         ("intermediate_size", cfg.intermediate_size),
         ("moe_intermediate_size", cfg.moe_intermediate_size),
         ("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size),
+        ("linear_num_key_heads", lin.num_key_heads if lin is not None else 0),
+        ("linear_num_value_heads", lin.num_value_heads if lin is not None else 0),
     ):
         if count % size:
             raise ValueError(
@@ -81,6 +102,13 @@ def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
         intermediate_size=cfg.intermediate_size // size,
         moe_intermediate_size=cfg.moe_intermediate_size // size,
         shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // size,
+        linear=None
+        if cfg.linear is None
+        else replace(
+            cfg.linear,
+            num_key_heads=cfg.linear.num_key_heads // size,
+            num_value_heads=cfg.linear.num_value_heads // size,
+        ),
     )
 
 
@@ -162,8 +190,18 @@ def shard_tensor(name: str, view, cfg: ModelConfig, rank: int, size: int) -> tor
     m = _LAYER.fullmatch(name)
     if m is None:
         return view[:]
-    local, _, suffix = m.group(1).rpartition(".")
+    inner = m.group(1)
+    local, _, suffix = inner.rpartition(".")
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    if inner in _LINEAR_HEAD_ROWS:
+        return _rows(view, [shape[0]], rank, size)
+    if inner in _LINEAR_MIXED:
+        lin = cfg.linear
+        key, value = lin.num_key_heads * lin.key_head_dim, lin.num_value_heads * lin.value_head_dim
+        return _rows(view, [key, key, value], rank, size)
+    if inner == "linear_attn.out_proj.weight":
+        step = shape[1] // size
+        return view[:, rank * step : (rank + 1) * step]
     stacked = _STACKED.fullmatch(m.group(1))
     if stacked is not None:
         if stacked.group(2) == "down_proj":  # [E, H, I]: each expert's input columns
@@ -271,15 +309,27 @@ class GatheredHead:
         return self.linear.nbytes
 
 
+def _join_mlp(mlp, group):
+    if isinstance(mlp, GatedMLP):
+        mlp.down = RowParallel(mlp.down, group)
+        return mlp
+    return ReducedMLP(mlp, group)
+
+
 def parallelize(model, rank: int, size: int, vocab_size: int, group=None) -> None:
     """Join a rank's model built from its slices: all-reduce after o_proj and down_proj (after a MoE
     block's sum), the vocab-parallel embedding, the logits gathered to rank 0."""
     for layer in model.layers:
-        layer.o = RowParallel(layer.o, group)
-        if isinstance(layer.mlp, GatedMLP):
-            layer.mlp.down = RowParallel(layer.mlp.down, group)
+        if isinstance(layer, Qwen35Layer):
+            mixer = layer.mixer
+            if isinstance(mixer, GatedDeltaNet):
+                mixer.out_proj = RowParallel(mixer.out_proj, group)
+            else:
+                mixer.o = RowParallel(mixer.o, group)
+            layer.ffn = _join_mlp(layer.ffn, group)
         else:
-            layer.mlp = ReducedMLP(layer.mlp, group)
+            layer.o = RowParallel(layer.o, group)
+            layer.mlp = _join_mlp(layer.mlp, group)
     start, rows = vocab_shard(vocab_size, rank, size)
     model.embed_tokens = VocabParallelEmbedding(model.embed_tokens, rows, start, group)
     model.lm_head = GatheredHead(model.lm_head, vocab_size, rank, size, group)

@@ -78,6 +78,9 @@ class ModelRunner:
                 max_batch_size=max_batch_size,
                 max_blocks_per_seq=max_blocks_per_seq,
                 kv_cache_dtype=kv_cache_dtype,
+                state=None
+                if state is None
+                else (state.num_slots, state.num_snapshots, state.num_window_rows),
             )
         self.guides = guides  # GuidedDecoding: fills token bitmasks of guided rows while the model runs
         # The device decode path (Triton kernels, CUDA graphs) needs CUDA and Triton; without either,
@@ -105,6 +108,8 @@ class ModelRunner:
             self.states = RecurrentStatePool(
                 model.state_spec(), state.num_slots, state.num_snapshots, model.device, state.num_window_rows
             )
+            if self.tp is not None:
+                self.tp.watch_states(self.states)
             log.info(
                 "recurrent state: %d slots + %d snapshots + %d draft-window rows of %.2f MiB each, %.1f MiB",
                 state.num_slots,
@@ -347,7 +352,7 @@ class ModelRunner:
             elif self.tp is None:
                 logits, scores = self.forward(*plan, fill=fill)
             else:
-                logits, scores = self.tp.step(self.forward, plan)
+                logits, scores = self.tp.step(self.forward, plan, self._step_states)
             offset = 0
             for seq, first, count in scoring:
                 prompt_scores.append(PromptScores(seq, first, _trim(scores[offset : offset + count], seq)))

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trtedge.runtime.core.hybrid_state import HybridStateCache
 from trtedge.runtime.executor import tp_plan
 from trtedge.runtime.executor.distributed import (
     TensorParallelError,
@@ -34,7 +35,8 @@ from trtedge.runtime.executor.distributed import (
     shard_config,
     shard_tensor,
 )
-from trtedge.runtime.executor.tp_plan import Message, StepPlan
+from trtedge.runtime.executor.state_pool import RecurrentBatch, plan_windows
+from trtedge.runtime.executor.tp_plan import Message, StateOp, StepPlan
 from trtedge.runtime.models import (
     ARCHITECTURES,
     dummy_tensors,
@@ -166,6 +168,7 @@ class TensorParallel:
         self.processes = processes  # the spawned workers (empty when torchrun started them)
         self._error: str | None = None
         self._closed = False
+        self._state_ops: list[tuple[StateOp, list[int]]] = []  # since the last step, for the other ranks
         self._watchdog = threading.Thread(target=self._watch, name="trtedge-tp-watchdog", daemon=True)
         self._watchdog.start()
 
@@ -182,9 +185,34 @@ class TensorParallel:
         """The other ranks build the same runner (KV pool geometry) on their slices (once, at start)."""
         self._send(tp_plan.control(Message.RUNNER), geometry)
 
-    def step(self, forward, plan: tuple):
-        """Send the step's plan to the other ranks and run rank 0's part: ``forward(*plan)``."""
-        self._send(tp_plan.encode(StepPlan(*plan)))
+    def watch_states(self, pool) -> None:
+        """Rank 0's recurrent-state pool: its operations outside a forward (zeroing a fresh sequence,
+        snapshot copies, rollbacks) go with the next step, for the other ranks to replay first."""
+        zero, copy, restore = pool.zero, pool.copy, pool.restore
+
+        def recorded_zero(rows: list[int]) -> None:
+            self._state_ops.append((StateOp.ZERO, list(rows)))
+            zero(rows)
+
+        def recorded_copy(src: list[int], dst: list[int]) -> None:
+            self._state_ops.append((StateOp.COPY, [*src, *dst]))
+            copy(src, dst)
+
+        def recorded_restore(row: int, scratch_row: int) -> None:
+            self._state_ops.append((StateOp.RESTORE, [row, scratch_row]))
+            restore(row, scratch_row)
+
+        pool.zero, pool.copy, pool.restore = recorded_zero, recorded_copy, recorded_restore
+
+    def step(self, forward, plan: tuple, states=None):
+        """Send the step's plan to the other ranks and run rank 0's part: ``forward(*plan)``.
+        ``states``: a hybrid model's ``RecurrentBatch`` for the step."""
+        described = None
+        if states is not None:
+            windows = states.windows or [0] * len(states.rows)
+            described = (list(states.rows), list(states.checkpoints), list(windows))
+        ops, self._state_ops = tuple(self._state_ops), []
+        self._send(tp_plan.encode(StepPlan(*plan, states=described, ops=ops)))
         try:
             return forward(*plan)
         except Exception as e:
@@ -410,10 +438,41 @@ def run_worker(launch: ShardLaunch, rank: int, store=None) -> None:
         if kind == Message.RUNNER:
             box = [None]
             dist.broadcast_object_list(box, src=0, group=plan_group)
-            runner = ModelRunner(model, sampler=None, cuda_graphs=False, **box[0])
+            geometry = box[0]
+            state = geometry.pop("state", None)
+            if state is not None:  # (slots, snapshots, draft-window rows): the same pool, this rank's heads
+                slots, snapshots, window_rows = state
+                state = HybridStateCache(
+                    slots, snapshots, geometry["block_size"], num_window_rows=window_rows
+                )
+            runner = ModelRunner(model, sampler=None, cuda_graphs=False, state=state, **geometry)
         else:
-            runner.forward(*tp_plan.decode(message).args())
+            plan = tp_plan.decode(message)
+            _replay_states(runner, plan)
+            runner.forward(*plan.args())
     dist.destroy_process_group()
+
+
+def _replay_states(runner, plan: StepPlan) -> None:
+    """A worker: rank 0's pool operations since the last step, then this step's recurrent batch."""
+    pool = runner.states
+    for op, values in plan.ops:
+        if op == StateOp.ZERO:
+            pool.zero(values)
+        elif op == StateOp.COPY:
+            half = len(values) // 2
+            pool.copy(values[:half], values[half:])
+        else:
+            pool.restore(*values)
+    if plan.states is None:
+        return
+    rows, checkpoints, windows = plan.states
+    rows_tensor = torch.tensor(rows, dtype=torch.long, device=runner.model.device)
+    batch = RecurrentBatch(pool, rows, list(plan.query_lens), checkpoints, rows_tensor)
+    if any(windows):
+        batch.windows = windows
+        batch.plan = plan_windows(pool, rows, batch.query_lens, checkpoints, windows)
+    runner._step_states = batch  # what rank 0's runner.recurrent_batch built for its forward
 
 
 def send_message(buf: torch.Tensor, group) -> None:

@@ -6,6 +6,9 @@ step larger than that, such as a long prefill chunk).
 Layout: a header of ``HEADER`` counts, then the lists back to back:
 ids, positions, slots (one each per token), query_lens, context_lens, table lengths (one each per
 sequence), the block tables concatenated, last_rows, and the scored rows and their target ids.
+Hybrid models add each sequence's state row, checkpoint (tokens, row; 0, -1 for none) and draft
+window, and the state-pool operations rank 0 ran since the last step (``StateOp``), which the other
+ranks replay before the forward.
 """
 
 from __future__ import annotations
@@ -24,8 +27,17 @@ class Message(IntEnum):
     RUNNER = 2  # the runner's geometry follows (once, at start)
 
 
-# kind, total length, tokens, sequences, table entries, last rows, scored rows, top count, has score
-HEADER = 9
+class StateOp(IntEnum):
+    """A recurrent-state pool operation outside the forward: (op, its integer arguments)."""
+
+    ZERO = 0  # rows
+    COPY = 1  # sources, then as many destinations
+    RESTORE = 2  # live row, scratch row
+
+
+# kind, total length, tokens, sequences, table entries, last rows, scored rows, top count, has score,
+# has states, state-op integers
+HEADER = 11
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,9 @@ class StepPlan:
     tables: list[list[int]]
     last_rows: list[int]
     score: tuple | None = None  # prompt logprobs: (rows, target ids, top count)
+    # hybrid: (state rows, checkpoints [(tokens, row) or None], draft windows), one each per sequence
+    states: tuple | None = None
+    ops: tuple = ()  # (StateOp, [ints]) to replay before the forward
 
     def args(self) -> tuple:
         return (
@@ -65,6 +80,16 @@ def encode(plan: StepPlan) -> torch.Tensor:
     """The plan as one int64 tensor of at least ``CAPACITY`` entries (zero-padded)."""
     rows, targets, top = plan.score if plan.score is not None else ([], [], 0)
     flat_tables = [b for t in plan.tables for b in t]
+    states: list[int] = []
+    if plan.states is not None:
+        state_rows, checkpoints, windows = plan.states
+        states = [
+            *state_rows,
+            *(c[0] if c is not None else 0 for c in checkpoints),
+            *(c[1] if c is not None else -1 for c in checkpoints),
+            *windows,
+        ]
+    ops = [v for op, values in plan.ops for v in (int(op), len(values), *values)]
     body = [
         *plan.ids,
         *plan.positions,
@@ -76,6 +101,8 @@ def encode(plan: StepPlan) -> torch.Tensor:
         *plan.last_rows,
         *rows,
         *targets,
+        *states,
+        *ops,
     ]
     total = HEADER + len(body)
     header = [
@@ -88,6 +115,8 @@ def encode(plan: StepPlan) -> torch.Tensor:
         len(rows),
         top,
         int(plan.score is not None),
+        int(plan.states is not None),
+        len(ops),
     ]
     buf = torch.zeros(max(total, CAPACITY), dtype=torch.long)
     buf[:total] = torch.tensor(header + body, dtype=torch.long)
@@ -97,7 +126,7 @@ def encode(plan: StepPlan) -> torch.Tensor:
 def decode(buf: torch.Tensor) -> StepPlan:
     """The plan ``encode`` packed (``buf`` holds at least its total length)."""
     values = buf[: int(buf[1])].tolist()
-    kind, _, n, seqs, entries, n_last, n_score, top, has_score = values[:HEADER]
+    kind, _, n, seqs, entries, n_last, n_score, top, has_score, has_states, n_ops = values[:HEADER]
     if kind != Message.STEP:
         raise ValueError(f"not a step message: kind {kind}")
     at = HEADER
@@ -118,4 +147,15 @@ def decode(buf: torch.Tensor) -> StepPlan:
     last_rows = take(n_last)
     rows, targets = take(n_score), take(n_score)
     score = (rows, targets, top) if has_score else None
-    return StepPlan(ids, positions, slots, query_lens, context_lens, tables, last_rows, score)
+    states = None
+    if has_states:
+        state_rows, ticks, dsts, windows = take(seqs), take(seqs), take(seqs), take(seqs)
+        checkpoints = [(t, d) if d >= 0 else None for t, d in zip(ticks, dsts)]
+        states = (state_rows, checkpoints, windows)
+    ops, end = [], at + n_ops
+    while at < end:
+        op, count = take(2)
+        ops.append((StateOp(op), take(count)))
+    return StepPlan(
+        ids, positions, slots, query_lens, context_lens, tables, last_rows, score, states, tuple(ops)
+    )

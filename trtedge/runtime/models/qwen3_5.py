@@ -368,7 +368,7 @@ class Qwen35Model:
     def forward(
         self, input_ids, positions, kv_caches, batch: AttentionBatch, states: RecurrentBatch
     ) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed)
+        x = self.embed_tokens(input_ids)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         caches = iter(kv_caches)
@@ -406,6 +406,9 @@ class Qwen35Model:
         if self.keep_hidden:
             self.aux_hidden = out
         return out
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
