@@ -118,10 +118,12 @@ def decode_one(model: Transformer, token: torch.Tensor, input_pos: torch.Tensor)
     return model(token, input_pos)[:, -1].argmax(-1, keepdim=True)
 
 
-def build(shape: str, max_seq: int, device: str = "cuda", dtype=torch.bfloat16) -> Transformer:
+def build(shape: str | dict, max_seq: int, device: str = "cuda", dtype=torch.bfloat16) -> Transformer:
+    """Random weights for a benchmark shape's name, or for an HF config dict."""
     torch.manual_seed(0)
     with torch.device(device):
-        model = Transformer(shape_config(shape), max_seq).to(dtype).eval()
+        model = Transformer(shape if isinstance(shape, dict) else shape_config(shape), max_seq)
+        model = model.to(dtype).eval()
     for p in model.parameters():  # random weights at a trained model's scale
         if p.dim() > 1:
             nn.init.normal_(p, std=0.02)
