@@ -77,7 +77,7 @@ class EngineConfig:
     # Context reuse: bytes of snapshots of the last, partly filled block of published prefixes (0: off)
     partial_kv_snapshot_pool_bytes: int = 0
     # Overlap the host's update of a step with the device's next step. None: on for CUDA, where the model
-    # has no recurrent layers, no media encoder, no tensor parallelism and no speculative decoding.
+    # has no media encoder, no tensor parallelism and no speculative decoding.
     async_scheduling: bool | None = None
     # Make each delta's text here (detokenization, stop strings). False: the consumer does it (the
     # engine core process's client, see client.py) and stops a choice at a stop string (``stop_choice``).
@@ -195,12 +195,7 @@ class Engine:
                 sched.max_num_batched_tokens,
                 config.max_kv_cache_capacity,
             )
-        plain = (
-            self.speculative is None
-            and self.blocks.state is None
-            and self.runner.media is None
-            and self.runner.tp is None
-        )
+        plain = self.speculative is None and self.runner.media is None and self.runner.tp is None
         wanted = config.async_scheduling
         self.async_scheduling = plain and (self.runner.on_cuda if wanted is None else wanted)
         self._inflight: list[tuple[list[Sequence], SampleResult]] = []  # launched, not yet read back
@@ -591,6 +586,7 @@ class Engine:
                 request.first_scheduled = now
         self.runner.restore_partial_blocks(batch.seqs)
         if overlap:
+            self.runner.prepare_states(batch.seqs)  # hybrid: stream-ordered after the step in flight
             launched = self._launch(batch)
             self._update()
             self._inflight = launched

@@ -79,9 +79,11 @@ class HybridStateCache:
     def checkpoint_target(self, seq: Sequence, num_new: int) -> int:
         """Tokens of this step (of ``num_new`` from ``num_computed_tokens``) after which to save the
         checkpoint: the last block-aligned position the step reaches within the limit, never inside a
-        jump-forward draft (its tokens may be rejected); 0 for none."""
+        jump-forward draft (its tokens may be rejected); 0 for none. A token sampled by the step in
+        flight (asynchronous scheduling) counts, though the host has not read it yet."""
         start = seq.num_computed_tokens
-        end = min(start + num_new, seq.checkpoint_limit, seq.num_tokens - seq.num_draft_tokens)
+        known = seq.num_tokens + seq.num_inflight - seq.num_draft_tokens
+        end = min(start + num_new, seq.checkpoint_limit, known)
         aligned = end - end % self.block_size
         return aligned - start if aligned > start and aligned > seq.checkpoint_pos else 0
 
