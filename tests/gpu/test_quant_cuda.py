@@ -18,15 +18,18 @@ pytestmark = [
 
 SHAPES = [(96, 256), (1024, 4096), (4096, 1024), (151, 512), (6144, 4096)]
 QUICK_SHAPES = [(1024, 4096), (151, 512)]
-# the default run's tilings: the fallback, the widest (most shared memory), split-K ones
-QUICK_W8 = {(32, 128, 1, 4, 0), (128, 256, 1, 8, 0), (32, 256, 4, 4, 0), (32, 128, 8, 4, 0)}
-QUICK_INT4 = {
+# the default run's tilings: the fallback, the widest (most shared memory), split-K, one-row ones
+QUICK_W8 = {
     (32, 128, 1, 4, 0),
-    (64, 512, 1, 8, 1),
     (128, 256, 1, 8, 0),
-    (32, 256, 4, 4, 1),
-    (32, 256, 8, 4, 0),
+    (32, 256, 4, 4, 0),
+    (32, 128, 8, 4, 0),
+    (32, 256, 4, 4, 2),
 }
+QUICK_INT4 = {
+    (32, 128, 1, 4, 0), (64, 512, 1, 8, 1), (128, 256, 1, 8, 0), (32, 256, 4, 4, 1), (32, 256, 8, 4, 0),
+    (32, 512, 4, 4, 2),
+}  # fmt: skip
 
 
 def _weight(n, k, seed):
@@ -37,7 +40,7 @@ def _weight(n, k, seed):
 def _plans(table, n, k, rows, only=None):
     from trtedge.runtime.ops import triton_quant as tq
 
-    plans = [p for p in tq.candidates(table, n, k) if p[2] == 1 or rows <= tq.MAX_ROWS]
+    plans = [p for p in tq.candidates(table, n, k) if tq.fits(p, rows)]
     return [p for p in plans if only is None or p in only]
 
 

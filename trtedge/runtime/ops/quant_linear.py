@@ -83,7 +83,7 @@ class _QuantLinear:
     def _tune(self, rows: int, dtype: torch.dtype) -> tuple[int, ...]:
         x = torch.randn(rows, self.in_features, device=self.quantized.device, dtype=dtype)
         plans = triton_quant.candidates(self.table, self.out_features, self.in_features)
-        plans = [p for p in plans if p[2] == 1 or rows <= MAX_ROWS] or [_DEFAULT_PLAN]
+        plans = [p for p in plans if triton_quant.fits(p, rows)] or [_DEFAULT_PLAN]
         times = {}
         for plan in plans:
             try:

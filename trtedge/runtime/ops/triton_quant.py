@@ -81,10 +81,12 @@ if triton is not None:
         M, N, K, stride_x, stride_w, stride_y, GROUPS,
         HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, FP8: tl.constexpr, GROUP_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+        ONE_ROW: tl.constexpr = False,
     ):  # fmt: skip
         """8-bit weights [N, K] with scales [N, GROUPS] (GROUP_K inputs each). ROW_SCALE (one scale
         per row): the scale multiplies the sums; else each weight before the product. FP8: the bytes
-        (passed as uint8) are E4M3 values; else int8."""
+        (passed as uint8) are E4M3 values; else int8. ONE_ROW (M == 1): products and sums in float32
+        registers, no tensor-core tile of 15 empty rows."""
         pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -94,28 +96,48 @@ if triton is not None:
         lo = pid_k * span
         hi = tl.minimum(lo + span, K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(lo, hi, BLOCK_K):
-            ks = k0 + rk
-            x = tl.load(
-                x_ptr + rm[:, None] * stride_x + ks[None, :],
-                mask=(rm[:, None] < M) & (ks[None, :] < hi),
-                other=0.0,
-            )
-            w_mask = (rn[:, None] < N) & (ks[None, :] < hi)
-            w = tl.load(
-                w_ptr + rn[:, None] * stride_w + ks[None, :],
-                mask=w_mask,
-                other=0,
-                eviction_policy="evict_first",
-            )
-            if FP8:
-                w = w.to(tl.float8e4nv, bitcast=True)
-            if ROW_SCALE:
-                w = w.to(x.dtype)  # E4M3 and int8 values are exact in bf16 / fp16
-            else:
-                s = _group_scales(s_ptr, rn, k0, hi, N, GROUPS, GROUP_K, BLOCK_N, BLOCK_K)
-                w = (w.to(tl.float32) * s).to(x.dtype)
-            acc += tl.dot(x, tl.trans(w))
+        if ONE_ROW:
+            row = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for k0 in range(lo, hi, BLOCK_K):
+                ks = k0 + rk
+                x1 = tl.load(x_ptr + ks, mask=ks < hi, other=0.0).to(tl.float32)
+                w_mask = (rn[:, None] < N) & (ks[None, :] < hi)
+                w = tl.load(
+                    w_ptr + rn[:, None] * stride_w + ks[None, :],
+                    mask=w_mask,
+                    other=0,
+                    eviction_policy="evict_first",
+                )
+                if FP8:
+                    w = w.to(tl.float8e4nv, bitcast=True)
+                w = w.to(tl.float32)
+                if not ROW_SCALE:
+                    w = w * _group_scales(s_ptr, rn, k0, hi, N, GROUPS, GROUP_K, BLOCK_N, BLOCK_K)
+                row += tl.sum(w * x1[None, :], axis=1)
+            acc += row[None, :]  # every row of the tile holds it; only row 0 (M == 1) is stored
+        else:
+            for k0 in range(lo, hi, BLOCK_K):
+                ks = k0 + rk
+                x = tl.load(
+                    x_ptr + rm[:, None] * stride_x + ks[None, :],
+                    mask=(rm[:, None] < M) & (ks[None, :] < hi),
+                    other=0.0,
+                )
+                w_mask = (rn[:, None] < N) & (ks[None, :] < hi)
+                w = tl.load(
+                    w_ptr + rn[:, None] * stride_w + ks[None, :],
+                    mask=w_mask,
+                    other=0,
+                    eviction_policy="evict_first",
+                )
+                if FP8:
+                    w = w.to(tl.float8e4nv, bitcast=True)
+                if ROW_SCALE:
+                    w = w.to(x.dtype)  # E4M3 and int8 values are exact in bf16 / fp16
+                else:
+                    s = _group_scales(s_ptr, rn, k0, hi, N, GROUPS, GROUP_K, BLOCK_N, BLOCK_K)
+                    w = (w.to(tl.float32) * s).to(x.dtype)
+                acc += tl.dot(x, tl.trans(w))
         if ROW_SCALE:
             acc *= tl.load(s_ptr + rn, mask=rn < N, other=0.0)[None, :]
         _finish(
@@ -129,9 +151,11 @@ if triton is not None:
         M, N, K, stride_x, stride_y,
         HAS_BIAS: tl.constexpr, SCALE_AFTER: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+        ONE_ROW: tl.constexpr = False,
     ):  # fmt: skip
         """int4 weights in the GPU layout ([N, K / 2] bytes, scale / min [N, K / 32] float16).
-        SCALE_AFTER: scale the products of the codes (else each dequantized weight)."""
+        SCALE_AFTER: scale the products of the codes (else each dequantized weight). ONE_ROW (M == 1):
+        each group's code products summed in float32 registers, then its scale and min applied."""
         HALF: tl.constexpr = BLOCK_K // 2
         SPANS: tl.constexpr = BLOCK_K // 64
         pid_n = tl.program_id(1)
@@ -146,7 +170,34 @@ if triton is not None:
         lo = pid_k * span
         hi = tl.minimum(lo + span, K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if SCALE_AFTER:
+        if ONE_ROW:
+            rj = tl.arange(0, 32)
+            row = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for k0 in range(lo, hi, BLOCK_K):
+                for s in tl.static_range(SPANS):
+                    kb = k0 + 64 * s
+                    ok = kb < hi
+                    n_ok = (rn < N) & ok
+                    packed = tl.load(
+                        w_ptr + rn[:, None] * (K // 2) + (kb // 2 + rj)[None, :],
+                        mask=n_ok[:, None],
+                        other=0,
+                        eviction_policy="evict_first",
+                    )
+                    g = rn * groups + kb // 32
+                    s_lo = tl.load(s_ptr + g, mask=n_ok, other=0.0).to(tl.float32)
+                    s_hi = tl.load(s_ptr + g + 1, mask=n_ok, other=0.0).to(tl.float32)
+                    m_lo = tl.load(m_ptr + g, mask=n_ok, other=0.0).to(tl.float32)
+                    m_hi = tl.load(m_ptr + g + 1, mask=n_ok, other=0.0).to(tl.float32)
+                    x_ok = (rj < 32) & ok
+                    x_lo = tl.load(x_ptr + kb + rj, mask=x_ok, other=0.0).to(tl.float32)
+                    x_hi = tl.load(x_ptr + kb + 32 + rj, mask=x_ok, other=0.0).to(tl.float32)
+                    d_lo = tl.sum((packed & 0xF).to(tl.float32) * x_lo[None, :], axis=1)
+                    d_hi = tl.sum((packed >> 4).to(tl.float32) * x_hi[None, :], axis=1)
+                    row += d_lo * s_lo + tl.sum(x_lo, axis=0) * m_lo
+                    row += d_hi * s_hi + tl.sum(x_hi, axis=0) * m_hi
+            acc += row[None, :]  # every row of the tile holds it; only row 0 (M == 1) is stored
+        elif SCALE_AFTER:
             # the codes times the activations first, then each group's scale and min on the sums:
             # one span (two groups) at a time, ~1 operation a weight instead of ~3
             rj = tl.arange(0, 32)
@@ -305,16 +356,18 @@ def w8_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -
     a column tile are neighbours in the grid, so they read its weight slab from L2 after the first."""
     m, k = x.shape
     n = q.data.shape[0]
-    block_n, block_k, split, warps, _ = plan
+    block_n, block_k, split, warps, variant = plan
     groups = q.scale.shape[1] if q.scale.dim() == 2 else 1
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     fp8 = q.format == "fp8"
     assert split == 1 or m <= MAX_ROWS, "split-K partials hold one row tile"
+    assert variant != ONE_ROW or m == 1, "a one-row plan takes one row"
     _w8_kernel[(-(-m // MAX_ROWS), -(-n // block_n), split)](
         x, q.data.view(torch.uint8) if fp8 else q.data, q.scale, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
         m, n, k, x.stride(0), q.data.stride(0), y.stride(0), groups,
         HAS_BIAS=bias is not None, ROW_SCALE=groups == 1, FP8=fp8, GROUP_K=k // groups if groups > 1 else 0,
-        BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=warps, num_stages=3,
+        BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, ONE_ROW=variant == ONE_ROW,
+        num_warps=warps, num_stages=3,
     )  # fmt: skip
     return y
 
@@ -326,10 +379,11 @@ def int4_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace)
     block_n, block_k, split, warps, after = plan
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     assert split == 1 or m <= MAX_ROWS, "split-K partials hold one row tile"
+    assert after != ONE_ROW or m == 1, "a one-row plan takes one row"
     _int4_kernel[(-(-m // MAX_ROWS), -(-n // block_n), split)](
         x, q.data, q.scale, q.min, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
         m, n, k, x.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, SCALE_AFTER=bool(after),
+        HAS_BIAS=bias is not None, SCALE_AFTER=after == 1, ONE_ROW=after == ONE_ROW,
         BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=warps, num_stages=3,
     )  # fmt: skip
     return y
@@ -359,19 +413,28 @@ def int4_dequantize(q: QuantizedTensor, dtype: torch.dtype, out: torch.Tensor | 
     return out
 
 
-# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, int4 variant) candidates; the fastest per shape and row
+# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, variant) candidates; the fastest per shape and row
 # bucket is kept (``quant_linear``). An 8-bit weight moves BLOCK_K bytes a row per step, an int4 one
-# BLOCK_K / 2; int4 variant 1 scales the products of the codes (``SCALE_AFTER``).
+# BLOCK_K / 2; int4 variant 1 scales the products of the codes (``SCALE_AFTER``); variant ONE_ROW
+# (batch-1 decode only) sums in registers without the tensor cores.
+ONE_ROW = 2
 W8_CANDIDATES = (
     (32, 128, 1, 4, 0), (64, 128, 1, 4, 0), (32, 256, 1, 4, 0), (64, 256, 1, 4, 0), (128, 256, 1, 8, 0),
     (32, 256, 4, 4, 0), (64, 256, 4, 4, 0), (32, 512, 2, 4, 0), (32, 128, 8, 4, 0),
+    (32, 256, 1, 4, 2), (64, 256, 1, 8, 2), (32, 512, 1, 8, 2), (32, 256, 4, 4, 2),
 )  # fmt: skip
 INT4_CANDIDATES = (
     (32, 128, 1, 4, 0), (64, 256, 1, 4, 0), (32, 512, 1, 4, 0), (64, 512, 1, 8, 0), (128, 256, 1, 8, 0),
     (32, 256, 4, 4, 0), (64, 256, 4, 8, 0), (32, 512, 4, 4, 0), (32, 256, 8, 4, 0),
     (32, 256, 1, 4, 1), (64, 256, 1, 4, 1), (64, 512, 1, 8, 1), (32, 256, 4, 4, 1), (64, 256, 4, 4, 1),
+    (32, 256, 1, 4, 2), (64, 512, 1, 4, 2), (32, 512, 4, 4, 2), (64, 256, 4, 4, 2),
 )  # fmt: skip
 DEFAULT_PLAN = (32, 128, 1, 4, 0)  # a capture that reaches an untimed shape uses it
+
+
+def fits(plan: tuple[int, ...], rows: int) -> bool:
+    """Whether ``plan`` takes ``rows`` rows: split-K one row tile, a one-row plan one row."""
+    return (plan[2] == 1 or rows <= MAX_ROWS) and (plan[4] != ONE_ROW or rows == 1)
 
 
 def candidates(table, n: int, k: int) -> list[tuple[int, ...]]:
