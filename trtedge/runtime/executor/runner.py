@@ -232,7 +232,7 @@ class ModelRunner:
             rows,
             list(batch.num_tokens),
             checkpoints,
-            torch.tensor(rows, dtype=torch.long, device=device),
+            _to_device(rows, device),  # pinned: a plain copy would wait for the step in flight
         )
         windows = windows if windows and any(windows) else [0] * len(rows)
         firsts = [0] * len(rows)

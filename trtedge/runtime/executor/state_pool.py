@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trtedge.runtime.executor.sampler import to_device
+
 
 class RecurrentStatePool:
     """Per linear-attention layer: conv state [rows, K-1, C] (model dtype) and delta-rule state
@@ -41,13 +43,13 @@ class RecurrentStatePool:
         return 2 * self.num_slots + entry
 
     def zero(self, rows: list[int]) -> None:
-        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        index = to_device(rows, torch.long, self.device)
         self.conv.index_fill_(1, index, 0)
         self.ssm.index_fill_(1, index, 0)
 
     def copy(self, src: list[int], dst: list[int]) -> None:
-        s = torch.tensor(src, dtype=torch.long, device=self.device)
-        d = torch.tensor(dst, dtype=torch.long, device=self.device)
+        s = to_device(src, torch.long, self.device)
+        d = to_device(dst, torch.long, self.device)
         copy_states((self.conv, self.ssm), d, (self.conv, self.ssm), s, dim=1)
 
     def scratch(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,8 +66,8 @@ class RecurrentStatePool:
         step reached a checkpoint (after their one token) into their checkpoint rows."""
         pairs = [(row, ckpt[1]) for row, ckpt in zip(batch.rows, batch.checkpoints) if ckpt is not None]
         if pairs:
-            src = torch.tensor([a for a, _ in pairs], dtype=torch.long, device=self.device)
-            dst = torch.tensor([b for _, b in pairs], dtype=torch.long, device=self.device)
+            src = to_device([a for a, _ in pairs], torch.long, self.device)
+            dst = to_device([b for _, b in pairs], torch.long, self.device)
             copy_states((self.conv, self.ssm), dst, (self.conv, self.ssm), src, dim=1)
 
     def restore(self, row: int, scratch_row: int) -> None:
