@@ -205,8 +205,15 @@ def _float(t, dtype: torch.dtype):
 
 
 def _fp8_rows(tensors) -> bool:
+    """E4M3 weights with a scale per row, on a device whose kernels take them."""
+    from trtedge.runtime.ops import quant_linear
+
     return all(
-        isinstance(t, QuantizedTensor) and t.format == "fp8" and t.scale.numel() == t.shape[0]
+        isinstance(t, QuantizedTensor)
+        and t.format == "fp8"
+        and t.scale.numel() == t.shape[0]
+        and t.device.type == "cuda"
+        and quant_linear.runs(t, t.device)
         for t in tensors
     )
 
