@@ -487,6 +487,11 @@ class NemotronHModel:
             and os.environ.get("TRTEDGE_DECODE_FUSION", "1") != "0"
             and all(_products_fuse(layer) for layer in self.layers)
         )
+        self.norm_kernels = None
+        if self.fused_products:
+            from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
+
+            self.norm_kernels = TritonDecodeKernels()
         self.aux_layers: tuple[int, ...] = ()  # no EAGLE-3 hidden-state taps
         # MTP drafting reads the final (normed) hidden states of every forward: kept in aux_hidden
         self.keep_hidden = False
@@ -523,6 +528,11 @@ class NemotronHModel:
                     qkv = mixer.qkv.skinny.fused(x, norm=layer.norm, eps=eps)
                     mixer.o.skinny.fused(mixer.attend(qkv, k_cache, v_cache, batch), residual=x)
                 continue
+            if fused:  # MoE and MLP layers: the norm in one launch, the residual added in place
+                h = torch.empty_like(x)
+                self.norm_kernels.add_rms_norm(x, None, layer.norm, h, eps)
+                x.add_(layer.mixer(h))
+                continue
             h = rms_norm(x, layer.norm, eps)
             if layer.kind == "linear_attention":
                 x = x + layer.mixer(h, states)
@@ -531,7 +541,11 @@ class NemotronHModel:
                 x = x + layer.mixer(h, k_cache, v_cache, batch)
             else:
                 x = x + layer.mixer(h)
-        out = rms_norm(x, self.norm, eps)
+        if fused:
+            out = torch.empty_like(x)
+            self.norm_kernels.add_rms_norm(x, None, self.norm, out, eps)
+        else:
+            out = rms_norm(x, self.norm, eps)
         if self.keep_hidden:
             self.aux_hidden = out
         return out

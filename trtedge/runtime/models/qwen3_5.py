@@ -349,6 +349,11 @@ class Qwen35Model:
             and os.environ.get("TRTEDGE_DECODE_FUSION", "1") != "0"
             and all(_products_fuse(layer) for layer in self.layers)
         )
+        self.norm_kernels = None
+        if self.fused_products:
+            from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
+
+            self.norm_kernels = TritonDecodeKernels()
         self.aux_layers: tuple[int, ...] = ()  # no EAGLE-3 hidden-state taps
         # MTP drafting reads the final (normed) hidden states of every forward: kept in aux_hidden
         self.keep_hidden = False
@@ -402,7 +407,8 @@ class Qwen35Model:
                 mixer.o.skinny.fused(mixer.attend(qkv, cos, sin, k_cache, v_cache, batch), residual=x)
             gate_up = layer.ffn.gate_up.skinny.fused(x, norm=layer.post_norm, eps=eps)
             layer.ffn.down.skinny.fused(gate_up, silu=True, residual=x)
-        out = rms_norm(x, self.norm, eps)
+        out = torch.empty_like(x)
+        self.norm_kernels.add_rms_norm(x, None, self.norm, out, eps)
         if self.keep_hidden:
             self.aux_hidden = out
         return out
