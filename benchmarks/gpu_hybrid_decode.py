@@ -186,10 +186,12 @@ def main() -> None:
                         achieved_gb_s=round(tps * active / 1e9, 1),
                         pct_of_peak=round(100 * tps * active / PEAK_BYTES_PER_S, 1),
                     )
+                    print(json.dumps(row), flush=True)
                     if args.profile and mode == "graphs":
                         per_step, ms = profile(llm, prompt, args.profile_steps)
-                        row.update(kernels_per_step=round(per_step, 1), kernel_ms_per_step=round(ms, 3))
-                    print(json.dumps(row), flush=True)
+                        step = dict(figure="decode_step_profile", shape=name, cuda_graphs=True)
+                        step.update(kernels_per_step=round(per_step, 1), kernel_ms_per_step=round(ms, 3))
+                        print(json.dumps({**step, "wall_ms_per_step": round(1e3 / tps, 3)}), flush=True)
             torch.cuda.empty_cache()
 
 
