@@ -140,6 +140,8 @@ def test_a_step_plan_survives_its_tensor_form():
         ),
     )
     assert tp_plan.decode(tp_plan.encode(hybrid)) == hybrid
+    graph = replace(hybrid, query_lens=[1, 1], seq_ids=[12, 7])  # a CUDA-graph decode step
+    assert tp_plan.decode(tp_plan.encode(graph)) == graph
     # a prefill chunk larger than one broadcast: the tensor grows, the plan comes back whole
     big = tp_plan.StepPlan(
         list(range(3000)), list(range(3000)), list(range(3000)), [3000], [3000], [list(range(188))], [2999]

@@ -3,7 +3,7 @@
 Megatron's split of a llama-family decoder over N ranks: q/k/v and gate/up are column-parallel (each
 rank holds 1/N of the heads and of the intermediate size), o_proj and down_proj row-parallel (an
 all-reduce after them), the embedding and lm_head vocab-parallel (an all-reduce after the embedding,
-a gather of the logits to rank 0). A rank's model is the ordinary model built from its slices with a
+an all-gather of the logits). A rank's model is the ordinary model built from its slices with a
 config whose head counts and intermediate size are divided by N; the KV cache it allocates from that
 config holds only its own KV heads. Communication goes through torch.distributed only.
 
@@ -286,8 +286,9 @@ class VocabParallelEmbedding:
 
 
 class GatheredHead:
-    """A vocab-parallel lm_head: every rank computes its slice of the logits and rank 0 gets them all
-    (only rank 0 samples; the other ranks get their own slice back)."""
+    """A vocab-parallel lm_head: every rank computes its slice of the logits and gets them all in one
+    all-gather (only rank 0 samples). An all-gather, not a gather to rank 0: NCCL runs a gather as
+    point-to-point sends, which a decode CUDA graph cannot capture."""
 
     def __init__(self, linear, vocab_size: int, rank: int, size: int, group=None):
         self.linear = linear
@@ -298,15 +299,18 @@ class GatheredHead:
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         part = self.linear(hidden).contiguous()
-        parts = [torch.empty_like(part) for _ in range(self.size)] if self.rank == 0 else None
-        dist.gather(part, parts, dst=0, group=self.group)
-        if parts is None:
-            return part
-        return torch.cat(parts, dim=-1)[..., : self.vocab_size]
+        rows = part.shape[0]
+        out = part.new_empty(self.size * rows, part.shape[1])  # the ranks' slices, one after another
+        _all_gather(out, part, group=self.group)
+        return out.view(self.size, rows, -1).permute(1, 0, 2).reshape(rows, -1)[:, : self.vocab_size]
 
     @property
     def nbytes(self) -> int:
         return self.linear.nbytes
+
+
+# torch >= 2.13 renames all_gather_into_tensor (and warns on the old name)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _join_mlp(mlp, group):
@@ -318,7 +322,7 @@ def _join_mlp(mlp, group):
 
 def parallelize(model, rank: int, size: int, vocab_size: int, group=None) -> None:
     """Join a rank's model built from its slices: all-reduce after o_proj and down_proj (after a MoE
-    block's sum), the vocab-parallel embedding, the logits gathered to rank 0."""
+    block's sum), the vocab-parallel embedding, the logits all-gathered."""
     for layer in model.layers:
         if isinstance(layer, Qwen35Layer):
             mixer = layer.mixer

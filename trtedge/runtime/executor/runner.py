@@ -70,9 +70,9 @@ class ModelRunner:
         # Tensor parallel (rank 0): the other ranks build the same runner and run each step's plan.
         traits = model_traits(model)
         self.tp = traits.tp
-        if self.tp is not None:
-            cuda_graphs = False  # the decode graphs do not capture the collectives yet
+        if self.tp is not None:  # decode graphs: every rank captures the same ones, collectives inside
             self.tp.send_runner(
+                cuda_graphs=cuda_graphs,
                 num_blocks=num_blocks,
                 block_size=block_size,
                 max_batch_size=max_batch_size,
@@ -132,7 +132,7 @@ class ModelRunner:
         self._last_tokens: torch.Tensor | None = None
         self._last_rows: dict[int, int] = {}
         self._step_parts: list[tuple[list[Sequence], SampleResult]] = []
-        if self.on_cuda and self.tp is None:
+        if self.on_cuda:  # tensor parallel: every rank warms up alike, so their collectives pair up
             self._warm_up()
         self.graphs = None
         if not traits.graph_safe:  # a step reads its ids on the host (cached PLE pool)
@@ -381,6 +381,8 @@ class ModelRunner:
         if states is not None and not states.is_decode:  # draft windows: eager, token by token
             return None
         rows = states.rows if states is not None else None
+        if self.tp is not None:  # the other ranks replay the same graph
+            self.tp.send_graph_step(ids, positions, slots, tables, context_lens, seq_ids, states)
         logits = self.graphs.run(ids, positions, slots, tables, context_lens, fill, seq_ids, rows)
         if states is not None:
             self.states.save_checkpoints(states)

@@ -207,16 +207,27 @@ class TensorParallel:
     def step(self, forward, plan: tuple, states=None):
         """Send the step's plan to the other ranks and run rank 0's part: ``forward(*plan)``.
         ``states``: a hybrid model's ``RecurrentBatch`` for the step."""
+        self._send(tp_plan.encode(StepPlan(*plan, **self._extras(states))))
+        try:
+            return forward(*plan)
+        except Exception as e:
+            raise self._failed(e) from e
+
+    def send_graph_step(self, ids, positions, slots, tables, context_lens, seq_ids, states=None) -> None:
+        """Before rank 0 replays a decode CUDA graph (the collectives are inside it): the other ranks
+        replay the same graph on the same rows."""
+        n = len(ids)
+        plan = StepPlan(ids, positions, slots, [1] * n, context_lens, tables, [], seq_ids=seq_ids,
+                        **self._extras(states))  # fmt: skip
+        self._send(tp_plan.encode(plan))
+
+    def _extras(self, states) -> dict:
         described = None
         if states is not None:
             windows = states.windows or [0] * len(states.rows)
             described = (list(states.rows), list(states.checkpoints), list(windows))
         ops, self._state_ops = tuple(self._state_ops), []
-        self._send(tp_plan.encode(StepPlan(*plan, states=described, ops=ops)))
-        try:
-            return forward(*plan)
-        except Exception as e:
-            raise self._failed(e) from e
+        return {"states": described, "ops": ops}
 
     def _send(self, message: torch.Tensor, payload=None) -> None:
         if self.error is not None:
@@ -445,11 +456,18 @@ def run_worker(launch: ShardLaunch, rank: int, store=None) -> None:
                 state = HybridStateCache(
                     slots, snapshots, geometry["block_size"], num_window_rows=window_rows
                 )
-            runner = ModelRunner(model, sampler=None, cuda_graphs=False, state=state, **geometry)
+            runner = ModelRunner(model, sampler=None, state=state, **geometry)
         else:
             plan = tp_plan.decode(message)
             _replay_states(runner, plan)
-            runner.forward(*plan.args())
+            if plan.seq_ids is not None:
+                args = (plan.ids, plan.positions, plan.slots, plan.tables, plan.context_lens, plan.seq_ids)
+                if runner.graph_logits(*args) is None:
+                    raise TensorParallelError(
+                        "internal error: rank 0 replayed a decode graph this rank lacks"
+                    )
+            else:
+                runner.forward(*plan.args())
     dist.destroy_process_group()
 
 

@@ -8,7 +8,8 @@ ids, positions, slots (one each per token), query_lens, context_lens, table leng
 sequence), the block tables concatenated, last_rows, and the scored rows and their target ids.
 Hybrid models add each sequence's state row, checkpoint (tokens, row; 0, -1 for none) and draft
 window, and the state-pool operations rank 0 ran since the last step (``StateOp``), which the other
-ranks replay before the forward.
+ranks replay before the forward. A decode step that rank 0 runs through its CUDA graphs carries the
+rows' sequence ids (the graphs keep block tables per sequence): every rank replays the same graph.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class StateOp(IntEnum):
 
 
 # kind, total length, tokens, sequences, table entries, last rows, scored rows, top count, has score,
-# has states, state-op integers
-HEADER = 11
+# has states, state-op integers, graph step
+HEADER = 12
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class StepPlan:
     # hybrid: (state rows, checkpoints [(tokens, row) or None], draft windows), one each per sequence
     states: tuple | None = None
     ops: tuple = ()  # (StateOp, [ints]) to replay before the forward
+    seq_ids: list[int] | None = None  # a CUDA-graph decode step: the rows' sequences
 
     def args(self) -> tuple:
         return (
@@ -102,6 +104,7 @@ def encode(plan: StepPlan) -> torch.Tensor:
         *rows,
         *targets,
         *states,
+        *(plan.seq_ids or ()),
         *ops,
     ]
     total = HEADER + len(body)
@@ -117,6 +120,7 @@ def encode(plan: StepPlan) -> torch.Tensor:
         int(plan.score is not None),
         int(plan.states is not None),
         len(ops),
+        int(plan.seq_ids is not None),
     ]
     buf = torch.zeros(max(total, CAPACITY), dtype=torch.long)
     buf[:total] = torch.tensor(header + body, dtype=torch.long)
@@ -126,7 +130,7 @@ def encode(plan: StepPlan) -> torch.Tensor:
 def decode(buf: torch.Tensor) -> StepPlan:
     """The plan ``encode`` packed (``buf`` holds at least its total length)."""
     values = buf[: int(buf[1])].tolist()
-    kind, _, n, seqs, entries, n_last, n_score, top, has_score, has_states, n_ops = values[:HEADER]
+    kind, _, n, seqs, entries, n_last, n_score, top, has_score, has_states, n_ops, graph = values[:HEADER]
     if kind != Message.STEP:
         raise ValueError(f"not a step message: kind {kind}")
     at = HEADER
@@ -152,10 +156,11 @@ def decode(buf: torch.Tensor) -> StepPlan:
         state_rows, ticks, dsts, windows = take(seqs), take(seqs), take(seqs), take(seqs)
         checkpoints = [(t, d) if d >= 0 else None for t, d in zip(ticks, dsts)]
         states = (state_rows, checkpoints, windows)
+    seq_ids = take(seqs) if graph else None
     ops, end = [], at + n_ops
     while at < end:
         op, count = take(2)
         ops.append((StateOp(op), take(count)))
     return StepPlan(
-        ids, positions, slots, query_lens, context_lens, tables, last_rows, score, states, tuple(ops)
+        ids, positions, slots, query_lens, context_lens, tables, last_rows, score, states, tuple(ops), seq_ids
     )
