@@ -1,6 +1,6 @@
 """1B-8B models on the CPU: trtedge vs llama.cpp on random-weight GGUF files of real geometries.
 
-    python benchmarks/cpu_scale.py [--geometry 1b,3b,8b] [--format q4_0,q4_k_m,q8_0] [--threads 1,2]
+    python benchmarks/cpu_scale.py [--geometry 1b,3b,8b] [--format q4_0,q4_k_m,q8_0,q5_k,q6_k] [--threads 1,2]
                                    [--prefill 128,1024] [--tokens 32] [--rounds 2] [--work-dir DIR]
                                    [--llama-venv /work/bench-venv] [--skip-llama-cpp]
 
@@ -9,7 +9,8 @@ directory unless given; trtedge's bundles go to its ``cache`` folder there, neve
 random block bytes with scales of the size real checkpoints have, so no float weights are ever held
 (an 8B file is written in seconds). The geometries are Llama-3.2-1B (tied embeddings), Qwen2.5-3B
 (q/k/v biases, tied) and Llama-3-8B; the formats are Q4_0 (token embedding / output Q8_0), a
-Q4_K_M-style mix (Q4_K, with attn_v, ffn_down and the embedding / output in Q6_K) and Q8_0.
+Q4_K_M-style mix (Q4_K, with attn_v, ffn_down and the embedding / output in Q6_K), Q8_0, Q5_K
+(embedding Q8_0) and Q6_K.
 
 Both engines run as child processes that answer one JSON request per stdin line (llama.cpp through
 llama-cpp-python in its own venv, as ``cpu_decode.py`` builds it), one engine alive at a time so
@@ -71,6 +72,8 @@ FORMATS = {
     "q4_0": {"linear": "Q4_0", "v_down": "Q4_0", "embed": "Q8_0"},
     "q4_k_m": {"linear": "Q4_K", "v_down": "Q6_K", "embed": "Q6_K"},
     "q8_0": {"linear": "Q8_0", "v_down": "Q8_0", "embed": "Q8_0"},
+    "q5_k": {"linear": "Q5_K", "v_down": "Q5_K", "embed": "Q8_0"},
+    "q6_k": {"linear": "Q6_K", "v_down": "Q6_K", "embed": "Q6_K"},
 }
 
 # bytes per block, elements per block, and where the float16 scales sit (offset, value)
@@ -78,6 +81,7 @@ _BLOCKS = {
     "Q4_0": (18, 32, [(0, 0.02 / 8)]),
     "Q8_0": (34, 32, [(0, 0.02 / 64)]),
     "Q4_K": (144, 256, [(0, 0.02 / 256), (2, 0.02 / 512)]),
+    "Q5_K": (176, 256, [(0, 0.02 / 512), (2, 0.02 / 1024)]),
     "Q6_K": (210, 256, [(208, 0.02 / 1024)]),
 }
 

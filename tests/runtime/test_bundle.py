@@ -202,7 +202,11 @@ def test_smollm2_second_launch_does_no_conversion(cache_dir, monkeypatch):
         second = time.perf_counter() - start
         assert not llm.bundle.built
         quant = llm.bundle.manifest["components"]["llm"]["weights"]["quantization"]
-        assert quant["tensors"] == {"int4": 210, "int8": 1, "float": 61}  # Q4_1 kept, Q8_0 embedding
+        assert quant["tensors"] == {
+            "int4": 210,
+            "gguf": 1,
+            "float": 61,
+        }  # Q4_1 as int4, Q8_0 embedding as its blocks
         again = llm.chat(
             [{"role": "user", "content": "What is the capital of France?"}],
             SamplingParams(max_tokens=12, temperature=0),

@@ -41,7 +41,8 @@ def test_gemma3_270m_answers_simple_prompts(gemma):
 def test_a_cached_launch_runs_the_bundle_weights_as_stored_converting_nothing(
     gemma, gemma3_gguf, monkeypatch
 ):
-    """The bundle holds what the runtime runs: Q4_K tensors as int4, Q5_0/Q6_K/Q8_0 as int8. A cached
+    """The bundle holds what the runtime runs: Q4_K / Q6_K / Q8_0 tensors as the file's blocks, Q5_0
+    (and what it is fused with) as int8. A cached
     launch quantized every layer to int8 again (and dequantized the bundle first): ~10 s a launch."""
     from trtedge.runtime.artifacts import quantize
     from trtedge.runtime.ops import linear
@@ -58,11 +59,11 @@ def test_a_cached_launch_runs_the_bundle_weights_as_stored_converting_nothing(
         sources = llm.checkpoint.quantization
         layer = llm.model.layers[0]
         assert sources["model.layers.0.self_attn.o_proj.weight"] == "Q4_K"
-        assert type(layer.o).__name__ == "Int4Linear"
+        assert type(layer.o).__name__ == "GgufLinear"
         assert type(layer.qkv).__name__ == type(layer.mlp.gate_up).__name__ == "Int8Linear"
-        assert isinstance(llm.model.embed, quantize.QuantizedTensor)  # Q8_0: int8 rows, also the lm_head
+        assert llm.model.embed.format == "gguf"  # the Q8_0 blocks, also the lm_head
         kinds = {type(m).__name__ for layer in llm.model.layers for m in layer.linears}
-        assert kinds == {"Int4Linear", "Int8Linear"}
+        assert kinds == {"GgufLinear", "Int8Linear"}
 
 
 def test_gemma3_chat_template_renders_gemma_turns(gemma):

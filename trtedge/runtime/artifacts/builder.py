@@ -277,7 +277,8 @@ def _source_tensors(checkpoint, mode: str):
     if checkpoint.kind == "gguf" and mode in ("auto", "int4"):
         from trtedge.runtime.artifacts.gguf import iter_gguf_tensors
 
-        return iter_gguf_tensors(checkpoint.path, keep_int4=True)  # Q4_0/Q4_1 blocks kept as they are
+        # Q4_0/Q4_1 blocks kept as int4; with auto, Q8_0/Q4_K/Q5_K/Q6_K blocks kept as the file holds them
+        return iter_gguf_tensors(checkpoint.path, keep_int4=True, keep_blocks=mode == "auto")
     return checkpoint.iter_tensors()
 
 

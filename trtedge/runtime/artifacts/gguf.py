@@ -23,6 +23,7 @@ from gguf import GGUFValueType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from trtedge.runtime.artifacts import gguf_nemotron_h as nemotron_h
+from trtedge.runtime.artifacts.quantize import GGUF_KEPT
 from trtedge.runtime.text.byte_level import BYTE_CHARS
 
 log = logging.getLogger(__name__)
@@ -260,17 +261,22 @@ def read_gguf(path: str | Path) -> GGUFContents:
 
 
 def iter_gguf_tensors(
-    path: str | Path, dtype: torch.dtype = torch.float32, keep_int4: bool = False
+    path: str | Path, dtype: torch.dtype = torch.float32, keep_int4: bool = False, keep_blocks: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, dequantized tensor in HF layout) for each weight, in file order. With keep_int4,
-    Q4_0/Q4_1 weights come as int4 ``QuantizedTensor``s (the same values, not dequantized)."""
+    Q4_0/Q4_1 weights come as int4 ``QuantizedTensor``s (the same values, not dequantized); with
+    keep_blocks, Q8_0 / Q4_K / Q5_K / Q6_K ones as "gguf" tensors of the file's own blocks."""
     model = _GGUF(path)
     names = {t.name: _hf_tensor_name(model, t.name) for t in model.reader.tensors}
-    return _iter_tensors(model, names, dtype, keep_int4)
+    return _iter_tensors(model, names, dtype, keep_int4, keep_blocks)
 
 
 def _iter_tensors(
-    model: _GGUF, names: dict[str, str | None], dtype: torch.dtype, keep_int4: bool = False
+    model: _GGUF,
+    names: dict[str, str | None],
+    dtype: torch.dtype,
+    keep_int4: bool = False,
+    keep_blocks: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     n_head, n_head_kv = model.head_counts()
     permuted = model.arch in _PERMUTED_ARCHITECTURES
@@ -281,6 +287,14 @@ def _iter_tensors(
             continue
         if keep_int4 and t.tensor_type in (QType.Q4_0, QType.Q4_1) and len(t.shape) == 2:
             yield name, _int4_tensor(t, name, n_head if ".q_proj." in name else n_head_kv, permuted)
+            continue
+        if (
+            keep_blocks
+            and t.tensor_type.name in GGUF_KEPT
+            and len(t.shape) == 2
+            and _plain_layout(model, name)
+        ):
+            yield name, _kept_blocks(t, name, n_head if ".q_proj." in name else n_head_kv, permuted)
             continue
         tensor = _dequantize(model, t)
         if name in _STACKED:  # one HF tensor per stream past the first
@@ -345,6 +359,21 @@ def _int4_tensor(t: gguf.ReaderTensor, name: str, n_head: int, permuted: bool):
 
     cols, rows = (int(n) for n in t.shape)
     q = int4_from_gguf_blocks(np.asarray(t.data), t.tensor_type.name, rows, cols)
+    if permuted and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name):
+        q = q.select_rows(_unpermute_rows(torch.arange(rows), n_head))
+    return q
+
+
+def _plain_layout(model: _GGUF, name: str) -> bool:
+    """Whether the HF tensor is the GGUF one's rows (at most permuted), so its blocks can be kept."""
+    return name not in _STACKED and model.arch not in nemotron_h.ARCHITECTURES
+
+
+def _kept_blocks(t: gguf.ReaderTensor, name: str, n_head: int, permuted: bool):
+    from trtedge.runtime.artifacts.quantize import gguf_blocks
+
+    cols, rows = (int(n) for n in t.shape)
+    q = gguf_blocks(np.asarray(t.data), t.tensor_type.name, rows, cols)
     if permuted and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name):
         q = q.select_rows(_unpermute_rows(torch.arange(rows), n_head))
     return q

@@ -12,6 +12,10 @@ is 16 bytes (byte j: inputs j and 16 + j).
 fp8: E4M3 values with float32 scales, ``w = scale[n, k // (cols / groups)] * q``: one scale per row
 (``--weights fp8``, ModelOpt and per-channel compressed-tensors checkpoints) or per block of inputs
 (128-wide blocks of block-scaled checkpoints, 16-wide ones of NVFP4 checkpoints carried over).
+gguf: a GGUF file's Q8_0, Q4_K, Q5_K and Q6_K blocks as the file holds them (``data``: the rows'
+block bytes, flat uint8), the rows in segments of one type each (``scale``: int64 [segments, 5] =
+rows, ggml type, cols, bytes per row, byte offset), so a fused q/k/v may hold Q4_K and Q6_K rows.
+The native CPU kernels (``ops/cpu_gguf.c``) read the blocks directly: no error beyond the file's own.
 The GPU runs int8 / int4 / fp8 tensors through the kernels of ``ops.quant_linear``.
 """
 
@@ -33,12 +37,17 @@ QUANTIZATION_LAYOUT = {
     "int8": {"granularity": "row", "symmetric": True, "scale": "float32"},
     "int4": {"group_size": GROUP, "symmetric": False, "scale": "float16", "min": "float16"},
     "fp8": {"dtype": "float8_e4m3fn", "scale": "float32", "granularity": "row or input block"},
+    "gguf": {"blocks": "as the GGUF file holds them", "types": ["Q8_0", "Q4_K", "Q5_K", "Q6_K"]},
 }
+# ggml type ids of the blocks a "gguf" tensor keeps, and (inputs, bytes) per block
+GGUF_BLOCKS = {"Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210)}
+_SEG_ROWS, _SEG_TYPE, _SEG_COLS, _SEG_ROW_BYTES, _SEG_OFFSET = range(5)
 # Suffixes of the stored tensors: "<name>.int4", "<name>.int4_scale", ...
 _PARTS = {
     "int8": ("int8", "int8_scale"),
     "int4": ("int4", "int4_scale", "int4_min"),
     "fp8": ("fp8", "fp8_scale"),
+    "gguf": ("gguf", "gguf_segments"),
 }
 
 
@@ -53,6 +62,8 @@ class QuantizedTensor:
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.format == "gguf":
+            return int(self.scale[:, _SEG_ROWS].sum()), int(self.scale[0, _SEG_COLS])
         rows, width = self.data.shape
         return (rows, width * 2) if self.format == "int4" else (rows, width)
 
@@ -64,6 +75,8 @@ class QuantizedTensor:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if self.format == "int8":
             return (self.data.float() * self.scale.float().reshape(-1, 1)).to(dtype)
+        if self.format == "gguf":
+            return gguf_dequantize(self).to(dtype)
         if self.format == "fp8":
             rows, cols = self.shape
             scale = self.scale.float().view(rows, -1)
@@ -75,6 +88,8 @@ class QuantizedTensor:
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized rows ``ids`` (an embedding lookup), float32."""
+        if self.format == "gguf":
+            return self.select_rows(ids.reshape(-1)).dequantize().view(*ids.shape, self.shape[1])
         part = QuantizedTensor(
             self.format,
             self.data[ids.reshape(-1)],
@@ -93,6 +108,8 @@ class QuantizedTensor:
         return self.data.device
 
     def select_rows(self, index: torch.Tensor) -> QuantizedTensor:
+        if self.format == "gguf":
+            return _gguf_select_rows(self, index)
         return QuantizedTensor(
             self.format, self.data[index], self.scale[index], None if self.min is None else self.min[index]
         )
@@ -106,6 +123,8 @@ class QuantizedTensor:
         first = parts[0]
         if any(p.format != first.format for p in parts):
             raise ValueError("cannot concatenate weights quantized in different formats")
+        if first.format == "gguf":
+            return _gguf_cat(parts)
         mins = None if first.min is None else torch.cat([p.min for p in parts])
         return QuantizedTensor(
             first.format, torch.cat([p.data for p in parts]), torch.cat([p.scale for p in parts]), mins
@@ -230,6 +249,75 @@ def int4_from_gguf_blocks(blocks: np.ndarray, kind: str, rows: int, cols: int) -
     )
 
 
+# ---- gguf blocks -----------------------------------------------------------------------------------
+def gguf_blocks(blocks: np.ndarray | torch.Tensor, kind: str, rows: int, cols: int) -> QuantizedTensor:
+    """A GGUF tensor's block bytes [rows, cols / block inputs * block bytes], kept as they are."""
+    type_id, per, size = GGUF_BLOCKS[kind]
+    if cols % per:
+        raise ValueError(f"{kind} rows need a multiple of {per} inputs, got {cols}")
+    data = torch.from_numpy(np.array(blocks, dtype=np.uint8)).reshape(-1)  # a copy: the file is read-only
+    segments = torch.tensor([[rows, type_id, cols, cols // per * size, 0]], dtype=torch.int64)
+    return QuantizedTensor("gguf", data.contiguous(), segments)
+
+
+def _gguf_segments(parts: list[tuple[int, int, int, int, torch.Tensor]]) -> QuantizedTensor:
+    """(rows, type, cols, row bytes, bytes) runs -> one tensor, neighbouring runs of a type merged."""
+    segs: list[list[int]] = []
+    offset = 0
+    for rows, type_id, cols, row_bytes, data in parts:
+        if segs and segs[-1][_SEG_TYPE] == type_id and segs[-1][_SEG_ROW_BYTES] == row_bytes:
+            segs[-1][_SEG_ROWS] += rows
+        else:
+            segs.append([rows, type_id, cols, row_bytes, offset])
+        offset += data.numel()
+    data = torch.cat([p[4].reshape(-1) for p in parts])
+    return QuantizedTensor("gguf", data, torch.tensor(segs, dtype=torch.int64))
+
+
+def _gguf_runs(q: QuantizedTensor):
+    for rows, type_id, cols, row_bytes, offset in q.scale.tolist():
+        yield rows, type_id, cols, row_bytes, q.data[offset : offset + rows * row_bytes].view(rows, row_bytes)
+
+
+def _gguf_cat(parts: list[QuantizedTensor]) -> QuantizedTensor:
+    return _gguf_segments([run for p in parts for run in _gguf_runs(p)])
+
+
+def _gguf_select_rows(q: QuantizedTensor, index: torch.Tensor) -> QuantizedTensor:
+    index = index.reshape(-1)
+    runs = list(_gguf_runs(q))
+    if len(runs) == 1:  # one type (an embedding lookup, q/k rows unpermuted)
+        rows, type_id, cols, row_bytes, data = runs[0]
+        return _gguf_segments([(index.numel(), type_id, cols, row_bytes, data[index])])
+    bounds, first = [], 0
+    for run in runs:
+        bounds.append((first, run))
+        first += run[0]
+    picked = []  # one run per row, merged by type
+    for n in index.tolist():
+        start, (rows, type_id, cols, row_bytes, data) = next((b, r) for b, r in bounds if n < b + r[0])
+        picked.append((1, type_id, cols, row_bytes, data[n - start]))
+    return _gguf_segments(picked)
+
+
+def gguf_dequantize(q: QuantizedTensor) -> torch.Tensor:
+    """float32 [rows, cols]: the native dequantization, or gguf's numpy one without a compiler."""
+    from trtedge.runtime.ops import cpu_kernels
+
+    rows, cols = q.shape
+    lib = cpu_kernels.load() if q.data.device.type == "cpu" else None
+    if lib is not None:
+        return cpu_kernels.gguf_dequantize(lib, q)
+    import gguf
+
+    names = {type_id: kind for kind, (type_id, _, _) in GGUF_BLOCKS.items()}
+    out = []
+    for _, type_id, _, _, data in _gguf_runs(q):
+        kind = gguf.GGMLQuantizationType[names[type_id]]
+        out.append(torch.from_numpy(gguf.quants.dequantize(data.cpu().numpy(), kind)).reshape(-1, cols))
+    return torch.cat(out).float()
+
+
 # ---- fp8 -------------------------------------------------------------------------------------------
 def quantize_fp8(weight: torch.Tensor) -> QuantizedTensor:
     """E4M3 with a float32 scale per row (the row's largest magnitude maps to 448)."""
@@ -247,6 +335,7 @@ def quantize(weight: torch.Tensor, fmt: str) -> QuantizedTensor:
 
 # ---- which tensors are quantized, and how -----------------------------------------------------------
 _INT4_SOURCES = ("Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS")
+GGUF_KEPT = tuple(GGUF_BLOCKS)  # --weights auto keeps these blocks as the file holds them
 _FLOAT_SOURCES = ("F32", "F16", "BF16", "F64")
 _EMBEDDINGS = ("model.embed_tokens.weight", "lm_head.weight")
 
@@ -256,7 +345,8 @@ def target_format(name: str, shape, mode: str, source_type: str | None = None) -
 
     int4 covers the decoder's linear layers; embeddings and lm_head (and any input dimension that is
     not a multiple of 32) take int8, as llama.cpp's Q4 files keep their token embedding in Q8_0.
-    auto follows a GGUF tensor's own class: Q4_* -> int4, other quantized types -> int8.
+    auto follows a GGUF tensor's own class: Q8_0, Q4_K, Q5_K and Q6_K stay as they are ("gguf"),
+    Q4_0 / Q4_1 (and other 4-bit types) -> int4, other quantized types -> int8.
     fp8 covers every matrix, embeddings and lm_head included (E4M3 rows keep 3 mantissa bits).
     """
     if len(shape) != 2 or not name.endswith(".weight") or is_encoder_tensor(name):
@@ -266,6 +356,8 @@ def target_format(name: str, shape, mode: str, source_type: str | None = None) -
     if mode == "auto":
         if not source_type or source_type in _FLOAT_SOURCES:
             return None
+        if source_type in GGUF_KEPT:
+            return "gguf"
         mode = "int4" if source_type in _INT4_SOURCES else "int8"
     if mode == "int4":
         return "int4" if name not in _EMBEDDINGS and int4_supported(shape) else "int8"

@@ -92,10 +92,23 @@ def runnable_formats(device: torch.device, dtype: torch.dtype) -> frozenset[str]
     from trtedge.runtime.ops import quant_linear
 
     if native_quantized(device, dtype):
-        return frozenset(("int8", "int4"))
+        return frozenset(("int8", "int4", "gguf"))
     if quant_linear.usable(device, dtype):
         return frozenset(("int8", "int4", "fp8"))
     return frozenset()
+
+
+def gguf_fallback(tensor, runnable: frozenset[str], runs):
+    """A "gguf" tensor where its kernels do not run but int4 / int8 ones do: int4 for Q4_K rows,
+    int8 otherwise, as bundles held them before the blocks were kept (else the tensor itself)."""
+    from trtedge.runtime.artifacts.quantize import GGUF_BLOCKS, quantize
+
+    q4_k = GGUF_BLOCKS["Q4_K"][0]
+    fmt = "int4" if all(t == q4_k for t in tensor.scale[:, 1].tolist()) else "int8"
+    if fmt not in runnable:
+        return tensor
+    converted = quantize(tensor.dequantize(), fmt)
+    return converted if runs(converted) else tensor
 
 
 def prepare_tensors(tensors, checkpoint, weights: str, runnable: frozenset[str], dtype: torch.dtype, device):
@@ -116,6 +129,9 @@ def prepare_tensors(tensors, checkpoint, weights: str, runnable: frozenset[str],
         if not isinstance(tensor, QuantizedTensor):
             if (fmt := target_format(name, tensor.shape, weights, sources.get(name))) in runnable:
                 tensor = quantize(tensor.to(device), fmt)
+        if isinstance(tensor, QuantizedTensor) and tensor.format == "gguf" and not runs(tensor):
+            converted = gguf_fallback(tensor, runnable, runs)
+            tensor, requantized = converted, requantized + (converted is not tensor)
         if isinstance(tensor, QuantizedTensor) and tensor.format == "fp8" and not runs(tensor):
             as_int8 = quantize(tensor.dequantize(), "int8")  # no fp8 kernel here (the CPU, pre-Ada GPUs)
             if runs(as_int8):
@@ -128,8 +144,8 @@ def prepare_tensors(tensors, checkpoint, weights: str, runnable: frozenset[str],
         yield name, tensor
     if requantized:
         log.warning(
-            "%d fp8 tensors requantized to int8 per row at load (no fp8 kernel on %s; build with "
-            "--weights int8 to store them so)",
+            "%d fp8 / GGUF-block tensors requantized to int8 / int4 at load (no kernel for them on %s; "
+            "build with --weights int8 or int4 to store them so)",
             requantized,
             device,
         )

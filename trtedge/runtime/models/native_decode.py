@@ -8,7 +8,7 @@ import torch
 from trtedge.runtime.models.layers import GatedMLP
 from trtedge.runtime.ops import cpu_kernels, cpu_step
 from trtedge.runtime.ops.attention import AttentionBatch
-from trtedge.runtime.ops.linear import Int4Linear, Int8Linear
+from trtedge.runtime.ops.linear import GgufLinear, Int4Linear, Int8Linear
 
 
 def _linear_words(layer) -> list[int]:
@@ -16,6 +16,9 @@ def _linear_words(layer) -> list[int]:
     if isinstance(layer, Int4Linear):
         q = layer.quantized
         return [4, q.data.data_ptr(), q.scale.data_ptr(), q.min.data_ptr(), bias, *q.shape]
+    if isinstance(layer, GgufLinear):  # the min word: the number of row segments
+        q = layer.quantized
+        return [cpu_step.GGUF_FORMAT, q.data.data_ptr(), q.scale.data_ptr(), q.scale.shape[0], bias, *q.shape]
     return [8, layer.qweight.data_ptr(), layer.scale.data_ptr(), 0, bias, *layer.quantized.shape]
 
 
@@ -34,7 +37,9 @@ def supported(model) -> bool:
     for layer in model.layers:
         if not isinstance(layer.mlp, GatedMLP) or layer.mlp.act != "silu":
             return False
-        if not all(isinstance(m, (Int4Linear, Int8Linear)) and m.lib is not None for m in layer.linears):
+        if not all(
+            isinstance(m, (Int4Linear, Int8Linear, GgufLinear)) and m.lib is not None for m in layer.linears
+        ):
             return False
         norms = [n for n in (layer.q_norm, layer.k_norm) if n is not None]
         if any(n.shape != (cfg.head_dim,) for n in norms):

@@ -293,8 +293,11 @@ _SIGNATURES = {
     "paged_decode_attention": [_P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _P, _I],
     "silu_mul": [_P, _P, _I, _I],
     "llama_decode_step": [_P, _P, _I, _P, _P, _P, _I, _P, _I, _F, _F, _P],
+    "gguf_linear": [_P, _I, _I, _P, _P, _I, _P, _P, _I],
+    "gguf_dequantize": [_P, _P, _I, _P, _I, _I],
 }
 
+GGUF_SOURCE = Path(__file__).with_name("cpu_gguf.c")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-shared", "-fPIC", "-lm"]
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -325,7 +328,7 @@ def _build_and_load() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
-    source = SOURCE + cpu_int4.SOURCE + cpu_step.SOURCE
+    source = SOURCE + cpu_int4.SOURCE + GGUF_SOURCE.read_text() + cpu_step.SOURCE
     digest = hashlib.sha256((source + " ".join(_FLAGS) + compiler).encode()).hexdigest()[:16]
     directory = _kernel_dir()
     target = directory / f"cpu_kernels-{digest}.so"
@@ -473,6 +476,32 @@ def int4_linear(lib: ctypes.CDLL, x: torch.Tensor, q, bias: torch.Tensor | None)
         n,
     )
     return y
+
+
+def gguf_linear(lib: ctypes.CDLL, x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] float32 contiguous; q a "gguf" QuantizedTensor [N, K] -> [M, N] float32."""
+    m, k = x.shape
+    n = q.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)
+    lib.gguf_linear(
+        x.data_ptr(),
+        m,
+        k,
+        q.data.data_ptr(),
+        q.scale.data_ptr(),
+        q.scale.shape[0],
+        _ptr(bias),
+        y.data_ptr(),
+        n,
+    )
+    return y
+
+
+def gguf_dequantize(lib: ctypes.CDLL, q) -> torch.Tensor:
+    n, k = q.shape
+    out = torch.empty(n, k, dtype=torch.float32)
+    lib.gguf_dequantize(q.data.data_ptr(), q.scale.data_ptr(), q.scale.shape[0], out.data_ptr(), n, k)
+    return out
 
 
 def int4_dequantize(lib: ctypes.CDLL, q) -> torch.Tensor:

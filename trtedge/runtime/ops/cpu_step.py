@@ -18,7 +18,8 @@ from __future__ import annotations
 
 PLAN_HEADER = 8  # num_layers, H, Hkv, D, hidden, inter, final_norm, spin ns
 SPIN_NS = 20_000  # how long a thread with no chunk to take spins before it sleeps
-LINEAR_WORDS = 7  # format (4 or 8), data, scale, min, bias, rows N, cols K
+LINEAR_WORDS = 7  # format (4, 8 or GGUF_FORMAT), data, scale, min, bias, rows N, cols K
+GGUF_FORMAT = 16  # GGUF blocks (ops/cpu_gguf.c): scale = the row segments, min = their number
 LAYER_WORDS = 4 * LINEAR_WORDS + 9  # qkv, o, gate_up, down; norms, caches, rope tables, window
 
 SOURCE = r"""
@@ -36,10 +37,14 @@ typedef struct {
 } layer_t;
 typedef struct { int64_t L, H, Hkv, D, hidden, inter, final_norm, spin_ns; } head_t;
 
-/* A thread's activations for the int4 products: rows quantized per block of 32. */
+/* Activations for the int4 products (in the kernel's order) or the GGUF ones (natural order): rows
+   quantized per block of 32. */
 typedef struct { int16_t *qx; float *dx, *sx; } qact_t;
 
-static void quantize_rows(const float *x, int64_t B, int64_t K, qact_t *q) {
+/* The input rows x [B, K] of product l, quantized as its kernel reads them (int8: float, as they are). */
+static void quantize_rows(const lin_t *l, const float *x, int64_t B, int64_t K, qact_t *q) {
+    if (l->fmt == 16) gguf_quantize_rows(x, B, K, q->qx, q->dx, q->sx);
+    if (l->fmt != 4) return;
     for (int64_t m = 0; m < B; m++)
         quantize_row_q16(x + m * K, K, q->qx + m * K, q->dx + m * (K / 32), q->sx + m * (K / 32));
 }
@@ -49,6 +54,11 @@ static void linear_rows(const lin_t *l, const float *x, const qact_t *q, int64_t
                         int64_t lo, int64_t hi) {
     int64_t K = l->K, N = l->N;
     const float *bias = (const float *)l->bias;
+    if (l->fmt == 16) {
+        gguf_rows((const uint8_t *)l->w, (const int64_t *)l->scale, l->min, K, q->qx, q->dx, q->sx, B, bias, y, ldy,
+                  lo, hi);
+        return;
+    }
     if (l->fmt == 4) {
         int64_t G = K / 32;
         const uint8_t *w = (const uint8_t *)l->w;
@@ -231,7 +241,7 @@ static void layer_input(step_t *st, int64_t i) {
         return;
     }
     norm_rows(st->x, (const float *)st->layers[i].input_norm, st->h, st->B, hd->hidden, st->eps);
-    if (st->layers[i].qkv.fmt == 4) quantize_rows(st->h, st->B, hd->hidden, &st->q);
+    quantize_rows(&st->layers[i].qkv, st->h, st->B, hd->hidden, &st->q);
 }
 
 /* The serial work after phase p, by the thread that finished its last chunk. */
@@ -242,15 +252,15 @@ static void after_phase(step_t *st, int p) {
     qact_t *q = &st->q;
     switch (p % PH_PER_LAYER) {
         case PH_ATTN:
-            if (ly->o.fmt == 4) quantize_rows(st->attn, B, hd->H * hd->D, q);
+            quantize_rows(&ly->o, st->attn, B, hd->H * hd->D, q);
             return;
         case PH_O:
             add_rows(st->x, st->delta, B * hd->hidden);
             norm_rows(st->x, (const float *)ly->post_norm, st->h, B, hd->hidden, st->eps);
-            if (ly->gate_up.fmt == 4) quantize_rows(st->h, B, hd->hidden, q);
+            quantize_rows(&ly->gate_up, st->h, B, hd->hidden, q);
             return;
         case PH_GATE_UP:
-            if (ly->down.fmt == 4) quantize_rows(st->act, B, hd->inter, q);
+            quantize_rows(&ly->down, st->act, B, hd->inter, q);
             return;
         case PH_DOWN:
             add_rows(st->x, st->delta, B * hd->hidden);

@@ -115,6 +115,31 @@ class Int4Linear:
         return self.quantized.nbytes
 
 
+class GgufLinear:
+    """A GGUF file's Q8_0 / Q4_K / Q5_K / Q6_K blocks as it holds them (see ``runtime.quantize``)."""
+
+    def __init__(self, weight: QuantizedTensor, bias: torch.Tensor | None, lib):
+        self.quantized = weight
+        self.bias = None if bias is None else bias.float().contiguous()
+        self.lib = lib
+        self.out_features, self.in_features = weight.shape
+
+    def dequantized(self) -> torch.Tensor:
+        return self.quantized.dequantize()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] > _INT4_KERNEL_MAX_ROWS or self.lib is None:
+            out = F.linear(rows.float(), self.dequantized(), self.bias)
+        else:
+            out = cpu_kernels.gguf_linear(self.lib, rows.float().contiguous(), self.quantized, self.bias)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self.quantized.nbytes
+
+
 def make_linear(weight, bias: torch.Tensor | None, weight_format: str = "float"):
     """A layer for ``weight``: quantized tensors keep their format; float ones are quantized when
     ``weight_format`` is int8 / int4 (load-time quantization of a checkpoint that is not a bundle)."""
@@ -126,6 +151,8 @@ def make_linear(weight, bias: torch.Tensor | None, weight_format: str = "float")
         if weight.format == "fp8":
             raise ValueError("fp8 weights run on CUDA only; the loader dequantizes them on the CPU")
         lib = cpu_kernels.load()
+        if weight.format == "gguf":
+            return GgufLinear(weight, bias, lib)
         return Int4Linear(weight, bias, lib) if weight.format == "int4" else Int8Linear(weight, bias, lib)
     return DenseLinear(weight, bias)
 

@@ -1,0 +1,76 @@
+"""GGUF blocks kept as the file holds them (Q8_0, Q4_K, Q5_K, Q6_K): the native kernels against
+gguf's own numpy dequantization, and greedy decoding against the same file dequantized to float32."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.cpu_scale import Geometry, _quantized, write_gguf
+from trtedge.runtime.artifacts.quantize import QuantizedTensor, gguf_blocks
+from trtedge.runtime.ops import cpu_kernels
+from trtedge.runtime.ops.linear import GgufLinear
+
+lib = cpu_kernels.load()
+pytestmark = pytest.mark.skipif(lib is None, reason="no C compiler for the native CPU kernels")
+KINDS = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def _reference(blocks: np.ndarray, kind: str, rows: int, cols: int) -> torch.Tensor:
+    data = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[kind])
+    return torch.from_numpy(np.ascontiguousarray(data)).reshape(rows, cols).float()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_native_dequantization_and_product_match_gguf(kind):
+    rows, cols = 12, 512
+    blocks = _quantized(np.random.default_rng(3), kind, rows, cols)
+    q = gguf_blocks(blocks, kind, rows, cols)
+    ref = _reference(blocks, kind, rows, cols)
+    assert q.shape == (rows, cols) and q.nbytes == blocks.nbytes + q.scale.nbytes
+    torch.testing.assert_close(q.dequantize(), ref, rtol=1e-6, atol=1e-7)
+    layer = GgufLinear(q, torch.randn(rows), lib)
+    for m in (1, 5, 70):  # 70: past the kernel's rows, the dequantized product
+        x = torch.randn(m, cols)
+        expected = x @ ref.T + layer.bias
+        # activations quantized to int16 per group of 32: relative error ~1e-4
+        torch.testing.assert_close(layer(x), expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())
+
+
+def test_rows_of_several_types_in_one_tensor():
+    # a fused q/k/v of a Q4_K_M file: Q4_K rows, then Q6_K rows; rows picked across both
+    a, b = (
+        _quantized(np.random.default_rng(0), "Q4_K", 6, 256),
+        _quantized(np.random.default_rng(1), "Q6_K", 3, 256),
+    )
+    fused = QuantizedTensor.cat([gguf_blocks(a, "Q4_K", 6, 256), gguf_blocks(b, "Q6_K", 3, 256)])
+    ref = torch.cat([_reference(a, "Q4_K", 6, 256), _reference(b, "Q6_K", 3, 256)])
+    assert fused.shape == (9, 256) and fused.scale.shape[0] == 2
+    torch.testing.assert_close(fused.dequantize(), ref, rtol=1e-6, atol=1e-7)
+    index = torch.tensor([8, 0, 7, 2])
+    torch.testing.assert_close(fused.select_rows(index).dequantize(), ref[index], rtol=1e-6, atol=1e-7)
+    x = torch.randn(3, 256)
+    torch.testing.assert_close(GgufLinear(fused, None, lib)(x), x @ ref.T, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(fused.rows(torch.tensor([[1, 8]])), ref[[1, 8]][None])
+
+
+TINY_LLAMA = Geometry("tiny", "llama", 256, 512, 2, 4, 2, 1000, False, False, 10000.0)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k_m", "q5_k", "q6_k"])
+def test_greedy_from_kept_blocks_equals_the_file_dequantized_to_float32(tmp_path, fmt):
+    from trtedge import LLM, SamplingParams
+
+    path = tmp_path / f"tiny-{fmt}.gguf"
+    write_gguf(path, TINY_LLAMA, fmt)  # llama: q/k rows permuted in the file
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    outs = {}
+    for weights in ("auto", "fp32"):
+        with LLM(
+            str(path), cache_dir=str(tmp_path / "cache"), weights=weights, max_kv_cache_capacity=256
+        ) as llm:
+            if weights == "auto":
+                assert llm.describe()["weight_bytes"] < path.stat().st_size  # blocks, not floats
+            outs[weights] = llm.generate([[5, 6, 7, 8], list(range(40, 110))], params)
+    for kept, ref in zip(outs["auto"], outs["fp32"]):
+        assert kept.outputs[0].token_ids == ref.outputs[0].token_ids

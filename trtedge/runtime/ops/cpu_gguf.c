@@ -1,0 +1,325 @@
+/* Products and dequantization over GGUF blocks as the file holds them: Q8_0, Q4_K, Q5_K, Q6_K.
+   Compiled with the kernels of cpu_kernels.py (it provides half_to_float and the includes).
+
+   A "gguf" weight is rows of blocks in segments (a fused q/k/v may hold Q4_K rows and Q6_K rows):
+   segment s is int64 words {rows, ggml type, cols, row bytes, byte offset}. Activations are
+   quantized per group of 32 inputs to int16 in their natural order (dx = max|x| / 32767 and the
+   group's float sum sx), so that each group's product is an integer sum:
+     Q8_0:       d dx_g sum q x                      (q int8)
+     Q4_K, Q5_K: d sc_s dx_g sum q x - dmin m_s sx_g (q 0..15 / 0..31; 6-bit sc, m per 32)
+     Q6_K:       d sc_s dx_g sum q x per 16          (q -32..31; int8 sc per 16)
+   Each block is unpacked to int16 once and multiplied with each activation row. */
+
+enum { GGUF_Q8_0 = 8, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14 };
+#define SEG_WORDS 5
+
+static void quantize_row_q16_natural(const float *x, int64_t K, int16_t *qx, float *dx, float *sx) {
+    for (int64_t g = 0; g < K / 32; g++) {
+        const float *xb = x + g * 32;
+        float amax = 0.0f, sum = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+            sum += xb[j];
+        }
+        float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        for (int j = 0; j < 32; j++) qx[g * 32 + j] = (int16_t)nearbyintf(xb[j] * id);
+        dx[g] = amax / 32767.0f;
+        sx[g] = sum;
+    }
+}
+
+static inline void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static inline int32_t isum16(const int16_t *a, const int16_t *b, int n) {
+    int32_t s = 0;
+    #pragma omp simd reduction(+:s)
+    for (int i = 0; i < n; i++) s += (int32_t)a[i] * (int32_t)b[i];
+    return s;
+}
+
+/* One 256-input super-block (or a 32-input Q8_0 block) unpacked: q[] integers and, per sub-block of
+   16 inputs, the float weight of its integer sum (scale16) and per group of 32 the min (min32). */
+typedef struct {
+    int16_t q[256];
+    float scale16[16], min32[8];
+    int n;  /* inputs: 256 or 32 */
+} unpacked_t;
+
+static void unpack_block(int64_t type, const uint8_t *b, unpacked_t *u) {
+    if (type == GGUF_Q8_0) {
+        float d = half_to_float((uint16_t)(b[0] | b[1] << 8));
+        const int8_t *qs = (const int8_t *)(b + 2);
+        for (int l = 0; l < 32; l++) u->q[l] = qs[l];
+        u->scale16[0] = u->scale16[1] = d;
+        u->min32[0] = 0.0f;
+        u->n = 32;
+        return;
+    }
+    u->n = 256;
+    if (type == GGUF_Q6_K) {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float d = half_to_float((uint16_t)(b[208] | b[209] << 8));
+        for (int n = 0; n < 2; n++) {
+            int16_t *y = u->q + n * 128;
+            for (int l = 0; l < 32; l++) {
+                y[l] = (int16_t)(((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) - 32);
+                y[l + 32] = (int16_t)(((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                y[l + 64] = (int16_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                y[l + 96] = (int16_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            }
+            for (int i = 0; i < 8; i++) u->scale16[n * 8 + i] = d * (float)sc[n * 8 + i];
+            ql += 64;
+            qh += 32;
+        }
+        for (int g = 0; g < 8; g++) u->min32[g] = 0.0f;
+        return;
+    }
+    /* Q4_K / Q5_K: d, dmin, 12 bytes of 6-bit scales and mins, (Q5_K: 32 bytes of 5th bits), nibbles */
+    float d = half_to_float((uint16_t)(b[0] | b[1] << 8)), dmin = half_to_float((uint16_t)(b[2] | b[3] << 8));
+    const uint8_t *scales = b + 4, *qh = b + 16, *ql = type == GGUF_Q5_K ? b + 48 : b + 16;
+    for (int j = 0; j < 4; j++) {
+        int16_t *y = u->q + j * 64;
+        for (int l = 0; l < 32; l++) {
+            y[l] = (int16_t)(ql[l] & 0x0f);
+            y[l + 32] = (int16_t)(ql[l] >> 4);
+        }
+        if (type == GGUF_Q5_K)
+            for (int l = 0; l < 32; l++) {
+                y[l] |= (int16_t)(((qh[l] >> (2 * j)) & 1) << 4);
+                y[l + 32] |= (int16_t)(((qh[l] >> (2 * j + 1)) & 1) << 4);
+            }
+        ql += 32;
+    }
+    for (int s = 0; s < 8; s++) {
+        int sc, m;
+        k_scale_min(s, scales, &sc, &m);
+        u->scale16[2 * s] = u->scale16[2 * s + 1] = d * (float)sc;
+        u->min32[s] = dmin * (float)m;
+    }
+}
+
+static int64_t block_bytes(int64_t type) {
+    switch (type) {
+        case GGUF_Q8_0: return 34;
+        case GGUF_Q4_K: return 144;
+        case GGUF_Q5_K: return 176;
+        default: return 210;
+    }
+}
+
+/* Row n of a segmented weight: its bytes, type and (through *cols) the input count. */
+static const uint8_t *gguf_row(const uint8_t *data, const int64_t *segs, int64_t nsegs, int64_t n, int64_t *type) {
+    for (int64_t s = 0; s < nsegs; s++) {
+        const int64_t *sg = segs + s * SEG_WORDS;
+        if (n < sg[0] || s == nsegs - 1) {
+            *type = sg[1];
+            return data + sg[4] + n * sg[3];
+        }
+        n -= sg[0];
+    }
+    return data;
+}
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+/* AVX2: the unpacked integers (16 per vector) times the int16 activations by vpmaddwd; each group's
+   8-lane sum is scaled (weight scale x activation scale) into a float accumulator per row. */
+static inline __m256i madd16(__m128i q8, int sign, const int16_t *x) {
+    __m256i q = sign ? _mm256_cvtepi8_epi16(q8) : _mm256_cvtepu8_epi16(q8);
+    return _mm256_madd_epi16(q, _mm256_loadu_si256((const __m256i *)x));
+}
+
+static inline float f16_at(const uint8_t *b) { return half_to_float((uint16_t)(b[0] | b[1] << 8)); }
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 32 values (bytes of v) of group g against each row: scale16 per half (lo, hi), sign: int8 values */
+#define GROUP32(v, sign, g, s_lo, s_hi)                                                               \
+    for (int r = 0; r < R; r++) {                                                                     \
+        const int16_t *xg = qx + r * K + (g) * 32;                                                    \
+        float dg = dx[r * G + (g)];                                                                   \
+        __m256i lo = madd16(_mm256_castsi256_si128(v), sign, xg);                                     \
+        __m256i hi = madd16(_mm256_extracti128_si256(v, 1), sign, xg + 16);                           \
+        if ((s_lo) == (s_hi)) {                                                                       \
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)),                    \
+                                     _mm256_set1_ps((s_lo) * dg), acc[r]);                            \
+        } else {                                                                                      \
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_set1_ps((s_lo) * dg), acc[r]);    \
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_set1_ps((s_hi) * dg), acc[r]);    \
+        }                                                                                             \
+    }
+
+static inline __attribute__((always_inline)) void gguf_row_dot_r(const uint8_t *w, int64_t type, int64_t K,
+        const int16_t *qx, const float *dx, const float *sx, const int R, float *out) {
+    int64_t G = K / 32;
+    __m256 acc[4];
+    float off[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
+    if (type == GGUF_Q8_0) {
+        for (int64_t g = 0; g < G; g++) {
+            const uint8_t *b = w + g * 34;
+            float d = f16_at(b);
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));
+            GROUP32(v, 1, g, d, d)
+        }
+    } else if (type == GGUF_Q6_K) {
+        for (int64_t sb = 0; sb < K / 256; sb++) {
+            const uint8_t *b = w + sb * 210, *ql = b, *qh = b + 128;
+            const int8_t *sc = (const int8_t *)(b + 192);
+            float d = f16_at(b + 208);
+            const __m256i m32 = _mm256_set1_epi8(32);
+            for (int n = 0; n < 2; n++) {
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + n * 64));
+                __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + n * 64 + 32));
+                __m256i h = _mm256_loadu_si256((const __m256i *)(qh + n * 32));
+                __m256i v[4];
+                v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+                v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+                v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+                v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+                for (int i = 0; i < 4; i++) {
+                    __m256i vi = _mm256_sub_epi8(v[i], m32);
+                    int64_t g = sb * 8 + n * 4 + i;
+                    float s_lo = d * (float)sc[n * 8 + 2 * i], s_hi = d * (float)sc[n * 8 + 2 * i + 1];
+                    GROUP32(vi, 1, g, s_lo, s_hi)
+                }
+            }
+        }
+    } else {  /* Q4_K, Q5_K */
+        int five = type == GGUF_Q5_K;
+        int64_t bytes = five ? 176 : 144;
+        for (int64_t sb = 0; sb < K / 256; sb++) {
+            const uint8_t *b = w + sb * bytes, *scales = b + 4, *ql = b + (five ? 48 : 16);
+            float d = f16_at(b), dmin = f16_at(b + 2);
+            __m256i h = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(ql + j * 32));
+                __m256i v0 = _mm256_and_si256(q, m4), v1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if (five) {
+                    __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j)), one);
+                    __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j + 1)), one);
+                    v0 = _mm256_or_si256(v0, _mm256_slli_epi16(b0, 4));
+                    v1 = _mm256_or_si256(v1, _mm256_slli_epi16(b1, 4));
+                }
+                int sc0, m0, sc1, m1;
+                k_scale_min(2 * j, scales, &sc0, &m0);
+                k_scale_min(2 * j + 1, scales, &sc1, &m1);
+                int64_t g = sb * 8 + 2 * j;
+                float s0 = d * (float)sc0, s1 = d * (float)sc1;
+                GROUP32(v0, 0, g, s0, s0)
+                GROUP32(v1, 0, g + 1, s1, s1)
+                float mn0 = dmin * (float)m0, mn1 = dmin * (float)m1;
+                for (int r = 0; r < R; r++) off[r] += mn0 * sx[r * G + g] + mn1 * sx[r * G + g + 1];
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum8(acc[r]) - off[r];
+}
+
+static void gguf_row_dot(const uint8_t *w, int64_t type, int64_t K, const int16_t *qx, const float *dx,
+                         const float *sx, int R, float *out) {
+    switch (R) {
+        case 1: gguf_row_dot_r(w, type, K, qx, dx, sx, 1, out); break;
+        case 2: gguf_row_dot_r(w, type, K, qx, dx, sx, 2, out); break;
+        case 3: gguf_row_dot_r(w, type, K, qx, dx, sx, 3, out); break;
+        default: gguf_row_dot_r(w, type, K, qx, dx, sx, 4, out); break;
+    }
+}
+#else
+/* out[r] = sum_k x[r, k] w[k] for R activation rows (quantized: qx [R, K], dx and sx [R, K / 32]). */
+static void gguf_row_dot(const uint8_t *w, int64_t type, int64_t K, const int16_t *qx, const float *dx,
+                         const float *sx, int R, float *out) {
+    int64_t G = K / 32, bytes = block_bytes(type);
+    unpacked_t u;
+    for (int r = 0; r < R; r++) out[r] = 0.0f;
+    for (int64_t k0 = 0; k0 < K; k0 += u.n) {
+        unpack_block(type, w + (k0 / (type == GGUF_Q8_0 ? 32 : 256)) * bytes, &u);
+        for (int r = 0; r < R; r++) {
+            const int16_t *xr = qx + r * K + k0;
+            const float *d = dx + r * G + k0 / 32, *s = sx + r * G + k0 / 32;
+            float acc = 0.0f;
+            for (int g = 0; g < u.n / 32; g++) {
+                float lo = (float)isum16(u.q + g * 32, xr + g * 32, 16) * u.scale16[2 * g];
+                float hi = (float)isum16(u.q + g * 32 + 16, xr + g * 32 + 16, 16) * u.scale16[2 * g + 1];
+                acc += (lo + hi) * d[g] - u.min32[g] * s[g];
+            }
+            out[r] += acc;
+        }
+    }
+}
+
+#endif
+
+static void gguf_quantize_rows(const float *x, int64_t M, int64_t K, int16_t *qx, float *dx, float *sx) {
+    for (int64_t m = 0; m < M; m++)
+        quantize_row_q16_natural(x + m * K, K, qx + m * K, dx + m * (K / 32), sx + m * (K / 32));
+}
+
+/* y[m, n] for n in [lo, hi): rows of a segmented weight times quantized activations. */
+static void gguf_rows(const uint8_t *data, const int64_t *segs, int64_t nsegs, int64_t K, const int16_t *qx,
+                      const float *dx, const float *sx, int64_t M, const float *bias, float *y, int64_t ldy,
+                      int64_t lo, int64_t hi) {
+    int64_t G = K / 32;
+    for (int64_t n = lo; n < hi; n++) {
+        int64_t type = 0;
+        const uint8_t *w = gguf_row(data, segs, nsegs, n, &type);
+        int64_t bytes = K / (type == GGUF_Q8_0 ? 32 : 256) * block_bytes(type);
+        for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(w + 8192 + o, 0, 3);  /* as int4_prefetch */
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            int R = (int)(M - m0 < 4 ? M - m0 : 4);
+            float out[4];
+            gguf_row_dot(w, type, K, qx + m0 * K, dx + m0 * G, sx + m0 * G, R, out);
+            for (int r = 0; r < R; r++) y[(m0 + r) * ldy + n] = out[r] + (bias ? bias[n] : 0.0f);
+        }
+    }
+}
+
+/* y [M, N] = x [M, K] times the segmented weight's rows (+ bias). */
+void gguf_linear(const float *x, int64_t M, int64_t K, const uint8_t *data, const int64_t *segs, int64_t nsegs,
+                 const float *bias, float *y, int64_t N) {
+    int64_t G = K / 32;
+    int16_t *qx = (int16_t *)malloc(sizeof(int16_t) * M * K + 64);
+    float *dx = (float *)malloc(sizeof(float) * M * G * 2 + 64);
+    float *sx = dx + M * G;
+    gguf_quantize_rows(x, M, K, qx, dx, sx);
+    int64_t chunks = (N + 15) / 16;
+    #pragma omp parallel for schedule(dynamic, 4)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t hi = c * 16 + 16 < N ? c * 16 + 16 : N;
+        gguf_rows(data, segs, nsegs, K, qx, dx, sx, M, bias, y, N, c * 16, hi);
+    }
+    free(dx);
+    free(qx);
+}
+
+/* out [N, K] float32: the rows dequantized as ggml does (value = scale * q - min). */
+void gguf_dequantize(const uint8_t *data, const int64_t *segs, int64_t nsegs, float *out, int64_t N, int64_t K) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        int64_t type = 0;
+        const uint8_t *w = gguf_row(data, segs, nsegs, n, &type);
+        unpacked_t u;
+        for (int64_t k0 = 0; k0 < K; k0 += u.n) {
+            unpack_block(type, w + (k0 / (type == GGUF_Q8_0 ? 32 : 256)) * block_bytes(type), &u);
+            for (int i = 0; i < u.n; i++) out[n * K + k0 + i] = u.scale16[i / 16] * (float)u.q[i] - u.min32[i / 32];
+        }
+    }
+}
