@@ -89,3 +89,22 @@ def test_four_gpus_match_one(tmp_path):
     one = _generate(path, tmp_path / "cache", 1)
     assert _generate(path, tmp_path / "cache", 4) == one
     assert _generate(path, tmp_path / "cache", 2) == one
+
+
+def test_a_dead_worker_fails_the_request_instead_of_hanging_in_a_graph(tmp_path):
+    """The worker dies while rank 0 replays decode graphs: the watchdog aborts the NCCL communicator,
+    so the step fails (and the server would answer 503) instead of spinning in a captured all-reduce."""
+    import os
+    import signal
+
+    path = make_tiny_checkpoint(tmp_path / "llama", "llama")
+    with LLM(
+        str(path), cache_dir=str(tmp_path / "cache"), device="cuda", dtype="float32",
+        tensor_parallel_size=2, max_kv_cache_capacity=256, max_batch_size=4,
+    ) as llm:  # fmt: skip
+        params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+        with pytest.raises(RuntimeError, match="rank 1 exited|tensor-parallel"):
+            for i, _ in enumerate(llm.generate_stream([1, 2, 3], params)):
+                if i == 2:
+                    os.kill(llm.tp.processes[0].pid, signal.SIGKILL)
+        assert "rank 1 exited" in llm.stats()["engine_error"]
