@@ -18,7 +18,12 @@ from trtedge import LLM, SamplingParams
 from trtedge.config import ConfigError, LaunchConfig
 from trtedge.runtime.artifacts.bundle import BuildProfile, cache_key
 from trtedge.runtime.executor import tp_plan
-from trtedge.runtime.executor.distributed import check_tensor_parallel, shard_config, shard_tensor
+from trtedge.runtime.executor.distributed import (
+    check_quantized_split,
+    check_tensor_parallel,
+    shard_config,
+    shard_tensor,
+)
 from trtedge.runtime.models.config import ModelConfig
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
@@ -302,6 +307,10 @@ def test_quantized_weights_split_with_their_scales(fmt):
         assert torch.equal(rows.dequantize(), full[rank * 64 : (rank + 1) * 64])
     head = shard_tensor("lm_head.weight", quantize(torch.randn(10, 128), fmt), cfg, 3, 4)
     assert head.shape == (3, 128) and torch.equal(head.dequantize()[1:], torch.zeros(2, 128))
+    check_quantized_split(cfg, 2, fmt)  # 64 inputs a rank: whole groups
+    with pytest.raises(ValueError, match=r"--tensor-parallel-size\) 8 with --weights int4.*groups of 32"):
+        check_quantized_split(cfg, 8, "int4")  # 16 a rank
+    check_quantized_split(cfg, 8, "int8")  # a scale per row: any split
     if fmt == "int4":  # 48 columns a rank would cut a group of 32
         with pytest.raises(ValueError, match="--tensor-parallel-size.*groups of 32"):
             shard_tensor("model.layers.0.mlp.down_proj.weight", quantize(torch.randn(8, 96), fmt), cfg, 0, 2)

@@ -92,6 +92,23 @@ def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
             )
 
 
+def check_quantized_split(cfg: ModelConfig, size: int, weights: str) -> None:
+    """int4 keeps a scale per group of 32 inputs: a row-parallel layer whose inputs are int4 (a multiple
+    of 32) must give each rank whole groups. Raise ``ValueError`` naming the flag before any rank starts."""
+    if weights != "int4" or size == 1:
+        return
+    for what, width in (
+        ("attention width (heads x head_dim)", cfg.num_heads * cfg.head_dim),
+        ("intermediate_size", cfg.intermediate_size),
+    ):
+        if width % GROUP == 0 and (width // size) % GROUP:
+            raise ValueError(
+                f"tensor_parallel_size (--tensor-parallel-size) {size} with --weights int4: each rank's "
+                f"{width // size} of the model's {width} {what} would cut int4's groups of {GROUP}; use "
+                "a smaller size or --weights int8"
+            )
+
+
 def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
     """The config one rank builds its model from: 1/size of the heads and of the MLP (and each
     expert's) width."""

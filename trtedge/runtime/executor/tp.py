@@ -28,6 +28,7 @@ import torch.distributed as dist
 from trtedge.runtime.executor import tp_plan
 from trtedge.runtime.executor.distributed import (
     TensorParallelError,
+    check_quantized_split,
     check_tensor_parallel,
     parallelize,
     shard_config,
@@ -288,6 +289,7 @@ def start_tensor_parallel(
     cfg = checkpoint.model_config
     check_tensor_parallel(cfg, size)
     quantized = weights in QUANTIZED_WEIGHTS
+    check_quantized_split(cfg, size, weights)
     if (
         weights not in ("auto", "float", *QUANTIZED_WEIGHTS)
         or getattr(checkpoint, "quantization", None)
