@@ -52,6 +52,8 @@ def checkpoints(tmp_path_factory):
 
 
 def _make(path, family: str):
+    if family == "qwen3_next":  # fused projections grouped by key head; MoE with a dense layer
+        return make_tiny_hybrid_checkpoint(path, family="qwen3_next")
     if family.startswith("qwen3_5"):  # the Gated DeltaNet hybrids
         return make_tiny_hybrid_checkpoint(path, vision=False, moe=family == "qwen3_5_moe")
     return make_tiny_checkpoint(path, family)
@@ -79,7 +81,8 @@ def pair(checkpoints):
                 paths[family] = _make(root / family, family)
             path = paths[family]
             # hybrids: context reuse on, so that prompts resume from recurrent-state snapshots
-            extra = {"context_cache_config": {"enabled": True}} if family.startswith("qwen3_5") else {}
+            hybrid = family.startswith(("qwen3_5", "qwen3_next"))
+            extra = {"context_cache_config": {"enabled": True}} if hybrid else {}
             current[key] = (
                 launch(path, cache, 1, weights, **extra),
                 launch(path, cache, 2, weights, **extra),
@@ -214,7 +217,7 @@ def test_greedy_output_matches_one_rank_newly_split_layouts(pair, family):
     check_greedy(*pair(family))
 
 
-@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_5_moe", "qwen3_next"])
 def test_greedy_output_matches_one_rank_hybrid(pair, family):
     """Gated DeltaNet heads and their conv / recurrent state split across ranks; the second run
     resumes the prompts from the prefix cache (rank 0's snapshot copies replayed on the worker)."""

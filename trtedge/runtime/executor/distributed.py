@@ -38,7 +38,7 @@ from trtedge.runtime.models.qwen3_5 import GatedDeltaNet, Qwen35Layer
 # The families whose layers are all covered by the split below.
 TP_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral",
-    "qwen3_5", "qwen3_5_moe",
+    "qwen3_5", "qwen3_5_moe", "qwen3_next",
 )  # fmt: skip
 _LAYER = re.compile(r"model\.(?:language_model\.)?layers\.\d+\.(.+)")
 _COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
@@ -51,8 +51,10 @@ _EXPERT_ROW = re.compile(_EXPERT + r"(down_proj|w2)")
 _STACKED = re.compile(r"(mlp|block_sparse_moe)\.experts\.(gate_up_proj|down_proj)(\.weight)?")
 _VOCAB = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "lm_head.weight")
 # Gated DeltaNet: split by heads (rows), out_proj by columns; the per-head-dim norm on every rank
+# (Qwen3-Next's fused in_proj_qkvz / in_proj_ba are grouped by key head: a rank's key heads are rows too)
 _LINEAR_HEAD_ROWS = ("linear_attn.in_proj_z.weight", "linear_attn.in_proj_b.weight",
-                     "linear_attn.in_proj_a.weight", "linear_attn.A_log", "linear_attn.dt_bias")  # fmt: skip
+                     "linear_attn.in_proj_a.weight", "linear_attn.A_log", "linear_attn.dt_bias",
+                     "linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight")  # fmt: skip
 _LINEAR_MIXED = ("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight")  # q, k, v channels
 
 
