@@ -449,7 +449,7 @@ class ModelRunner:
         for i in range(0, len(rows), SCORE_ROWS):
             picked = torch.tensor(rows[i : i + SCORE_ROWS], dtype=torch.long, device=device)
             logits = self.model.logits(hidden.index_select(0, picked))
-            if self.sampler is None:  # another tensor-parallel rank: its slice of the vocabulary only
+            if self.sampler is None:  # another tensor-parallel rank: rank 0 scores
                 continue
             lp = torch.log_softmax(logits, dim=-1)
             wanted = torch.tensor(targets[i : i + SCORE_ROWS], dtype=torch.long, device=device)
