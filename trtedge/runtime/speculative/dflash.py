@@ -25,7 +25,6 @@ Sampled requests verify that linear draft (the reference server's contract).
 from __future__ import annotations
 
 import heapq
-import json
 from pathlib import Path
 
 import torch
@@ -38,6 +37,7 @@ from trtedge.runtime.ops.attention import TorchAttention
 from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative import SpeculativeConfigError, UnsupportedSpeculativeMethod
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens
+from trtedge.runtime.speculative.head_files import read_head
 from trtedge.runtime.speculative.tree import Draft
 
 ARCHITECTURES = ("DFlashDraftModel",)
@@ -164,24 +164,7 @@ class DFlashHead:
 
 def load_dflash(path: str | Path, target, max_positions: int, num_speculative_tokens: int) -> DFlashHead:
     """A DFlash draft from its directory (config.json + safetensors) for ``target``."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"DFlash draft {path}: no config.json")
-    config = json.loads(config_file.read_text())
-    archs = config.get("architectures") or []
-    if archs and not any(a in ARCHITECTURES for a in archs):
-        raise ValueError(
-            f"DFlash draft {path}: architectures {archs} is not one of {', '.join(ARCHITECTURES)}"
-        )
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"DFlash draft {path}: no .safetensors weights")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(str(file)))
+    config, tensors = read_head(path, "DFlash draft", ARCHITECTURES)
     head = DFlashHead(config, tensors, target, max_positions)
     if num_speculative_tokens > head.block_size - 1:
         raise SpeculativeConfigError(

@@ -13,7 +13,6 @@ predicts token ``p + 2``; past the last real row the head feeds its own (pre-nor
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ from trtedge.runtime.models.rope import rope_tables
 from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
 from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, last_rows
+from trtedge.runtime.speculative.head_files import read_head
 from trtedge.runtime.speculative.tree import Draft
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -113,24 +113,7 @@ class Eagle3Head:
 
 def load_eagle3(path: str | Path, target, max_positions: int = 8192) -> Eagle3Head:
     """Load an EAGLE-3 head from a directory (config.json + safetensors) for ``target``."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"EAGLE-3 head {path}: no config.json")
-    config = json.loads(config_file.read_text())
-    archs = config.get("architectures") or []
-    if archs and not any(a in ARCHITECTURES for a in archs):
-        raise ValueError(
-            f"EAGLE-3 head {path}: architectures {archs} is not one of {', '.join(ARCHITECTURES)}"
-        )
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"EAGLE-3 head {path}: no .safetensors weights")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(str(file)))
+    config, tensors = read_head(path, "EAGLE-3 head", ARCHITECTURES)
     return Eagle3Head(config, tensors, target, max_positions)
 
 
