@@ -114,6 +114,8 @@ class LLM:
         spec = self.config.speculative
         if kv_cache_dtype == "fp8":
             _check_fp8_kv(device)
+        elif kv_cache_dtype == "fp16":
+            _check_fp16_kv(device)
         # the runtime bundle (key, path, manifest) stands in for the checkpoint: a hit converts nothing
         if load_format == "dummy":
             self.bundle, self.checkpoint = None, config_only_checkpoint(model or "")
@@ -793,6 +795,18 @@ def _check_fp8_kv(device: str) -> None:
     why = kv_fp8.unsupported(resolve_device(device))
     if why is not None:
         raise ConfigError(f"kv_cache_dtype (--kv-cache-dtype) fp8 {why}")
+
+
+def _check_fp16_kv(device: str) -> None:
+    """--kv-cache-dtype fp16 is the CPU's: its kernels convert float16 keys and values."""
+    from trtedge.runtime.models import resolve_device
+
+    where = device if device != "auto" else resolve_device(device).type  # named: refused without resolving it
+    if where != "cpu":
+        raise ConfigError(
+            f"kv_cache_dtype (--kv-cache-dtype) fp16 needs the CPU; on {where} the KV cache is in the model's dtype "
+            "(or fp8)"
+        )
 
 
 def _prompt_options(options: dict) -> dict:

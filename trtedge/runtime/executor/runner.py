@@ -92,6 +92,8 @@ class ModelRunner:
         shape = (num_kv_layers, 2, pool_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         shape = kv_fp8.cache_shape(shape, kv_cache_dtype)
         kv_dtype = torch.uint8 if kv_cache_dtype == "fp8" else traits.act_dtype  # float32 on the CPU
+        if kv_cache_dtype == "fp16":  # the CPU (checked at launch): its kernels convert each row
+            kv_dtype = torch.float16
         self.kv = torch.zeros(shape, dtype=kv_dtype, device=model.device)
         self.kv_bytes = self.kv.numel() * self.kv.element_size()
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(num_kv_layers)]

@@ -74,6 +74,7 @@ class NativeDecodeStep:
         m, cfg = self.model, self.model.cfg
         words = [cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size]
         words += [m.layers[0].mlp.gate_up.quantized.shape[0] // 2, m.norm.data_ptr(), cpu_step.SPIN_NS]
+        words += [int(kv_caches[0][0].dtype == torch.float16)]
         for layer, (k_cache, v_cache) in zip(m.layers, kv_caches):
             mlp = layer.mlp
             for linear in (layer.qkv, layer.o, mlp.gate_up, mlp.down):
@@ -86,8 +87,10 @@ class NativeDecodeStep:
         return torch.tensor(words, dtype=torch.int64)
 
     def __call__(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
-        if self.cache_ptr != kv_caches[0][0].data_ptr():
-            self.plan, self.cache_ptr = self._plan(kv_caches), kv_caches[0][0].data_ptr()
+        # a new pool may take a freed one's address (and differ in dtype)
+        cache = (kv_caches[0][0].data_ptr(), kv_caches[0][0].dtype)
+        if self.cache_ptr != cache:
+            self.plan, self.cache_ptr = self._plan(kv_caches), cache
         m, cfg = self.model, self.model.cfg
         n = input_ids.shape[0]
         x = m.embed_tokens(input_ids).contiguous()

@@ -202,35 +202,88 @@ static void head_norm_rope(float *v, const float *norm_w, const float *cos, cons
     }
 }
 
+/* KV caches hold float32 or, with half (--kv-cache-dtype fp16), float16 rows of D values. */
+static inline float half_to_float(uint16_t h);
+
+static inline uint16_t float_to_half(float f) {  /* round to nearest even, as torch's .to(float16) */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff, e = (x >> 23) & 0xff;
+    int32_t exp = (int32_t)e - 127 + 15;
+    if (e == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000;
+        int shift = 14 - exp;
+        uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = sign | ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)h;
+}
+
+/* Row `row` of a cache as float32: the row itself, or (half) converted into tmp. */
+static inline const float *kv_row(const void *cache, int64_t row, int64_t D, int half, float *tmp) {
+    if (!half) return (const float *)cache + row * D;
+    const uint16_t *h = (const uint16_t *)cache + row * D;
+    int64_t i = 0;
+#ifdef __F16C__
+    for (; i + 8 <= D; i += 8) _mm256_storeu_ps(tmp + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < D; i++) tmp[i] = half_to_float(h[i]);
+    return tmp;
+}
+
+static inline void kv_store(void *cache, int64_t row, const float *v, int64_t D, int half) {
+    if (!half) {
+        memcpy((float *)cache + row * D, v, sizeof(float) * D);
+        return;
+    }
+    uint16_t *h = (uint16_t *)cache + row * D;
+    int64_t i = 0;
+#ifdef __F16C__
+    for (; i + 8 <= D; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < D; i++) h[i] = float_to_half(v[i]);
+}
+
 /* One decode token per row. qkv: [B, (H + 2 Hkv) * D]. Writes rotated q to q_out [B, H, D] and the
    rotated k and v to the cache slots (flat cache [slots, Hkv, D]). */
 void qkv_rope_store(const float *qkv, int64_t B, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
                     const float *cos_table, const float *sin_table, const float *q_norm, const float *k_norm,
-                    float eps, const int64_t *slots, float *k_cache, float *v_cache, float *q_out) {
+                    float eps, const int64_t *slots, void *k_cache, void *v_cache, float *q_out, int64_t half) {
     int64_t width = (H + 2 * Hkv) * D;
+    float *k = (float *)malloc(sizeof(float) * D + 64);
     for (int64_t b = 0; b < B; b++) {
         const float *row = qkv + b * width;
         const float *cos = cos_table + positions[b] * D, *sin = sin_table + positions[b] * D;
         float *q = q_out + b * H * D;
         memcpy(q, row, sizeof(float) * H * D);
         for (int64_t h = 0; h < H; h++) head_norm_rope(q + h * D, q_norm, cos, sin, D, eps);
-        float *k = k_cache + slots[b] * Hkv * D, *v = v_cache + slots[b] * Hkv * D;
-        memcpy(k, row + H * D, sizeof(float) * Hkv * D);
-        memcpy(v, row + (H + Hkv) * D, sizeof(float) * Hkv * D);
-        for (int64_t h = 0; h < Hkv; h++) head_norm_rope(k + h * D, k_norm, cos, sin, D, eps);
+        for (int64_t h = 0; h < Hkv; h++) {
+            memcpy(k, row + (H + h) * D, sizeof(float) * D);
+            head_norm_rope(k, k_norm, cos, sin, D, eps);
+            kv_store(k_cache, slots[b] * Hkv + h, k, D, (int)half);
+            kv_store(v_cache, slots[b] * Hkv + h, row + (H + Hkv + h) * D, D, (int)half);
+        }
     }
+    free(k);
 }
 
 /* One query head attending over its sequence's paged keys and values (also the fused decode step's).
    scores: scratch for ctx - first floats; window > 0: only the last `window` keys. */
-static void attend_head(const float *qh, const float *k_cache, const float *v_cache, const int64_t *table,
+static void attend_head(const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
                         int64_t ctx, int64_t window, int64_t Hkv, int64_t kvh, int64_t D, int64_t block_size,
-                        float scale, float *scores, float *o) {
+                        float scale, float *scores, float *o, int half) {
     int64_t first = window > 0 && ctx > window ? ctx - window : 0;
-    float best = -INFINITY;
+    float best = -INFINITY, tmp[half ? D : 1];
     for (int64_t t = first; t < ctx; t++) {
         int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const float *kt = k_cache + (slot * Hkv + kvh) * D;
+        const float *kt = kv_row(k_cache, slot * Hkv + kvh, D, half, tmp);
         float s = 0.0f;
         #pragma omp simd reduction(+:s)
         for (int64_t i = 0; i < D; i++) s += qh[i] * kt[i];
@@ -246,7 +299,7 @@ static void attend_head(const float *qh, const float *k_cache, const float *v_ca
     for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
     for (int64_t t = first; t < ctx; t++) {
         int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const float *vt = v_cache + (slot * Hkv + kvh) * D;
+        const float *vt = kv_row(v_cache, slot * Hkv + kvh, D, half, tmp);
         float p = scores[t - first] / total;
         #pragma omp simd
         for (int64_t i = 0; i < D; i++) o[i] += p * vt[i];
@@ -255,9 +308,9 @@ static void attend_head(const float *qh, const float *k_cache, const float *v_ca
 
 /* Decode attention over a paged cache. q: [B, H, D]; tables: [B, max_blocks]; out: [B, H, D].
    window > 0: only the last `window` keys (sliding-window layers). */
-void paged_decode_attention(const float *q, const float *k_cache, const float *v_cache, const int64_t *tables,
+void paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, const int64_t *tables,
                             int64_t max_blocks, const int64_t *context_lens, int64_t B, int64_t H, int64_t Hkv,
-                            int64_t D, int64_t block_size, float scale, float *out, int64_t window) {
+                            int64_t D, int64_t block_size, float scale, float *out, int64_t window, int64_t half) {
     int64_t group = H / Hkv;
     #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++) {
@@ -266,7 +319,7 @@ void paged_decode_attention(const float *q, const float *k_cache, const float *v
             int64_t first = window > 0 && ctx > window ? ctx - window : 0;
             float *scores = (float *)malloc(sizeof(float) * (ctx - first));
             attend_head(q + (b * H + h) * D, k_cache, v_cache, tables + b * max_blocks, ctx, window, Hkv,
-                        h / group, D, block_size, scale, scores, out + (b * H + h) * D);
+                        h / group, D, block_size, scale, scores, out + (b * H + h) * D, (int)half);
             free(scores);
         }
     }
@@ -289,8 +342,8 @@ _SIGNATURES = {
     "int4_linear": [_P, _I, _I, _P, _P, _P, _P, _P, _I],
     "int4_dequantize": [_P, _P, _P, _P, _I, _I],
     "add_rms_norm": [_P, _P, _P, _P, _I, _I, _F],
-    "qkv_rope_store": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _P, _P],
-    "paged_decode_attention": [_P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _P, _I],
+    "qkv_rope_store": [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _P, _P, _I],
+    "paged_decode_attention": [_P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _P, _I, _I],
     "silu_mul": [_P, _P, _I, _I],
     "llama_decode_step": [_P, _P, _I, _P, _P, _P, _I, _P, _I, _F, _F, _P],
     "gguf_linear": [_P, _I, _I, _P, _P, _I, _P, _P, _I],
@@ -399,6 +452,7 @@ def qkv_rope_store(
         k_cache.data_ptr(),
         v_cache.data_ptr(),
         q_out.data_ptr(),
+        int(k_cache.dtype == torch.float16),
     )
 
 
@@ -421,6 +475,7 @@ def paged_decode_attention(
         scale,
         out.data_ptr(),
         window,
+        int(k_cache.dtype == torch.float16),
     )
 
 

@@ -16,7 +16,7 @@ import torch
 
 FP8_MAX = 448.0
 SCALE_BYTES = 4  # a float32 after each row's values
-DTYPES = ("auto", "fp8")
+DTYPES = ("auto", "fp8", "fp16")  # fp16: a float16 pool on the CPU (the native kernels convert)
 
 
 def is_fp8(cache: torch.Tensor) -> bool:
@@ -51,12 +51,12 @@ def dequantize(rows: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.
 def store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
     """Write ``x`` [T, Hkv, D] into cache slots ``slots`` [T] (either cache dtype)."""
     flat = cache.view(-1, *cache.shape[2:])
-    flat.index_copy_(0, slots, quantize(x) if is_fp8(cache) else x)
+    flat.index_copy_(0, slots, quantize(x) if is_fp8(cache) else x.to(cache.dtype))
 
 
 def read(cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The cache's rows [..., D] in ``dtype`` (the reference attention's keys and values)."""
-    return dequantize(cache, dtype) if is_fp8(cache) else cache
+    return dequantize(cache, dtype) if is_fp8(cache) else cache.to(dtype)  # fp16 on the CPU: float32
 
 
 def unsupported(device: torch.device) -> str | None:
