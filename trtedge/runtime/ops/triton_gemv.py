@@ -351,7 +351,8 @@ class SkinnyLinear:
     def _unfused(self, rows, norm, eps: float, silu: bool, residual) -> torch.Tensor:
         """``fused`` through cuBLAS and torch, with the same roundings (HF's)."""
         if norm is not None:
-            rows = norm * F.rms_norm(rows.float(), (rows.shape[-1],), None, eps).to(rows.dtype)
+            normed = F.rms_norm(rows.float(), (rows.shape[-1],), None, eps).to(rows.dtype)
+            rows = (norm * normed).to(rows.dtype)  # a float32 norm weight (Qwen3.5, Nemotron-H) too
         if silu:
             gate, up = rows.chunk(2, dim=-1)
             rows = F.silu(gate) * up
