@@ -304,11 +304,8 @@ class RoutedMoE:
         # back to the host (decode steps stay capturable); the per-expert layers are views of the stacks.
         self.w_up = self.w_down = None
         if weight_format == "float" and ups[0].is_cuda and triton_attention.available():
-            self.w_up = w.get(p + "experts.up_proj")
-            self.w_up = torch.stack(ups) if self.w_up is None else self.w_up.contiguous()
-            self.w_down = w.get(p + "experts.down_proj")
-            self.w_down = torch.stack(downs) if self.w_down is None else self.w_down.contiguous()
-            ups, downs = self.w_up.unbind(0), self.w_down.unbind(0)
+            self.w_up, ups = _stacked(w, p, "up_proj", ups)
+            self.w_down, downs = _stacked(w, p, "down_proj", downs)
         self.experts = [
             MLP(make_linear(u, None, weight_format), make_linear(d, None, weight_format), spec.mlp_act)
             for u, d in zip(ups, downs)
@@ -405,6 +402,21 @@ class RoutedMoE:
                 rows = pairs // self.spec.top_k
                 out.index_add_(0, rows, self.experts[e](x[rows]).float() * scale[pairs, None])
         return out
+
+
+def _stacked(w: dict, prefix: str, name: str, parts: list) -> tuple[torch.Tensor, tuple]:
+    """The experts' ``name`` weights as one [E, rows, columns] tensor and its per-expert views; the
+    loaded per-expert tensors leave ``w`` as they are stacked (a 30B-A3B checkpoint's experts would
+    otherwise sit on the device twice until the model is built)."""
+    fused = w.get(prefix + "experts." + name)
+    if fused is not None:
+        stack = fused.contiguous()
+    else:
+        stack = torch.stack(parts)
+        parts.clear()
+        for e in range(len(stack)):
+            w.pop(f"{prefix}experts.{e}.{name}.weight", None)
+    return stack, stack.unbind(0)
 
 
 class NemotronHLayer:
