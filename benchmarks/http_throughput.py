@@ -45,15 +45,18 @@ llm.close()
 
 
 async def drive(port: int, requests, concurrency: int) -> dict:
+    """Send ``requests`` (index, prompt, max_tokens) at most ``concurrency`` at a time; the wall-clock
+    span of the run and each request's time to its first token."""
     gate = asyncio.Semaphore(concurrency)
     produced = 0
+    firsts: list[float] = []
     # httpx pools at most 100 connections by default: without these limits the 256 "in flight" of the
     # gate would be 100 on the wire, and the server would see a smaller batch than the offline run.
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
 
-        async def one(i, prompt, n):
+        async def one(i, prompt, n, record=True):
             nonlocal produced
             body = {
                 "model": model,
@@ -65,33 +68,71 @@ async def drive(port: int, requests, concurrency: int) -> dict:
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            async with gate, client.stream("POST", "/v1/completions", json=body) as r:
-                r.raise_for_status()
-                async for line in r.aiter_lines():
-                    if line.startswith("data: {") and '"usage"' in line:
-                        usage = json.loads(line[6:]).get("usage")
-                        if usage:
-                            produced += usage["completion_tokens"]
+            async with gate:
+                sent, first = time.time(), None
+                async with client.stream("POST", "/v1/completions", json=body) as r:
+                    r.raise_for_status()
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data: {"):
+                            continue
+                        if first is None:
+                            first = time.time() - sent
+                        if '"usage"' in line:
+                            usage = json.loads(line[6:]).get("usage")
+                            if usage and record:
+                                produced += usage["completion_tokens"]
+            if record and first is not None:
+                firsts.append(first)
 
-        await one(0, requests[0][0], 8)  # warm-up
-        produced = 0
-        before = await engine_counts(client)
-        start = time.perf_counter()
-        await asyncio.gather(*(one(i, p, n) for i, (p, n) in enumerate(requests)))
-        elapsed = time.perf_counter() - start
-        after = await engine_counts(client)
+        await one(0, requests[0][1], 8, record=False)  # warm-up
+        start = time.time()
+        await asyncio.gather(*(one(i, p, n) for i, p, n in requests))
+        end = time.time()
+    return dict(output_tokens=produced, start=start, end=end, firsts=firsts)
+
+
+def drive_slice(port: int, requests, concurrency: int) -> dict:
+    return asyncio.run(drive(port, requests, concurrency))
+
+
+def drive_all(port: int, requests, concurrency: int, processes: int) -> dict:
+    """The workload from ``processes`` client processes (requests dealt round-robin, the concurrency
+    split between them), so that one Python client's own work does not set the figure."""
+    indexed = [(i, p, n) for i, (p, n) in enumerate(requests)]
+    if processes <= 1:
+        parts = [drive_slice(port, indexed, concurrency)]
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        share = max(1, concurrency // processes)
+        with ProcessPoolExecutor(processes) as pool:
+            parts = list(
+                pool.map(
+                    drive_slice,
+                    [port] * processes,
+                    [indexed[k::processes] for k in range(processes)],
+                    [share] * processes,
+                )
+            )
+    produced = sum(part["output_tokens"] for part in parts)
+    elapsed = max(part["end"] for part in parts) - min(part["start"] for part in parts)
+    firsts = sorted(t for part in parts for t in part["firsts"])
     return dict(
+        client_processes=processes,
         output_tokens=produced,
         seconds=round(elapsed, 2),
         output_tokens_per_s=round(produced / elapsed, 1),
-        **{key: after[key] - before[key] for key in after},
+        ttft_p50_ms=round(1000 * firsts[len(firsts) // 2], 1) if firsts else None,
+        ttft_max_ms=round(1000 * firsts[-1], 1) if firsts else None,
     )
 
 
-async def engine_counts(client: httpx.AsyncClient) -> dict:
+async def engine_counts(port: int) -> dict:
     """The server's engine steps and preemptions so far (its /metrics gauges)."""
     counts = {}
-    for line in (await client.get("/metrics")).text.splitlines():
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        text = (await client.get("/metrics")).text
+    for line in text.splitlines():
         for key in ("steps", "preemptions"):
             if line.startswith(f"trtedge_engine_{key} "):
                 counts[key] = int(float(line.split()[1]))
@@ -135,6 +176,12 @@ def main() -> None:
         default=True,
         help="also run `trtedge bench --url` against the same server (its own random prompts)",
     )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="drive the HTTP side from this many client processes (the concurrency split between them)",
+    )
     args = parser.parse_args()
     requests = workload(args.requests)
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,7 +208,10 @@ def main() -> None:
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.5)
-            http = asyncio.run(drive(port, requests, args.concurrency))
+            before = asyncio.run(engine_counts(port))
+            http = drive_all(port, requests, args.concurrency, args.client_processes)
+            after = asyncio.run(engine_counts(port))
+            http.update({key: after[key] - before[key] for key in after})
             bench = trtedge_bench(port, requests, args.concurrency) if args.trtedge_bench else None
         finally:
             server.terminate()
