@@ -122,10 +122,10 @@ if triton is not None:
                 tl.store(dst + HALF + offs, o2.to(dt))
         else:
             row = slot * NUM_KV_HEADS + head - NUM_HEADS - NUM_KV_HEADS
-            if FP8_KV:
-                a = tl.load(src + offs)
-                b = tl.load(src + HALF + offs)
-                _store_fp8_row(v_cache_ptr, v_scale_ptr, row, a, b, offs, HEAD_DIM)
+            if FP8_KV:  # (names of their own: a branch's a / b must keep one type)
+                v1 = tl.load(src + offs)
+                v2 = tl.load(src + HALF + offs)
+                _store_fp8_row(v_cache_ptr, v_scale_ptr, row, v1, v2, offs, HEAD_DIM)
             else:
                 dst = v_cache_ptr + row * HEAD_DIM
                 tl.store(dst + offs, tl.load(src + offs))
