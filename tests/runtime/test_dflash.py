@@ -79,7 +79,7 @@ def test_dflash_drafts_equal_the_reference_block_after_block(paths, target):
 def _head_logits(head, model, tokens) -> torch.Tensor:
     """The head's block logits after ``tokens`` in a fresh cache, from trtedge's target taps."""
     from trtedge.runtime.ops.attention import AttentionBatch
-    from trtedge.runtime.speculative.draft_cache import DraftCache, DraftState, Row
+    from trtedge.runtime.speculative.draft_cache import DraftCache, DraftState
 
     n, bs = len(tokens), head.block_size
     model.aux_layers = head.taps
@@ -92,16 +92,10 @@ def _head_logits(head, model, tokens) -> torch.Tensor:
     )
     st = DraftState()
     cache.reserve(st, n - 1 + bs)
-    visible = torch.ones(bs, n - 1 + bs, dtype=torch.bool)
-    row = Row(
-        st, [tokens[-1]] + [head.mask_token_id] * (bs - 1), list(range(n - 1, n - 1 + bs)), n - 1, visible
-    )
-    ids, positions, attn = cache.attention_batch([row])
-    table = st.block_table
-    slots = torch.tensor([table[p // 16] * 16 + p % 16 for p in range(n - 1)])
-    logits = head.forward(
-        head.features(model.aux_hidden), torch.arange(n - 1), slots, ids, positions, cache.kv_caches, attn
-    )
+    ids = torch.tensor([tokens[-1]] + [head.mask_token_id] * (bs - 1))
+    positions = torch.arange(n - 1 + bs)  # the context rows', then the block's
+    batch = head.block_batch([(st.block_table, 0, n - 1)], 16)
+    logits = head.forward(head.features(model.aux_hidden), ids, positions, cache.kv_caches, batch)
     return logits[1:]
 
 

@@ -33,10 +33,11 @@ import torch.nn.functional as F
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.models.layers import rms_norm, rotate
 from trtedge.runtime.models.rope import rope_tables
-from trtedge.runtime.ops.attention import TorchAttention
+from trtedge.runtime.ops import triton_attention
+from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative import SpeculativeConfigError, UnsupportedSpeculativeMethod
-from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens
+from trtedge.runtime.speculative.draft_cache import DraftCache, TargetHiddens
 from trtedge.runtime.speculative.head_files import read_head
 from trtedge.runtime.speculative.tree import Draft
 
@@ -109,7 +110,8 @@ class DFlashHead:
         rope = _rope_config(config, "DFlash draft", "full_attention")
         cos, sin = rope_tables(rope, self.head_dim, self.head_dim, max_positions)
         self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
-        self.attention = TorchAttention(self.head_dim**-0.5)
+        on_cuda = device.type == "cuda" and triton_attention.available()
+        self.attention = (CudaAttention if on_cuda else TorchAttention)(self.head_dim**-0.5)
 
     @property
     def num_kv_layers(self) -> int:
@@ -125,34 +127,29 @@ class DFlashHead:
             taps = torch.cat(chunks, dim=-1)
         return rms_norm(F.linear(taps, self.fc), self.hidden_norm, self.eps)
 
-    def _kv(self, layer: dict, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _kv(self, layer: dict, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         t, kv_size = x.shape[0], self.num_kv_heads * self.head_dim
         k, v = F.linear(x, layer["kv"]).split([kv_size, kv_size], dim=-1)
         k = rms_norm(k.view(t, self.num_kv_heads, self.head_dim), layer["k_norm"], self.eps)
-        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
         return rotate(k, cos, sin), v.view(t, self.num_kv_heads, self.head_dim)
 
-    def forward(
-        self, context, context_positions, context_slots, ids, positions, kv_caches, attn
-    ) -> torch.Tensor:
-        """Write the ``context`` rows' keys and values (fused target states, ``features``) at
-        ``context_slots``, then denoise the block rows ``ids`` at ``positions`` (``attn``: each
-        sequence's block sees its whole context and block). Returns logits of every block row."""
+    def forward(self, context, ids, positions, kv_caches, attn: AttentionBatch) -> torch.Tensor:
+        """Denoise the block rows ``ids`` (every sequence's anchor and masks) over the ``context``
+        rows (fused target states, ``features``) that precede them in the caches. ``positions``: the
+        context rows' then the block rows'; ``attn``: one decode row per block row, seeing its
+        sequence's whole context and block, and writing the context's then the block's keys and values
+        (``block_batch``). Returns the logits of every block row."""
         t = ids.shape[0]
         x = embedding(ids, self.target.embed).to(self.dtype) * self.embed_scale
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        q_cos, q_sin = cos[-t:], sin[-t:]
         q_size = self.num_heads * self.head_dim
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            if context.shape[0]:
-                k, v = self._kv(layer, context, context_positions)
-                k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, context_slots, k)
-                v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, context_slots, v)
             h = rms_norm(x, layer["input_norm"], self.eps)
-            q = rms_norm(
-                F.linear(h, layer["q"]).view(t, self.num_heads, self.head_dim), layer["q_norm"], self.eps
-            )
-            k, v = self._kv(layer, h, positions)
-            o = self.attention(rotate(q, cos, sin), k, v, k_cache, v_cache, attn)
+            q = F.linear(h, layer["q"]).view(t, self.num_heads, self.head_dim)
+            q = rotate(rms_norm(q, layer["q_norm"], self.eps), q_cos, q_sin)
+            k, v = self._kv(layer, torch.cat([context, h]) if context.shape[0] else h, cos, sin)
+            o = self.attention(q, k, v, k_cache, v_cache, attn)
             x = x + F.linear(o.reshape(t, q_size), layer["o"])
             gate, up = F.linear(rms_norm(x, layer["post_norm"], self.eps), layer["gate_up"]).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer["down"])
@@ -160,6 +157,38 @@ class DFlashHead:
         if self.softcap:
             logits = torch.tanh(logits / float(self.softcap)) * float(self.softcap)
         return logits
+
+    def block_batch(self, entries: list[tuple[list[int], int, int]], block_size: int) -> AttentionBatch:
+        """The attention batch of one draft forward: per sequence (block table, first context position
+        this forward writes, the anchor's position), its context rows' slots, then every sequence's
+        block rows' slots; each block row a decode row whose context is the sequence's context and
+        block (no causal mask: on CUDA the Triton decode kernel takes them all)."""
+        context_slots, block_slots, lens, tables = [], [], [], []
+        n_rows = self.block_size
+        for table, start, anchor in entries:
+
+            def slot(p, table=table):
+                return table[p // block_size] * block_size + p % block_size
+
+            context_slots += [slot(p) for p in range(start, anchor)]
+            block_slots += [slot(p) for p in range(anchor, anchor + n_rows)]
+            end = anchor + n_rows
+            lens += [end] * n_rows
+            tables += [table[: -(-end // block_size)]] * n_rows
+        device = self.device
+        batch = AttentionBatch(
+            slot_mapping=torch.tensor(context_slots + block_slots, dtype=torch.long, device=device),
+            query_lens=[1] * len(lens),
+            context_lens=lens,
+            block_tables=[torch.tensor(t, dtype=torch.long, device=device) for t in tables],
+            block_size=block_size,
+        )
+        if isinstance(self.attention, CudaAttention):
+            width = max(len(t) for t in tables)
+            padded = [t + [t[-1]] * (width - len(t)) for t in tables]
+            batch.tables_tensor = torch.tensor(padded, dtype=torch.int32, device=device)
+            batch.context_lens_tensor = torch.tensor(lens, dtype=torch.int32, device=device)
+        return batch
 
 
 def load_dflash(path: str | Path, target, max_positions: int, num_speculative_tokens: int) -> DFlashHead:
@@ -230,8 +259,8 @@ class DFlashProposer:
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft | None]:
-        head, bs = self.head, self.cache.block_size
-        taps, context_positions, context_slots, rows, live = [], [], [], [], []
+        head = self.head
+        taps, context_positions, block_ids, block_positions, entries, live = [], [], [], [], [], []
         for i, seq in enumerate(seqs):
             st = self.cache.state(seq)
             n = seq.num_tokens  # the target has computed n - 1 of them: the anchor is token n - 1
@@ -240,29 +269,22 @@ class DFlashProposer:
                 continue
             taps.append(self.hiddens.take(st, start, n - 1))
             context_positions += range(start, n - 1)
-            table = st.block_table
-            context_slots += [table[p // bs] * bs + p % bs for p in range(start, n - 1)]
-            block = [seq.token_ids[-1]] + [head.mask_token_id] * (head.block_size - 1)
-            visible = torch.ones(
-                head.block_size, n - 1 + head.block_size, dtype=torch.bool, device=head.device
-            )
-            rows.append(Row(st, block, list(range(n - 1, n - 1 + head.block_size)), n - 1, visible))
+            block_ids += [seq.token_ids[-1]] + [head.mask_token_id] * (head.block_size - 1)
+            block_positions += range(n - 1, n - 1 + head.block_size)
+            entries.append((st.block_table, start, n - 1))
             st.num_computed_tokens = n - 1  # the block's rows are rewritten by the next catch-up
             live.append(i)
-        if not rows:
+        if not live:
             return [None] * len(seqs)
-        ids, positions, attn = self.cache.attention_batch(rows)
         device = head.device
         logits = head.forward(
             head.features(torch.cat(taps)),
-            torch.tensor(context_positions, dtype=torch.long, device=device),
-            torch.tensor(context_slots, dtype=torch.long, device=device),
-            ids,
-            positions,
+            torch.tensor(block_ids, dtype=torch.long, device=device),
+            torch.tensor(context_positions + block_positions, dtype=torch.long, device=device),
             self.cache.kv_caches,
-            attn,
+            head.block_batch(entries, self.cache.block_size),
         )
-        logits = logits.view(len(rows), head.block_size, -1)[:, 1:]
+        logits = logits.view(len(live), head.block_size, -1)[:, 1:]
         drafts: list[Draft | None] = [None] * len(seqs)
         if self.top_k == 1:
             tokens = logits.argmax(dim=-1).tolist()  # one host read
