@@ -3,28 +3,32 @@
 
    A "gguf" weight is rows of blocks in segments (a fused q/k/v may hold Q4_K rows and Q6_K rows):
    segment s is int64 words {rows, ggml type, cols, row bytes, byte offset}. Activations are
-   quantized per group of 32 inputs to int16 in their natural order (dx = max|x| / 32767 and the
-   group's float sum sx), so that each group's product is an integer sum:
-     Q8_0:       d dx_g sum q x                      (q int8)
-     Q4_K, Q5_K: d sc_s dx_g sum q x - dmin m_s sx_g (q 0..15 / 0..31; 6-bit sc, m per 32)
-     Q6_K:       d sc_s dx_g sum q x per 16          (q -32..31; int8 sc per 16)
-   Each block is unpacked to int16 once and multiplied with each activation row. */
+   quantized to int16 in their natural order, one scale per 256 inputs (dx = max|x| / 32767; the
+   last, shorter chunk its own) with the float sum of each group of 32 (sx), so that a super-block's
+   product is an integer sum with the sub-block scales folded into the weights:
+     Q8_0:       d dx sum q x                            (q int8, per block of 32)
+     Q4_K, Q5_K: d dx sum_s sc_s sum q x - dmin sum_s m_s sx_s   (q 0..15 / 0..31; 6-bit sc, m per 32)
+     Q6_K:       d dx sum_s sc_s sum q x                 (q -32..31; int8 sc per 16)
+   (int16 keeps ~15 bits of each chunk's largest input; llama.cpp's Q8_K keeps 8 per 256.) */
 
 enum { GGUF_Q8_0 = 8, GGUF_Q4_K = 12, GGUF_Q5_K = 13, GGUF_Q6_K = 14 };
 #define SEG_WORDS 5
 
 static void quantize_row_q16_natural(const float *x, int64_t K, int16_t *qx, float *dx, float *sx) {
-    for (int64_t g = 0; g < K / 32; g++) {
-        const float *xb = x + g * 32;
-        float amax = 0.0f, sum = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            float a = fabsf(xb[j]);
+    for (int64_t c = 0; c < K; c += 256) {
+        int64_t n = K - c < 256 ? K - c : 256;
+        float amax = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            float a = fabsf(x[c + j]);
             amax = a > amax ? a : amax;
-            sum += xb[j];
         }
         float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        for (int j = 0; j < 32; j++) qx[g * 32 + j] = (int16_t)nearbyintf(xb[j] * id);
-        dx[g] = amax / 32767.0f;
+        for (int64_t j = 0; j < n; j++) qx[c + j] = (int16_t)nearbyintf(x[c + j] * id);
+        dx[c / 256] = amax / 32767.0f;
+    }
+    for (int64_t g = 0; g < K / 32; g++) {
+        float sum = 0.0f;
+        for (int j = 0; j < 32; j++) sum += x[g * 32 + j];
         sx[g] = sum;
     }
 }
@@ -147,35 +151,38 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* 32 values (bytes of v) of group g against each row: scale16 per half (lo, hi), sign: int8 values */
-#define GROUP32(v, sign, g, s_lo, s_hi)                                                               \
-    for (int r = 0; r < R; r++) {                                                                     \
-        const int16_t *xg = qx + r * K + (g) * 32;                                                    \
-        float dg = dx[r * G + (g)];                                                                   \
-        __m256i lo = madd16(_mm256_castsi256_si128(v), sign, xg);                                     \
-        __m256i hi = madd16(_mm256_extracti128_si256(v, 1), sign, xg + 16);                           \
-        if ((s_lo) == (s_hi)) {                                                                       \
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)),                    \
-                                     _mm256_set1_ps((s_lo) * dg), acc[r]);                            \
-        } else {                                                                                      \
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_set1_ps((s_lo) * dg), acc[r]);    \
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_set1_ps((s_hi) * dg), acc[r]);    \
-        }                                                                                             \
+/* The int16 weights of 32 inputs (bytes of v, times the sub-block scales) into a row's int32 sums. */
+#define SCALED16(v, sign, s_lo, s_hi, out0, out1)                                                     \
+    {                                                                                                 \
+        __m128i b0 = _mm256_castsi256_si128(v), b1 = _mm256_extracti128_si256(v, 1);                  \
+        out0 = _mm256_mullo_epi16(sign ? _mm256_cvtepi8_epi16(b0) : _mm256_cvtepu8_epi16(b0),         \
+                                  _mm256_set1_epi16((int16_t)(s_lo)));                                \
+        out1 = _mm256_mullo_epi16(sign ? _mm256_cvtepi8_epi16(b1) : _mm256_cvtepu8_epi16(b1),         \
+                                  _mm256_set1_epi16((int16_t)(s_hi)));                                \
     }
+
+static inline __m256i madd_at(__m256i w, const int16_t *x) {
+    return _mm256_madd_epi16(w, _mm256_loadu_si256((const __m256i *)x));
+}
 
 static inline __attribute__((always_inline)) void gguf_row_dot_r(const uint8_t *w, int64_t type, int64_t K,
         const int16_t *qx, const float *dx, const float *sx, const int R, float *out) {
     int64_t G = K / 32;
-    __m256 acc[4];
-    float off[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    __m256 acc[4], off[4];
+    for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
     if (type == GGUF_Q8_0) {
         for (int64_t g = 0; g < G; g++) {
             const uint8_t *b = w + g * 34;
-            float d = f16_at(b);
             __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));
-            GROUP32(v, 1, g, d, d)
+            __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+            __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+            float d = f16_at(b);
+            for (int r = 0; r < R; r++) {
+                const int16_t *xg = qx + r * K + g * 32;
+                __m256i s = _mm256_add_epi32(madd_at(w0, xg), madd_at(w1, xg + 16));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * dx[r * G + g / 8]), acc[r]);
+            }
         }
     } else if (type == GGUF_Q6_K) {
         for (int64_t sb = 0; sb < K / 256; sb++) {
@@ -187,7 +194,7 @@ static inline __attribute__((always_inline)) void gguf_row_dot_r(const uint8_t *
                 __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + n * 64));
                 __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + n * 64 + 32));
                 __m256i h = _mm256_loadu_si256((const __m256i *)(qh + n * 32));
-                __m256i v[4];
+                __m256i v[4], ws[8];
                 v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
                 v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
@@ -197,41 +204,71 @@ static inline __attribute__((always_inline)) void gguf_row_dot_r(const uint8_t *
                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
                 for (int i = 0; i < 4; i++) {
                     __m256i vi = _mm256_sub_epi8(v[i], m32);
-                    int64_t g = sb * 8 + n * 4 + i;
-                    float s_lo = d * (float)sc[n * 8 + 2 * i], s_hi = d * (float)sc[n * 8 + 2 * i + 1];
-                    GROUP32(vi, 1, g, s_lo, s_hi)
+                    SCALED16(vi, 1, sc[n * 8 + 2 * i], sc[n * 8 + 2 * i + 1], ws[2 * i], ws[2 * i + 1])
+                }
+                for (int r = 0; r < R; r++) {  /* |q sc| <= 4096: 8 x 2 x 4096 x 32767 < 2^31 */
+                    const int16_t *xh = qx + r * K + sb * 256 + n * 128;
+                    __m256i s = _mm256_setzero_si256();
+                    for (int i = 0; i < 8; i++) s = _mm256_add_epi32(s, madd_at(ws[i], xh + 16 * i));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * dx[r * G + sb]), acc[r]);
                 }
             }
         }
-    } else {  /* Q4_K, Q5_K */
+    } else {  /* Q4_K, Q5_K: |q sc| <= 31 * 63, so a super-block's sums fit int32 lanes */
         int five = type == GGUF_Q5_K;
         int64_t bytes = five ? 176 : 144;
         for (int64_t sb = 0; sb < K / 256; sb++) {
             const uint8_t *b = w + sb * bytes, *scales = b + 4, *ql = b + (five ? 48 : 16);
             float d = f16_at(b), dmin = f16_at(b + 2);
-            __m256i h = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-            for (int j = 0; j < 4; j++) {
-                __m256i q = _mm256_loadu_si256((const __m256i *)(ql + j * 32));
-                __m256i v0 = _mm256_and_si256(q, m4), v1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            /* bytes widened to int16 first, then split: nibble l of byte l is input l, its high nibble 32 + l */
+            __m256i h0 = _mm256_setzero_si256(), h1 = h0;
+            if (five) {
+                h0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 16)));
+                h1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 32)));
+            }
+            const __m256i n4 = _mm256_set1_epi16(0x0f), n1 = _mm256_set1_epi16(1);
+            /* the 8 scales and 8 mins at once: bytes 0..7 and 8..15 of u (k_scale_min for all j) */
+            uint32_t u[4];
+            memcpy(u, scales, 12);
+            u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+            uint32_t m03 = u[1] & 0x3f3f3f3f;
+            u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+            u[2] = m03;
+            u[0] &= 0x3f3f3f3f;
+            const uint8_t *scb = (const uint8_t *)u;
+            __m256 mv = _mm256_mul_ps(_mm256_set1_ps(dmin),
+                                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(scb + 8)))));
+            __m256i si[4];
+            for (int r = 0; r < R; r++) si[r] = _mm256_setzero_si256();
+            for (int j = 0; j < 4; j++) {  /* 64 inputs: 4 vectors of scaled weights, into each row's sums */
+                __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + j * 32)));
+                __m256i q1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ql + j * 32 + 16)));
+                __m256i wa = _mm256_and_si256(q0, n4), wc = _mm256_and_si256(q1, n4);  /* inputs 0..15, 16..31 */
+                __m256i wb = _mm256_srli_epi16(q0, 4), wd = _mm256_srli_epi16(q1, 4);    /* inputs 32..47, 48..63 */
                 if (five) {
-                    __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j)), one);
-                    __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j + 1)), one);
-                    v0 = _mm256_or_si256(v0, _mm256_slli_epi16(b0, 4));
-                    v1 = _mm256_or_si256(v1, _mm256_slli_epi16(b1, 4));
+                    __m128i lo = _mm_cvtsi32_si128(2 * j), hi = _mm_cvtsi32_si128(2 * j + 1);
+                    wa = _mm256_or_si256(wa, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h0, lo), n1), 4));
+                    wc = _mm256_or_si256(wc, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h1, lo), n1), 4));
+                    wb = _mm256_or_si256(wb, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h0, hi), n1), 4));
+                    wd = _mm256_or_si256(wd, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h1, hi), n1), 4));
                 }
-                int sc0, m0, sc1, m1;
-                k_scale_min(2 * j, scales, &sc0, &m0);
-                k_scale_min(2 * j + 1, scales, &sc1, &m1);
-                int64_t g = sb * 8 + 2 * j;
-                float s0 = d * (float)sc0, s1 = d * (float)sc1;
-                GROUP32(v0, 0, g, s0, s0)
-                GROUP32(v1, 0, g + 1, s1, s1)
-                float mn0 = dmin * (float)m0, mn1 = dmin * (float)m1;
-                for (int r = 0; r < R; r++) off[r] += mn0 * sx[r * G + g] + mn1 * sx[r * G + g + 1];
+                __m256i s0 = _mm256_set1_epi16((int16_t)scb[2 * j]), s1 = _mm256_set1_epi16((int16_t)scb[2 * j + 1]);
+                __m256i ws[4] = {_mm256_mullo_epi16(wa, s0), _mm256_mullo_epi16(wc, s0), _mm256_mullo_epi16(wb, s1),
+                                 _mm256_mullo_epi16(wd, s1)};
+                for (int r = 0; r < R; r++) {
+                    const int16_t *xs = qx + r * K + sb * 256 + j * 64;
+                    __m256i t = _mm256_add_epi32(madd_at(ws[0], xs), madd_at(ws[1], xs + 16));
+                    t = _mm256_add_epi32(t, _mm256_add_epi32(madd_at(ws[2], xs + 32), madd_at(ws[3], xs + 48)));
+                    si[r] = _mm256_add_epi32(si[r], t);
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[r]), _mm256_set1_ps(d * dx[r * G + sb]), acc[r]);
+                off[r] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(sx + r * G + sb * 8), off[r]);
             }
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum8(acc[r]) - off[r];
+    for (int r = 0; r < R; r++) out[r] = hsum8(acc[r]) - hsum8(off[r]);
 }
 
 static void gguf_row_dot(const uint8_t *w, int64_t type, int64_t K, const int16_t *qx, const float *dx,
@@ -254,12 +291,12 @@ static void gguf_row_dot(const uint8_t *w, int64_t type, int64_t K, const int16_
         unpack_block(type, w + (k0 / (type == GGUF_Q8_0 ? 32 : 256)) * bytes, &u);
         for (int r = 0; r < R; r++) {
             const int16_t *xr = qx + r * K + k0;
-            const float *d = dx + r * G + k0 / 32, *s = sx + r * G + k0 / 32;
-            float acc = 0.0f;
+            const float *s = sx + r * G + k0 / 32;
+            float acc = 0.0f, d = dx[r * G + k0 / 256];
             for (int g = 0; g < u.n / 32; g++) {
                 float lo = (float)isum16(u.q + g * 32, xr + g * 32, 16) * u.scale16[2 * g];
                 float hi = (float)isum16(u.q + g * 32 + 16, xr + g * 32 + 16, 16) * u.scale16[2 * g + 1];
-                acc += (lo + hi) * d[g] - u.min32[g] * s[g];
+                acc += (lo + hi) * d - u.min32[g] * s[g];
             }
             out[r] += acc;
         }
