@@ -2,7 +2,7 @@
 same shapes, one run.
 
     python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b,llama-1b,llama-8b,qwen3-30b-a3b]
-        [--new-tokens 256] [--no-hf] [--no-peer] [--compare-unfused] [--compare-no-pdl] [--prefill-len 0]
+        [--new-tokens 256] [--no-hf] [--no-peer] [--variants pdl,fused] [--prefill-len 0]
 
 Random bf16 weights (load_format="dummy") with Qwen3 / Llama shapes (``benchmarks/shapes.py``), a
 128-token prompt, greedy, EOS ignored. The peer is ``benchmarks/compiled_peer.py``: a gpt-fast-style
@@ -95,6 +95,13 @@ def hf_decode(name: str, prompt: list[int], new_tokens: int) -> float:
     return (new_tokens - 1) / elapsed
 
 
+VARIANTS = {
+    "pdl": {"TRTEDGE_PDL": "1"},
+    "fused": {"TRTEDGE_PDL": "1", "TRTEDGE_DECODE_FUSION": "1"},
+    "fused-no-pdl": {"TRTEDGE_DECODE_FUSION": "1"},
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -105,11 +112,11 @@ def main() -> None:
     parser.add_argument("--no-hf", action="store_true")
     parser.add_argument("--no-peer", action="store_true", help="skip the torch.compile peer")
     parser.add_argument(
-        "--compare-unfused",
-        action="store_true",
-        help="also trtedge with TRTEDGE_DECODE_FUSION=0 TRTEDGE_PDL=0 (the unfused step)",
+        "--variants",
+        default="",
+        help="also trtedge with: pdl (TRTEDGE_PDL=1), fused (TRTEDGE_DECODE_FUSION=1 TRTEDGE_PDL=1), "
+        "fused-no-pdl (TRTEDGE_DECODE_FUSION=1), comma-separated",
     )
-    parser.add_argument("--compare-no-pdl", action="store_true", help="also trtedge with TRTEDGE_PDL=0")
     args = parser.parse_args()
     prompt = torch.randint(10, 128000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
     device = torch.cuda.get_device_name(0)
@@ -128,10 +135,8 @@ def main() -> None:
                 achieved_gb_s=round(gbs, 1),
                 pct_of_peak=round(100 * gbs * 1e9 / PEAK_BYTES_PER_S, 1),
             )
-            others = [("trtedge-no-pdl", {"TRTEDGE_PDL": "0"})] if args.compare_no_pdl else []
-            if args.compare_unfused:  # the step before this work: no fusions, no PDL
-                others.append(("trtedge-unfused", {"TRTEDGE_PDL": "0", "TRTEDGE_DECODE_FUSION": "0"}))
-            for engine, env in others:
+            for variant in filter(None, args.variants.split(",")):
+                engine, env = f"trtedge-{variant}", VARIANTS[variant]
                 os.environ.update(env)
                 try:
                     other, _ = trtedge_decode(directory, prompt, args.new_tokens)
@@ -144,7 +149,7 @@ def main() -> None:
                     shape=name,
                     tokens_per_s=round(other, 1),
                     achieved_gb_s=round(other * nbytes / 1e9, 1),
-                    trtedge_speedup=round(tps / other, 2),
+                    speedup_vs_default=round(other / tps, 2),
                 )
             if not args.no_hf:
                 hf = hf_decode(name, prompt, args.new_tokens)

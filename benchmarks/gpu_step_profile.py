@@ -2,9 +2,10 @@
 the kernels of one replay (how many, per layer) and the top ones (torch profiler). For the note
 when a target is missed.
 
-    python benchmarks/gpu_step_profile.py [--shape qwen3-0.6b] [--compare-unfused]
+    python benchmarks/gpu_step_profile.py [--shape qwen3-0.6b] [--modes default,pdl,fused]
 
-``--compare-unfused`` profiles the step again with ``TRTEDGE_DECODE_FUSION=0 TRTEDGE_PDL=0``.
+Each mode builds the engine again: ``default`` as configured, ``pdl`` with ``TRTEDGE_PDL=1``,
+``fused`` with ``TRTEDGE_DECODE_FUSION=1 TRTEDGE_PDL=1``, ``fused-no-pdl`` with the fusions only.
 """
 
 from __future__ import annotations
@@ -29,15 +30,24 @@ from trtedge.runtime.ops import pdl  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="qwen3-0.6b")
-    parser.add_argument("--compare-unfused", action="store_true")
+    parser.add_argument("--modes", default="default")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         directory = write_shape(Path(tmp) / args.shape, args.shape)
-        profile(directory, args.shape, "fused")
-        if args.compare_unfused:  # without the fusions and PDL (probed again: off)
-            os.environ.update(TRTEDGE_DECODE_FUSION="0", TRTEDGE_PDL="0")
-            pdl._enabled = None
-            profile(directory, args.shape, "unfused")
+        for mode in args.modes.split(","):
+            for key in ("TRTEDGE_PDL", "TRTEDGE_DECODE_FUSION"):
+                os.environ.pop(key, None)
+            os.environ.update(MODES[mode])
+            pdl._enabled = None  # probed again under this mode's TRTEDGE_PDL
+            profile(directory, args.shape, mode)
+
+
+MODES = {
+    "default": {},
+    "pdl": {"TRTEDGE_PDL": "1", "TRTEDGE_DECODE_FUSION": "0"},
+    "fused": {"TRTEDGE_PDL": "1", "TRTEDGE_DECODE_FUSION": "1"},
+    "fused-no-pdl": {"TRTEDGE_PDL": "0", "TRTEDGE_DECODE_FUSION": "1"},
+}
 
 
 def profile(directory: Path, shape: str, mode: str) -> None:

@@ -132,12 +132,13 @@ class LlamaModel:
         self.decode_kernels = _decode_kernels(device, dtype) if self.fused_decode else None
         # int4 / int8 weights on the CPU: the whole decode step is one native call.
         self.native_step = NativeDecodeStep.create(self) if self.decode_kernels is not None else None
-        # CUDA, bf16/fp16 dense weights, at most 16 rows: the norms, SiLU-mul and residual adds run
-        # inside the products (TRTEDGE_DECODE_FUSION=0 keeps them as kernels of their own).
+        # CUDA, bf16/fp16 dense weights, at most 16 rows: the norms, SiLU-mul and residual adds can
+        # run inside the products; only with TRTEDGE_DECODE_FUSION=1 for this family (on the H200
+        # the fused products are slower per launch than the kernels they replace, so far).
         self.fused_products = (
             self.decode_kernels is not None
             and device.type == "cuda"
-            and os.environ.get("TRTEDGE_DECODE_FUSION", "1") != "0"
+            and os.environ.get("TRTEDGE_DECODE_FUSION", "auto") == "1"
             and all(self._layer_fuses(layer) for layer in self.layers)
         )
         # Layers whose input hidden states a draft head reads (EAGLE-3); the last forward's are kept

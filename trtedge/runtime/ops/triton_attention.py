@@ -71,14 +71,11 @@ if triton is not None:
         part_m_ptr,
         part_l_ptr,
         part_acc_ptr,
-        count_ptr,
-        MERGE: tl.constexpr,
         PDL: tl.constexpr,
     ):
         # One program per (sequence, kv head, context split): all query heads of the group share
-        # each K/V load. With splits, each program writes a partial softmax state; with MERGE the
-        # last split of a (sequence, kv head) to finish (an atomic counter, reset by it for the next
-        # call) combines them, else _merge_splits_kernel does.
+        # each K/V load. With splits, each program writes a partial softmax state that
+        # _merge_splits_kernel combines (more programs in flight for small batches).
         if PDL:  # (see ops.pdl)
             tl.extra.cuda.gdc_wait()
         seq = tl.program_id(0)
@@ -144,38 +141,6 @@ if triton is not None:
             tl.store(part_m_ptr + row, m, mask=offs_g < GROUP)
             tl.store(part_l_ptr + row, denom, mask=offs_g < GROUP)
             tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=q_mask)
-            if MERGE:
-                counter = count_ptr + seq * NUM_KV_HEADS + kv_head
-                if tl.atomic_add(counter, 1) == NUM_SPLITS - 1:
-                    first_row = (seq * NUM_HEADS + heads) * NUM_SPLITS
-                    m_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-                    for s in range(NUM_SPLITS):
-                        m_s = tl.load(
-                            part_m_ptr + first_row + s, mask=offs_g < GROUP, other=0.0, cache_modifier=".cg"
-                        )
-                        m_max = tl.maximum(m_max, m_s)
-                    total = tl.zeros([GROUP_PAD], tl.float32)
-                    merged = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-                    for s in range(NUM_SPLITS):
-                        m_s = tl.load(
-                            part_m_ptr + first_row + s, mask=offs_g < GROUP, other=0.0, cache_modifier=".cg"
-                        )
-                        w_s = tl.exp(m_s - m_max)  # an empty split has m = -inf: weight 0
-                        total += w_s * tl.load(
-                            part_l_ptr + first_row + s, mask=offs_g < GROUP, other=0.0, cache_modifier=".cg"
-                        )
-                        merged += w_s[:, None] * tl.load(
-                            part_acc_ptr + (first_row + s)[:, None] * HEAD_DIM + offs_d[None, :],
-                            mask=q_mask,
-                            other=0.0,
-                            cache_modifier=".cg",
-                        )
-                    tl.store(
-                        out_ptr + (seq * NUM_HEADS + heads)[:, None] * HEAD_DIM + offs_d[None, :],
-                        (merged / total[:, None]).to(out_ptr.dtype.element_ty),
-                        mask=q_mask,
-                    )
-                    tl.atomic_xchg(counter, 0)
 
     @triton.jit
     def _merge_splits_kernel(
@@ -198,9 +163,6 @@ if triton is not None:
         weight = tl.exp(m - tl.max(m, 0))  # empty splits have m = -inf: weight 0
         out = tl.sum(acc * weight[:, None], 0) / tl.sum(denom * weight, 0)
         tl.store(out_ptr + row * HEAD_DIM + offs_d, out.to(out_ptr.dtype.element_ty))
-
-
-MERGE_COUNTS = 64  # num_splits splits only where batch x kv heads <= 64
 
 
 def kv_scale_views(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,18 +188,14 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     window: int = 0,
     softcap: float | None = None,
-    counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``window`` > 0: attend to the last ``window`` keys only; ``softcap``: tanh-capped scores.
-    ``counts``: zeroed int32, at least batch x kv heads (``MERGE_COUNTS`` covers every split
-    launch): the splits are merged inside the one launch (they reset it for the next call)."""
+    """``window`` > 0: attend to the last ``window`` keys only; ``softcap``: tanh-capped scores."""
     b, h, d = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     group = h // hkv
     fp8 = kv_fp8.is_fp8(k_cache)
     out = torch.empty_like(q) if out is None else out
     splits = num_splits(b, hkv)
-    merge = splits > 1 and counts is not None
     launch_pdl = pdl.enabled()
     if splits > 1:
         part_m = torch.empty(b * h * splits, dtype=torch.float32, device=q.device)
@@ -270,12 +228,10 @@ def paged_decode_attention(
         part_m_ptr=part_m,
         part_l_ptr=part_l,
         part_acc_ptr=part_acc,
-        count_ptr=counts if merge else context_lens,
-        MERGE=merge,
         PDL=launch_pdl,
         launch_pdl=launch_pdl,
     )
-    if splits > 1 and not merge:
+    if splits > 1:
         _merge_splits_kernel[(b * h,)](
             part_m,
             part_l,

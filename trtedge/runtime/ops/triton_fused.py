@@ -162,9 +162,6 @@ if triton is not None:
 class TritonDecodeKernels:
     """The decode-step kernels for CUDA, with the same calls as the native CPU set."""
 
-    def __init__(self):
-        self.counts: torch.Tensor | None = None  # attention's split counters (they reset themselves)
-
     def add_rms_norm(self, x, delta, weight, out, eps: float) -> None:
         rows, dim = x.shape
         _add_rms_norm_kernel[(rows,)](
@@ -224,13 +221,9 @@ class TritonDecodeKernels:
     def paged_decode_attention(
         self, q, k_cache, v_cache, tables, context_lens, block_size, scale, out, window: int = 0
     ) -> None:
-        from trtedge.runtime.ops.triton_attention import MERGE_COUNTS, paged_decode_attention
+        from trtedge.runtime.ops.triton_attention import paged_decode_attention
 
-        if self.counts is None or self.counts.device != q.device:
-            self.counts = torch.zeros(MERGE_COUNTS, dtype=torch.int32, device=q.device)
-        paged_decode_attention(
-            q, k_cache, v_cache, tables, context_lens, scale, out, window=window, counts=self.counts
-        )
+        paged_decode_attention(q, k_cache, v_cache, tables, context_lens, scale, out, window=window)
 
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
         rows, inter = out.shape

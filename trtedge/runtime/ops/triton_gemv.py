@@ -23,6 +23,25 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
+    def _row_inv(x_ptr, rm, rk, M, K, stride_x, eps, NORM_IN: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_K: tl.constexpr):  # fmt: skip
+        """Each row's 1/rms over all K columns (NORM_IN), else ones."""
+        inv = tl.full((BLOCK_M,), 1.0, tl.float32)
+        if NORM_IN:  # wide tiles: few round trips before the main loop can start
+            cols = tl.arange(0, 512)
+            squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for k0 in range(0, K, 512):
+                ks = k0 + cols
+                xf = tl.load(
+                    x_ptr + rm[:, None] * stride_x + ks[None, :],
+                    mask=(rm[:, None] < M) & (ks[None, :] < K),
+                    other=0.0,
+                ).to(tl.float32)
+                squares += tl.sum(xf * xf, 1)
+            inv = tl.rsqrt(squares / K + eps)
+        return inv
+
+    @triton.jit
     def _x_tile(x_ptr, norm_ptr, inv, rm, ks, M, K, hi, stride_x, dt: tl.constexpr,
                 NORM_IN: tl.constexpr, SILU_IN: tl.constexpr):  # fmt: skip
         """The product's input at columns ``ks`` of every row, with its folded-in prologue."""
@@ -94,31 +113,25 @@ if triton is not None:
         lo = pid_k * span
         hi = tl.minimum(lo + span, K)
         w_rows = w_ptr + rn[:, None] * stride_w
-        # The weights are no kernel's output: the first tile loads before waiting for the previous
-        # kernel (ops.pdl), so its latency overlaps that kernel's tail.
-        w = tl.load(
-            w_rows + (lo + rk)[None, :],
-            mask=(rn[:, None] < N) & ((lo + rk)[None, :] < hi),
-            other=0.0,
-            eviction_policy="evict_first",
-        )
         if PDL:
+            # The weights are no kernel's output: the first tile loads before waiting for the
+            # previous kernel (ops.pdl), so its latency overlaps that kernel's tail.
+            w = tl.load(
+                w_rows + (lo + rk)[None, :],
+                mask=(rn[:, None] < N) & ((lo + rk)[None, :] < hi),
+                other=0.0,
+                eviction_policy="evict_first",
+            )
             tl.extra.cuda.gdc_wait()
-        inv = tl.full((BLOCK_M,), 1.0, tl.float32)
-        if NORM_IN:
-            squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                ks = k0 + rk
-                xf = tl.load(
-                    x_ptr + rm[:, None] * stride_x + ks[None, :],
-                    mask=(rm[:, None] < M) & (ks[None, :] < K),
-                    other=0.0,
-                ).to(tl.float32)
-                squares += tl.sum(xf * xf, 1)
-            inv = tl.rsqrt(squares / K + eps)
-        x = _x_tile(x_ptr, norm_ptr, inv, rm, lo + rk, M, K, hi, stride_x, dt, NORM_IN, SILU_IN)
-        acc = tl.dot(x, tl.trans(w))
-        for k0 in range(lo + BLOCK_K, hi, BLOCK_K):
+            inv = _row_inv(x_ptr, rm, rk, M, K, stride_x, eps, NORM_IN, BLOCK_M, BLOCK_K)
+            x = _x_tile(x_ptr, norm_ptr, inv, rm, lo + rk, M, K, hi, stride_x, dt, NORM_IN, SILU_IN)
+            acc = tl.dot(x, tl.trans(w))
+            first = lo + BLOCK_K
+        else:
+            inv = _row_inv(x_ptr, rm, rk, M, K, stride_x, eps, NORM_IN, BLOCK_M, BLOCK_K)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            first = lo
+        for k0 in range(first, hi, BLOCK_K):
             ks = k0 + rk
             x = _x_tile(x_ptr, norm_ptr, inv, rm, ks, M, K, hi, stride_x, dt, NORM_IN, SILU_IN)
             w = tl.load(
