@@ -166,8 +166,8 @@ class LlamaModel:
     def forward(self, input_ids, positions, kv_caches, batch: AttentionBatch, embeds=None) -> torch.Tensor:
         """``embeds``: (rows, values) that replace the token embeddings of those rows (media tokens);
         values wider than hidden_size carry DeepStack features, added after the first layers."""
-        plain_decode = batch.is_decode and not self.aux_layers and embeds is None
-        if self.native_step is not None and plain_decode:
+        plain_decode = batch.is_decode and embeds is None
+        if self.native_step is not None and plain_decode and not self.aux_layers:
             return self.native_step(input_ids, positions, kv_caches, batch)
         if self.decode_kernels is not None and plain_decode:
             return self._decode_fused(input_ids, positions, kv_caches, batch)
@@ -202,7 +202,10 @@ class LlamaModel:
         if self.fused_products and n <= triton_gemv.MAX_ROWS:
             return self._decode_fused_products(x, h, q, o, positions, kv_caches, batch, tables, context_lens)
         kernels.add_rms_norm(x, None, self.layers[0].input_norm, h, eps)
+        taps = {}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            if i in self.aux_layers:
+                taps[i] = x.clone()  # the residual stream is updated in place
             cos, sin = self.rope[layer.rope]
             qkv = layer.qkv(h)
             kernels.qkv_rope_store(
@@ -223,7 +226,15 @@ class LlamaModel:
             kernels.add_rms_norm(x, layer.o(o.view(n, -1)), layer.post_norm, h, eps)
             following = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
             kernels.add_rms_norm(x, layer.mlp(h, kernels), following, h, eps)
+        self._keep_taps(taps, x)
         return h
+
+    def _keep_taps(self, taps: dict, x: torch.Tensor) -> None:
+        """aux_hidden from a fused decode step: ``taps`` the inputs of the tapped layers, ``x`` the final
+        (pre-norm) residual stream."""
+        if self.aux_layers:
+            taps[len(self.layers)] = x
+            self.aux_hidden = torch.cat([taps[i] for i in self.aux_layers], dim=-1)
 
     def _decode_fused_products(self, x, h, q, o, positions, kv_caches, batch, tables, context_lens):
         """Five kernels a layer: qkv reads RMSNorm(x) and writes q, k, v normed and rotated (q to
@@ -233,7 +244,10 @@ class LlamaModel:
         n, eps = x.shape[0], cfg.rms_norm_eps
         # (an fp8 cache's rows are E4M3 bytes and a scale: the unfused store writes them)
         rope_in_qkv = triton_gemv.rope_fits(cfg.head_dim) and not kv_fp8.is_fp8(kv_caches[0][0])
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        taps = {}
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            if i in self.aux_layers:
+                taps[i] = x.clone()  # the residual stream is updated in place
             cos, sin = self.rope[layer.rope]
             if rope_in_qkv:
                 store = triton_gemv.RopeStore(
@@ -254,6 +268,7 @@ class LlamaModel:
             layer.o.skinny.fused(o.view(n, -1), residual=x)
             layer.mlp.fused_decode(x, layer.post_norm, eps)
         kernels.add_rms_norm(x, None, self.norm, h, eps)
+        self._keep_taps(taps, x)
         return h
 
     def _layer_fuses(self, layer) -> bool:
