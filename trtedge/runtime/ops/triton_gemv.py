@@ -96,6 +96,7 @@ if triton is not None:
         BLOCK_K: tl.constexpr,
         SPLIT_K: tl.constexpr,
         PDL: tl.constexpr,
+        EARLY_TILE: tl.constexpr,
     ):
         # NORM_IN: x is the residual stream; the product reads RMSNorm(x) * norm (the row's 1/rms from
         # a first pass over the whole row). SILU_IN: x is [gate | up] (K columns each); the product
@@ -113,16 +114,18 @@ if triton is not None:
         lo = pid_k * span
         hi = tl.minimum(lo + span, K)
         w_rows = w_ptr + rn[:, None] * stride_w
-        if PDL:
+        if EARLY_TILE:  # PDL or NORM_IN
             # The weights are no kernel's output: the first tile loads before waiting for the
-            # previous kernel (ops.pdl), so its latency overlaps that kernel's tail.
+            # previous kernel (ops.pdl) and before the norm's first pass, so its latency overlaps
+            # that kernel's tail and that pass.
             w = tl.load(
                 w_rows + (lo + rk)[None, :],
                 mask=(rn[:, None] < N) & ((lo + rk)[None, :] < hi),
                 other=0.0,
                 eviction_policy="evict_first",
             )
-            tl.extra.cuda.gdc_wait()
+            if PDL:
+                tl.extra.cuda.gdc_wait()
             inv = _row_inv(x_ptr, rm, rk, M, K, stride_x, eps, NORM_IN, BLOCK_M, BLOCK_K)
             x = _x_tile(x_ptr, norm_ptr, inv, rm, lo + rk, M, K, hi, stride_x, dt, NORM_IN, SILU_IN)
             acc = tl.dot(x, tl.trans(w))
@@ -475,6 +478,7 @@ class SkinnyLinear:
             BLOCK_K=block_k,
             SPLIT_K=split,
             PDL=launch_pdl,
+            EARLY_TILE=launch_pdl or norm is not None,
             num_warps=4,
             num_stages=3,
             launch_pdl=launch_pdl,
