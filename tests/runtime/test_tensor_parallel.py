@@ -64,7 +64,7 @@ def pair(checkpoints):
     """family -> (TP=1 LLM, TP=2 LLM). A process holds one torch.distributed group, so one TP=2 LLM
     at a time: asking for another family closes the previous pair."""
     paths, cache = checkpoints
-    current: dict[tuple[str, str], tuple[LLM, LLM]] = {}
+    current: dict[tuple[str, str, int], tuple[LLM, LLM]] = {}
     root = cache.parent
 
     def close() -> None:
@@ -73,8 +73,8 @@ def pair(checkpoints):
                 llm.close()
         current.clear()
 
-    def get(family: str, weights: str = "auto") -> tuple[LLM, LLM]:
-        key = (family, weights)
+    def get(family: str, weights: str = "auto", size: int = 2) -> tuple[LLM, LLM]:
+        key = (family, weights, size)
         if key not in current:
             close()
             if family not in paths:
@@ -85,7 +85,7 @@ def pair(checkpoints):
             extra = {"context_cache_config": {"enabled": True}} if hybrid else {}
             current[key] = (
                 launch(path, cache, 1, weights, **extra),
-                launch(path, cache, 2, weights, **extra),
+                launch(path, cache, size, weights, **extra),
             )
         return current[key]
 
@@ -98,7 +98,7 @@ def test_greedy_output_matches_one_rank_llama(pair):
 
 
 def check_greedy(one: LLM, two: LLM) -> None:
-    assert two.tp is not None and two.tp.size == 2
+    assert two.tp is not None and two.tp.size > 1
     expected = [o.token_ids for o in one.generate(PROMPTS, GREEDY)]
     assert [o.token_ids for o in two.generate(PROMPTS, GREEDY)] == expected
     assert all(len(ids) == GREEDY.max_tokens for ids in expected)
@@ -238,6 +238,14 @@ def test_greedy_output_matches_one_rank_quantized(pair, family, weights):
     check_greedy(one, two)
 
 
+@pytest.mark.slow  # four processes on the CPU: the split itself is test_kv_heads_are_replicated_...
+def test_four_ranks_share_two_kv_heads(pair):
+    """More ranks than KV heads: each rank keeps the one KV head its query heads read (replicated)."""
+    one, four = pair("qwen2", size=4)  # 4 query heads, 2 KV heads, qkv biases, tied embeddings
+    assert four.tp.size == 4 and four.model.cfg.num_kv_heads == 1 and four.model.cfg.num_heads == 1
+    check_greedy(one, four)
+
+
 def test_dead_worker_makes_the_server_answer_503(pair):
     from trtedge.server.app import build_app
 
@@ -319,6 +327,24 @@ def test_quantized_weights_split_with_their_scales(fmt):
             shard_tensor("model.layers.0.mlp.down_proj.weight", quantize(torch.randn(8, 96), fmt), cfg, 0, 2)
 
 
+def test_kv_heads_are_replicated_when_ranks_outnumber_them():
+    cfg = _config()  # 4 heads (q: 8 rows), 2 KV heads of 2 dims (k, v: 4 rows each)
+    k = torch.arange(4 * 3).view(4, 3)
+    for rank, head in ((0, 0), (1, 0), (2, 1), (3, 1)):
+        got = shard_tensor("model.layers.0.self_attn.k_proj.weight", k, cfg, rank, 4)
+        assert got.tolist() == k[2 * head : 2 * head + 2].tolist()
+    qkv = torch.arange(16)  # fused: q 0..7, k 8..11, v 12..15
+    assert shard_tensor("model.layers.0.self_attn.qkv_proj.bias", qkv, cfg, 3, 4).tolist() == [
+        6,
+        7,
+        10,
+        11,
+        14,
+        15,
+    ]
+    assert shard_config(cfg, 4).num_kv_heads == 1
+
+
 def test_split_of_each_expert():
     cfg = _config()
     w = torch.arange(6 * 4).view(6, 4)
@@ -340,9 +366,10 @@ def test_split_of_each_expert():
 
 def test_sizes_that_do_not_divide_the_heads_are_refused():
     with pytest.raises(
-        ValueError, match=r"--tensor-parallel-size\) 4 does not divide the model's 2 KV heads"
+        ValueError, match=r"--tensor-parallel-size\) 2 neither divides the model's 3 KV heads"
     ):
-        check_tensor_parallel(_config(), 4)
+        check_tensor_parallel(_config(num_attention_heads=6, num_key_value_heads=3), 2)
+    check_tensor_parallel(_config(), 4)  # 2 KV heads over 4 ranks: each replicated on 2
     with pytest.raises(ValueError, match="--tensor-parallel-size.*3 attention heads"):
         check_tensor_parallel(_config(num_attention_heads=3, num_key_value_heads=3, head_dim=2), 2)
     with pytest.raises(ValueError, match="the gemma4_text family does not support tensor parallelism"):
@@ -355,7 +382,7 @@ def test_sizes_that_do_not_divide_the_heads_are_refused():
 def test_llm_refuses_an_uneven_split_before_starting_workers(checkpoints):
     paths, cache = checkpoints
     with pytest.raises(ConfigError, match="--tensor-parallel-size"):
-        launch(paths["llama"], cache, 4)  # 2 KV heads
+        launch(paths["llama"], cache, 3)  # 4 attention heads
 
 
 def test_launch_settings_are_validated():

@@ -77,9 +77,15 @@ def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
             "models only (this checkpoint has a vision or audio encoder); use 1"
         )
     lin = cfg.linear
+    if cfg.num_kv_heads % size and size % cfg.num_kv_heads:
+        raise ValueError(
+            f"tensor_parallel_size (--tensor-parallel-size) {size} neither divides the model's "
+            f"{cfg.num_kv_heads} KV heads (num_key_value_heads) nor is a multiple of them; choose a size "
+            f"that divides {cfg.num_heads} attention heads and divides or is a multiple of "
+            f"{cfg.num_kv_heads} KV heads"
+        )
     for what, count in (
         ("attention heads", cfg.num_heads),
-        ("KV heads (num_key_value_heads)", cfg.num_kv_heads),
         ("intermediate_size", cfg.intermediate_size),
         ("moe_intermediate_size", cfg.moe_intermediate_size),
         ("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size),
@@ -117,7 +123,7 @@ def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
     return replace(
         cfg,
         num_heads=cfg.num_heads // size,
-        num_kv_heads=cfg.num_kv_heads // size,
+        num_kv_heads=max(1, cfg.num_kv_heads // size),  # fewer KV heads than ranks: one each, replicated
         intermediate_size=cfg.intermediate_size // size,
         moe_intermediate_size=cfg.moe_intermediate_size // size,
         shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // size,
@@ -148,9 +154,24 @@ def _rows(view, parts: list[int], rank: int, size: int) -> torch.Tensor:
         step = n // size
         out.append(view[start + rank * step : start + (rank + 1) * step])
         start += n
-    if len(out) == 1:
-        return out[0]
-    return QuantizedTensor.cat(out) if isinstance(out[0], QuantizedTensor) else torch.cat(out)
+    return _cat(out)
+
+
+def _cat(parts: list):
+    if len(parts) == 1:
+        return parts[0]
+    return QuantizedTensor.cat(parts) if isinstance(parts[0], QuantizedTensor) else torch.cat(parts)
+
+
+def _kv_rows(view, start: int, cfg: ModelConfig, rank: int, size: int):
+    """Rank's rows of a k or v projection that begins at row ``start``: 1/size of the KV heads or,
+    with fewer KV heads than ranks, the one KV head its query heads read (replicated on
+    size / num_kv_heads ranks)."""
+    if cfg.num_kv_heads >= size:
+        step = cfg.num_kv_heads * cfg.head_dim // size
+        return view[start + rank * step : start + (rank + 1) * step]
+    head = rank * cfg.num_kv_heads // size
+    return view[start + head * cfg.head_dim : start + (head + 1) * cfg.head_dim]
 
 
 class _QuantizedView:
@@ -235,10 +256,13 @@ def shard_tensor(name: str, view, cfg: ModelConfig, rank: int, size: int) -> tor
     if _EXPERT_ROW.fullmatch(local):
         step = shape[1] // size
         return view[:, rank * step : (rank + 1) * step]
+    if local in ("self_attn.k_proj", "self_attn.v_proj"):
+        return _kv_rows(view, 0, cfg, rank, size)
     if local in _COLUMN:
         return _rows(view, [shape[0]], rank, size)
     if local == "self_attn.qkv_proj":
-        return _rows(view, [q, kv, kv], rank, size)
+        return _cat([_rows(view, [q], rank, size), _kv_rows(view, q, cfg, rank, size),
+                     _kv_rows(view, q + kv, cfg, rank, size)])  # fmt: skip
     if local == "mlp.gate_up_proj":
         return _rows(view, [shape[0] // 2] * 2, rank, size)
     if local in _ROW:
