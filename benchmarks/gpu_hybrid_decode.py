@@ -1,13 +1,13 @@
 """Batch-1 decode of hybrid models on a GPU, decode CUDA graphs on and off, in one run.
 
     python benchmarks/gpu_hybrid_decode.py [--shapes qwen3.5-9b,nemotron-3-nano-30b-a3b]
-        [--new-tokens 128] [--modes graphs,eager] [--profile [--profile-steps 32]]
+        [--new-tokens 128] [--modes graphs,unfused,eager] [--profile [--profile-steps 32]]
 
 Random bf16 weights (load_format="dummy"): the Qwen3.5 ~9B shape is transformers' default
 Qwen3_5TextConfig (24 Gated DeltaNet + 8 gated attention layers); the Nemotron-3-Nano-30B-A3B shape is
 52 layers (23 Mamba-2, 23 MoE of 128 experts top-6, 6 attention). A 128-token prompt, greedy, EOS
-ignored; each shape loads once, and its eager figure sets the captured graphs aside (the same
-kernels, launched one by one). One JSON line per figure; the bandwidth counts the bytes a token reads: every weight, but
+ignored; each shape loads once: ``unfused`` captures the graphs again without the fused products,
+``eager`` sets the graphs aside (the same kernels, launched one by one). One JSON line per figure; the bandwidth counts the bytes a token reads: every weight, but
 of the routed experts only the ``num_experts_per_tok`` a token picks. ``--profile``: also the CUDA
 kernels per decode step and their summed time (torch.profiler over a short generation).
 """
@@ -91,6 +91,7 @@ NEMOTRON_3_NANO = dict(
     torch_dtype="bfloat16",
 )
 
+MODES = ("graphs", "unfused", "eager")
 SHAPES = {"qwen3.5-9b": QWEN3_5_9B, "nemotron-3-nano-30b-a3b": NEMOTRON_3_NANO}
 
 
@@ -149,8 +150,13 @@ def main() -> None:
     )
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--modes", default="graphs,eager", help="graphs, eager or both")
-    parser.add_argument("--profile", action="store_true", help="kernels per step (graphs mode)")
+    parser.add_argument(
+        "--modes",
+        default="graphs,eager",
+        help="comma-separated: graphs (the default path), unfused (graphs, the norms / SiLU-mul / residual "
+        "adds as kernels of their own: TRTEDGE_DECODE_FUSION=0), eager (no graphs)",
+    )
+    parser.add_argument("--profile", action="store_true", help="kernels per step (graph modes)")
     parser.add_argument("--profile-steps", type=int, default=32)
     args = parser.parse_args()
     prompt = torch.randint(10, 100000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -168,17 +174,26 @@ def main() -> None:
                 max_input_len=512,
                 engine_process=False,  # the eager mode sets the runner's graphs aside (one load for both)
             ) as llm:
-                runner = llm.engine.runner
-                graphs = runner.graphs
+                runner, model = llm.engine.runner, llm.model
+                graphs, fused = runner.graphs, model.fused_products
                 for mode in args.modes.split(","):
-                    runner.graphs = graphs if mode == "graphs" else None
+                    if mode not in MODES:
+                        raise SystemExit(f"--modes: unknown mode {mode!r}; choose from {', '.join(MODES)}")
+                    unfused = mode == "unfused"
+                    if fused and model.fused_products == unfused:  # the graphs record the other path
+                        model.fused_products = not unfused
+                        with torch.inference_mode():  # as the engine's steps
+                            graphs.recapture()
+                    runner.graphs = None if mode == "eager" else graphs
                     tps = decode(llm, prompt, args.new_tokens)
                     nbytes = llm.describe()["weight_bytes"]
                     active = nbytes - inactive_expert_bytes(config)
                     row = dict(
                         figure="batch1_decode",
                         shape=name,
-                        cuda_graphs=mode == "graphs",
+                        mode=mode,
+                        cuda_graphs=mode != "eager",
+                        fused_products=model.fused_products,
                         device=device,
                         tokens_per_s=round(tps, 1),
                         weight_gb=round(nbytes / 1e9, 2),
@@ -187,9 +202,9 @@ def main() -> None:
                         pct_of_peak=round(100 * tps * active / PEAK_BYTES_PER_S, 1),
                     )
                     print(json.dumps(row), flush=True)
-                    if args.profile and mode == "graphs":
+                    if args.profile and mode != "eager":
                         per_step, ms = profile(llm, prompt, args.profile_steps)
-                        step = dict(figure="decode_step_profile", shape=name, cuda_graphs=True)
+                        step = dict(figure="decode_step_profile", shape=name, mode=mode)
                         step.update(kernels_per_step=round(per_step, 1), kernel_ms_per_step=round(ms, 3))
                         print(json.dumps({**step, "wall_ms_per_step": round(1e3 / tps, 3)}), flush=True)
             torch.cuda.empty_cache()
