@@ -45,9 +45,11 @@ def test_fused_products_match_torch_reference(dtype, seed):
         lin._reserve(plan)
         for _ in range(2):  # a second call: the split-K counters must have reset themselves
             out = lin.launch(x, plan, norm=norm, eps=1e-6)
+            late = lin.launch(x, plan, norm=norm, eps=1e-6, late_norm=True)
             into = residual.clone()
             lin.launch(gate_up, plan, silu=True, residual=into)
         assert _rel(out, ref_norm) < 1e-2, plan
+        assert _rel(late, ref_norm) < 1e-2, plan
         assert _rel(into, ref_down) < 1e-2, plan
     assert int(lin.counts.sum()) == 0
     into = residual.clone()

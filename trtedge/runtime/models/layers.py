@@ -137,8 +137,9 @@ class GatedMLP:
 
     def fused_decode(self, x: torch.Tensor, norm: torch.Tensor, eps: float) -> None:
         """x += this MLP of RMSNorm(x) * norm, for at most 16 decode rows: two products, the norm
-        read by the first, SiLU-mul by the second, which adds into x."""
-        gate_up = self.gate_up.skinny.fused(x, norm=norm, eps=eps)
+        read by the first (its 1/rms applied to the sums), SiLU-mul by the second, which adds
+        into x."""
+        gate_up = self.gate_up.skinny.fused(x, norm=norm, eps=eps, late_norm=True)
         self.down.skinny.fused(gate_up, silu=True, residual=x)
 
     @property

@@ -254,9 +254,9 @@ class LlamaModel:
                     cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, positions, cos, sin, layer.q_norm,
                     layer.k_norm, eps, batch.slot_mapping, k_cache, v_cache, q,
                 )  # fmt: skip
-                layer.qkv.skinny.fused(x, norm=layer.input_norm, eps=eps, rope=store)
+                layer.qkv.skinny.fused(x, norm=layer.input_norm, eps=eps, rope=store, late_norm=True)
             else:
-                qkv = layer.qkv.skinny.fused(x, norm=layer.input_norm, eps=eps)
+                qkv = layer.qkv.skinny.fused(x, norm=layer.input_norm, eps=eps, late_norm=True)
                 kernels.qkv_rope_store(
                     qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, positions, cos, sin,
                     layer.q_norm, layer.k_norm, eps, batch.slot_mapping, k_cache, v_cache, q,

@@ -42,6 +42,18 @@ if triton is not None:
         return inv
 
     @triton.jit
+    def _x_tile_late(x_ptr, norm_ptr, rm, ks, M, hi, stride_x, dt: tl.constexpr):
+        """LATE_NORM's input tile: x * norm (the row's 1/rms applied to the sums), and the tile's
+        squares of x for that 1/rms."""
+        xf = tl.load(
+            x_ptr + rm[:, None] * stride_x + ks[None, :],
+            mask=(rm[:, None] < M) & (ks[None, :] < hi),
+            other=0.0,
+        ).to(tl.float32)
+        scale = tl.load(norm_ptr + ks, mask=ks < hi, other=0.0).to(tl.float32)
+        return (xf * scale[None, :]).to(dt), tl.sum(xf * xf, 1)
+
+    @triton.jit
     def _x_tile(x_ptr, norm_ptr, inv, rm, ks, M, K, hi, stride_x, dt: tl.constexpr,
                 NORM_IN: tl.constexpr, SILU_IN: tl.constexpr):  # fmt: skip
         """The product's input at columns ``ks`` of every row, with its folded-in prologue."""
@@ -97,13 +109,16 @@ if triton is not None:
         SPLIT_K: tl.constexpr,
         PDL: tl.constexpr,
         EARLY_TILE: tl.constexpr,
+        LATE_NORM: tl.constexpr,
     ):
         # NORM_IN: x is the residual stream; the product reads RMSNorm(x) * norm (the row's 1/rms from
         # a first pass over the whole row). SILU_IN: x is [gate | up] (K columns each); the product
         # reads silu(gate) * up. RESIDUAL_OUT: y is the residual stream, and gets the product added.
         # ROPE_OUT: the product is a fused qkv, one head per column tile (BLOCK_N = head_dim): q heads
         # get q-norm (QK_NORM) and RoPE into y, k heads k-norm and RoPE into the cache, v heads go to
-        # the cache. Roundings are the unfused kernels' (triton_fused), which follow HF.
+        # the cache. Roundings are the unfused kernels' (triton_fused), which follow HF. LATE_NORM
+        # (instead of NORM_IN): no first pass; the product reads x * norm rounded once and its sums
+        # are scaled by the row's 1/rms (squares summed from the same tiles, across the splits).
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         dt = y_ptr.dtype.element_ty
@@ -127,16 +142,25 @@ if triton is not None:
             if PDL:
                 tl.extra.cuda.gdc_wait()
             inv = _row_inv(x_ptr, rm, rk, M, K, stride_x, eps, NORM_IN, BLOCK_M, BLOCK_K)
-            x = _x_tile(x_ptr, norm_ptr, inv, rm, lo + rk, M, K, hi, stride_x, dt, NORM_IN, SILU_IN)
+            squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            if LATE_NORM:
+                x, squares = _x_tile_late(x_ptr, norm_ptr, rm, lo + rk, M, hi, stride_x, dt)
+            else:
+                x = _x_tile(x_ptr, norm_ptr, inv, rm, lo + rk, M, K, hi, stride_x, dt, NORM_IN, SILU_IN)
             acc = tl.dot(x, tl.trans(w))
             first = lo + BLOCK_K
         else:
             inv = _row_inv(x_ptr, rm, rk, M, K, stride_x, eps, NORM_IN, BLOCK_M, BLOCK_K)
+            squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             first = lo
         for k0 in range(first, hi, BLOCK_K):
             ks = k0 + rk
-            x = _x_tile(x_ptr, norm_ptr, inv, rm, ks, M, K, hi, stride_x, dt, NORM_IN, SILU_IN)
+            if LATE_NORM:
+                x, sq = _x_tile_late(x_ptr, norm_ptr, rm, ks, M, hi, stride_x, dt)
+                squares += sq
+            else:
+                x = _x_tile(x_ptr, norm_ptr, inv, rm, ks, M, K, hi, stride_x, dt, NORM_IN, SILU_IN)
             w = tl.load(
                 w_rows + ks[None, :],
                 mask=(rn[:, None] < N) & (ks[None, :] < hi),
@@ -150,6 +174,9 @@ if triton is not None:
         if SPLIT_K > 1:
             tile = BLOCK_M * N
             tl.store(part_ptr + pid_k * tile + rm[:, None] * N + rn[None, :], acc, mask=out_mask)
+            squares_at = part_ptr + SPLIT_K * tile + pid_n * SPLIT_K * BLOCK_M
+            if LATE_NORM:
+                tl.store(squares_at + pid_k * BLOCK_M + rm, squares)
             done = tl.atomic_add(count_ptr + pid_n, 1)
             if done != SPLIT_K - 1:
                 return
@@ -161,7 +188,13 @@ if triton is not None:
                     other=0.0,
                     cache_modifier=".cg",
                 )
+            if LATE_NORM:
+                squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+                for s in range(SPLIT_K):
+                    squares += tl.load(squares_at + s * BLOCK_M + rm, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid_n, 0)
+        if LATE_NORM:
+            acc = acc * tl.rsqrt(squares / K + eps)[:, None]
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         y_at = y_ptr + rm[:, None] * stride_y + rn[None, :]
@@ -245,6 +278,7 @@ class Fusion:
     add of its output, the q/k-norm + RoPE + KV-cache store of a fused qkv."""
 
     norm: bool = False
+    late_norm: bool = False  # the norm's 1/rms applied to the sums (no first pass; not HF's rounding)
     silu: bool = False
     residual: bool = False
     rope: tuple[int, int, int] | None = None  # (num_heads, num_kv_heads, head_dim)
@@ -352,17 +386,24 @@ class SkinnyLinear:
         silu: bool = False,
         residual: torch.Tensor | None = None,
         rope: RopeStore | None = None,
+        late_norm: bool = False,
     ) -> torch.Tensor:
         """The product of at most ``MAX_ROWS`` contiguous rows with: ``norm`` (an RMSNorm weight):
-        of RMSNorm(rows) * norm; ``silu``: rows are [gate | up], of silu(gate) * up; ``residual``:
-        added into ``residual`` (returned); ``rope``: a fused qkv's heads normed, rotated and stored
-        (``rope.q_out`` returned)."""
+        of RMSNorm(rows) * norm (``late_norm``: 1/rms applied to the sums, no first pass over the
+        rows, not HF's rounding); ``silu``: rows are [gate | up], of silu(gate) * up;
+        ``residual``: added into ``residual`` (returned); ``rope``: a fused qkv's heads normed,
+        rotated and stored (``rope.q_out`` returned)."""
         heads = (rope.num_heads, rope.num_kv_heads, rope.head_dim) if rope is not None else None
-        fusion = Fusion(norm is not None, silu, residual is not None, heads)
+        late = late_norm and norm is not None
+        fusion = Fusion(
+            norm=norm is not None, late_norm=late, silu=silu, residual=residual is not None, rope=heads
+        )
         plan = self.plan(rows.shape[0], fusion)
         if plan is None:  # cuBLAS with torch's element-wise kernels measured faster
             return self._unfused(rows, norm, eps, silu, residual)
-        return self.launch(rows, plan, norm=norm, eps=eps, silu=silu, residual=residual, rope=rope)
+        return self.launch(
+            rows, plan, norm=norm, eps=eps, silu=silu, residual=residual, rope=rope, late_norm=late
+        )
 
     def _unfused(self, rows, norm, eps: float, silu: bool, residual) -> torch.Tensor:
         """``fused`` through cuBLAS and torch, with the same roundings (HF's)."""
@@ -405,7 +446,14 @@ class SkinnyLinear:
             self._reserve(plan)
             timed[plan] = _graph_time(
                 lambda plan=plan: self.launch(
-                    x, plan, norm=norm, eps=1e-6, silu=fusion.silu, residual=residual, rope=rope
+                    x,
+                    plan,
+                    norm=norm,
+                    eps=1e-6,
+                    silu=fusion.silu,
+                    residual=residual,
+                    rope=rope,
+                    late_norm=fusion.late_norm,
                 )
             )
         best = min(timed, key=timed.get) if timed else None
@@ -417,7 +465,9 @@ class SkinnyLinear:
         return best if best is not None and timed[best] < unfused else None
 
     def _reserve(self, plan: Plan) -> None:
-        need = plan[2] * MAX_ROWS * self.weight.shape[0] if plan[2] > 1 else 1
+        n, split = self.weight.shape[0], plan[2]
+        # split x rows x n partial sums, then (LATE_NORM) split x rows squares per column tile
+        need = split * MAX_ROWS * (n + -(-n // plan[0])) if split > 1 else 1
         if self.partials.numel() < need:
             self._retired.append(self.partials)
             self.partials = torch.empty(need, device=self.weight.device)
@@ -432,6 +482,7 @@ class SkinnyLinear:
         silu: bool = False,
         residual: torch.Tensor | None = None,
         rope: RopeStore | None = None,
+        late_norm: bool = False,
     ) -> torch.Tensor:
         m = rows.shape[0]
         n, k = self.weight.shape
@@ -466,7 +517,7 @@ class SkinnyLinear:
             y.stride(0) if rope is None else 0,
             eps,
             HAS_BIAS=self.bias is not None,
-            NORM_IN=norm is not None,
+            NORM_IN=norm is not None and not late_norm,
             SILU_IN=silu,
             RESIDUAL_OUT=residual is not None,
             ROPE_OUT=rope is not None,
@@ -478,7 +529,8 @@ class SkinnyLinear:
             BLOCK_K=block_k,
             SPLIT_K=split,
             PDL=launch_pdl,
-            EARLY_TILE=launch_pdl or norm is not None,
+            EARLY_TILE=launch_pdl or (norm is not None and not late_norm),
+            LATE_NORM=norm is not None and late_norm,
             num_warps=4,
             num_stages=3,
             launch_pdl=launch_pdl,
