@@ -34,12 +34,20 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         directory = write_shape(Path(tmp) / args.shape, args.shape)
+        first: list[int] = []
         for mode in args.modes.split(","):
             for key in ("TRTEDGE_PDL", "TRTEDGE_DECODE_FUSION"):
                 os.environ.pop(key, None)
             os.environ.update(MODES[mode])
             pdl._enabled = None  # probed again under this mode's TRTEDGE_PDL
-            profile(directory, args.shape, mode)
+            tokens = profile(directory, args.shape, mode)
+            first = first or tokens
+            same = next((i for i, (a, b) in enumerate(zip(tokens, first)) if a != b), len(tokens))
+            print(
+                json.dumps(
+                    dict(figure="greedy_tokens", mode=mode, same_as_first_mode=f"{same}/{len(tokens)}")
+                )
+            )
 
 
 MODES = {
@@ -50,7 +58,8 @@ MODES = {
 }
 
 
-def profile(directory: Path, shape: str, mode: str) -> None:
+def profile(directory: Path, shape: str, mode: str) -> list[int]:
+    """Prints the step's figures; returns the greedy tokens it decoded."""
     with LLM(
         str(directory),
         load_format="dummy",
@@ -62,7 +71,7 @@ def profile(directory: Path, shape: str, mode: str) -> None:
     ) as llm:
         prompt = list(range(100, 228))
         metrics = []
-        llm.generate(
+        out = llm.generate(
             prompt,
             SamplingParams(max_tokens=128, temperature=0, ignore_eos=True),
             on_metrics=metrics.append,
@@ -116,6 +125,7 @@ def profile(directory: Path, shape: str, mode: str) -> None:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             llm.generate(prompt, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
         print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=15))
+        return out.token_ids
 
 
 if __name__ == "__main__":
