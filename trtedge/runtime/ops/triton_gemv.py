@@ -154,6 +154,18 @@ if triton is not None:
             squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             first = lo
+        # the epilogue's other operands, in flight during the main loop
+        if ROPE_OUT:
+            slot, c1, c2, s1, s2, wa, wb = _rope_operands(
+                pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, rm, M, pid_n, NUM_HEADS,
+                QK_NORM, BLOCK_N,
+            )  # fmt: skip
+        if RESIDUAL_OUT:  # written by kernels before this one only (PDL: after gdc_wait above)
+            residual = tl.load(
+                y_ptr + rm[:, None] * stride_y + rn[None, :],
+                mask=(rm[:, None] < M) & (rn[None, :] < N),
+                other=0.0,
+            ).to(tl.float32)
         for k0 in range(first, hi, BLOCK_K):
             ks = k0 + rk
             if LATE_NORM:
@@ -200,54 +212,64 @@ if triton is not None:
         y_at = y_ptr + rm[:, None] * stride_y + rn[None, :]
         if ROPE_OUT:
             _rope_store(
-                acc.to(dt).to(tl.float32), pid_n, rm, M, y_ptr, pos_ptr, cos_ptr, sin_ptr, q_norm_ptr,
-                k_norm_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, eps, dt, QK_NORM, NUM_HEADS,
-                NUM_KV_HEADS, BLOCK_M, BLOCK_N,
+                acc.to(dt).to(tl.float32), pid_n, rm, M, y_ptr, k_cache_ptr, v_cache_ptr, slot, c1, c2,
+                s1, s2, wa, wb, eps, dt, QK_NORM, NUM_HEADS, NUM_KV_HEADS, BLOCK_M, BLOCK_N,
             )  # fmt: skip
         elif RESIDUAL_OUT:
-            residual = tl.load(y_at, mask=out_mask, other=0.0).to(tl.float32)
             tl.store(y_at, (acc.to(dt).to(tl.float32) + residual).to(dt), mask=out_mask)
         else:
             tl.store(y_at, acc.to(dt), mask=out_mask)
 
     @triton.jit
-    def _norm_rope_rows(a, b, w_ptr, pos, cos_ptr, sin_ptr, eps, offs, dt: tl.constexpr,
-                        QK_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr):  # fmt: skip
-        if QK_NORM:
-            inv = tl.rsqrt((tl.sum(a * a, 1) + tl.sum(b * b, 1)) / HEAD_DIM + eps)[:, None]
-            wa = tl.load(w_ptr + offs).to(tl.float32)[None, :]
-            wb = tl.load(w_ptr + HALF + offs).to(tl.float32)[None, :]
-            a = ((a * inv).to(dt).to(tl.float32) * wa).to(dt).to(tl.float32)
-            b = ((b * inv).to(dt).to(tl.float32) * wb).to(dt).to(tl.float32)
+    def _rope_operands(pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, rm, M, head,
+                       NUM_HEADS: tl.constexpr, QK_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+        """What the qkv epilogue reads besides the sums (loaded before the main loop, so that their
+        latency hides behind it): each row's cache slot, its rotation's cos and sin halves, and the
+        head's q- or k-norm weight halves."""
+        HALF: tl.constexpr = HEAD_DIM // 2
+        rows = rm < M
+        offs = tl.arange(0, HALF)
+        pos = tl.load(pos_ptr + rm, mask=rows, other=0).to(tl.int64)
+        slot = tl.load(slot_ptr + rm, mask=rows, other=0).to(tl.int64)
         table = pos[:, None] * HEAD_DIM + offs[None, :]
         c1 = tl.load(cos_ptr + table).to(tl.float32)
         c2 = tl.load(cos_ptr + table + HALF).to(tl.float32)
         s1 = tl.load(sin_ptr + table).to(tl.float32)
         s2 = tl.load(sin_ptr + table + HALF).to(tl.float32)
+        wa = tl.full((HALF,), 1.0, tl.float32)
+        wb = wa
+        if QK_NORM:
+            is_q = head < NUM_HEADS
+            wa = tl.where(is_q, tl.load(q_norm_ptr + offs), tl.load(k_norm_ptr + offs)).to(tl.float32)
+            wb = tl.where(is_q, tl.load(q_norm_ptr + HALF + offs), tl.load(k_norm_ptr + HALF + offs))
+            wb = wb.to(tl.float32)
+        return slot, c1, c2, s1, s2, wa[None, :], wb[None, :]
+
+    @triton.jit
+    def _norm_rope_rows(a, b, c1, c2, s1, s2, wa, wb, eps, dt: tl.constexpr, QK_NORM: tl.constexpr,
+                        HEAD_DIM: tl.constexpr):  # fmt: skip
+        if QK_NORM:
+            inv = tl.rsqrt((tl.sum(a * a, 1) + tl.sum(b * b, 1)) / HEAD_DIM + eps)[:, None]
+            a = ((a * inv).to(dt).to(tl.float32) * wa).to(dt).to(tl.float32)
+            b = ((b * inv).to(dt).to(tl.float32) * wb).to(dt).to(tl.float32)
         return a * c1 - b * s1, b * c2 + a * s2
 
     @triton.jit
     def _rope_store(
-        acc, head, rm, M, q_ptr, pos_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, slot_ptr,
-        k_cache_ptr, v_cache_ptr, eps, dt: tl.constexpr, QK_NORM: tl.constexpr,
-        NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+        acc, head, rm, M, q_ptr, k_cache_ptr, v_cache_ptr, slot, c1, c2, s1, s2, wa, wb, eps,
+        dt: tl.constexpr, QK_NORM: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
     ):  # fmt: skip
         # acc: one head of each row, [BLOCK_M, HEAD_DIM] float32 (already rounded to dt)
         HALF: tl.constexpr = HEAD_DIM // 2
         rows = rm < M
         offs = tl.arange(0, HALF)
         a, b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
-        pos = tl.load(pos_ptr + rm, mask=rows, other=0).to(tl.int64)
-        slot = tl.load(slot_ptr + rm, mask=rows, other=0).to(tl.int64)
         if head < NUM_HEADS:
-            a, b = _norm_rope_rows(
-                a, b, q_norm_ptr, pos, cos_ptr, sin_ptr, eps, offs, dt, QK_NORM, HEAD_DIM, HALF
-            )
+            a, b = _norm_rope_rows(a, b, c1, c2, s1, s2, wa, wb, eps, dt, QK_NORM, HEAD_DIM)
             dst = q_ptr + (rm[:, None].to(tl.int64) * NUM_HEADS + head) * HEAD_DIM + offs[None, :]
         elif head < NUM_HEADS + NUM_KV_HEADS:
-            a, b = _norm_rope_rows(
-                a, b, k_norm_ptr, pos, cos_ptr, sin_ptr, eps, offs, dt, QK_NORM, HEAD_DIM, HALF
-            )
+            a, b = _norm_rope_rows(a, b, c1, c2, s1, s2, wa, wb, eps, dt, QK_NORM, HEAD_DIM)
             dst = k_cache_ptr + (slot[:, None] * NUM_KV_HEADS + head - NUM_HEADS) * HEAD_DIM + offs[None, :]
         else:
             kv_head = head - NUM_HEADS - NUM_KV_HEADS
