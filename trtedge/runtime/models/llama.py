@@ -237,9 +237,10 @@ class LlamaModel:
             self.aux_hidden = torch.cat([taps[i] for i in self.aux_layers], dim=-1)
 
     def _decode_fused_products(self, x, h, q, o, positions, kv_caches, batch, tables, context_lens):
-        """Five kernels a layer: qkv reads RMSNorm(x) and writes q, k, v normed and rotated (q to
-        ``q``, k and v to the cache), attention, o adds into x, then the MLP's ``fused_decode``
-        (gate_up reads RMSNorm(x), down reads SiLU(gate) * up and adds into x)."""
+        """Four products a layer and attention: qkv reads RMSNorm(x) and writes q, k, v normed and
+        rotated (q to ``q``, k and v to the cache), attention (with its split merge), o adds into
+        x, then the MLP's ``fused_decode`` (gate_up reads RMSNorm(x), down reads SiLU(gate) * up
+        and adds into x)."""
         cfg, kernels = self.cfg, self.decode_kernels
         n, eps = x.shape[0], cfg.rms_norm_eps
         # (an fp8 cache's rows are E4M3 bytes and a scale: the unfused store writes them)
