@@ -409,7 +409,7 @@ def run(args, work: Path, geometries, formats, threads, lengths) -> None:
                         except RuntimeError as e:
                             failed[name] = str(e)
                         print(
-                            f"{geo.name} {fmt} {name} {t} threads: {results.get((name, t), ['-'])[-1]}",
+                            f"{geo.name} {fmt} {name} {t} threads: {(results.get((name, t)) or [failed.get(name, '-')])[-1]}",
                             file=sys.stderr,
                         )
             gguf_bytes = decode_bytes(path)
