@@ -174,18 +174,19 @@ class DFlashHead:
             block_slots += [slot(p) for p in range(anchor, anchor + n_rows)]
             end = anchor + n_rows
             lens += [end] * n_rows
-            tables += [table[: -(-end // block_size)]] * n_rows
-        device = self.device
+            tables.append(table[: -(-end // block_size)])
+        device, cuda = self.device, isinstance(self.attention, CudaAttention)
+        per_seq = [] if cuda else [torch.tensor(t, dtype=torch.long, device=device) for t in tables]
         batch = AttentionBatch(
             slot_mapping=torch.tensor(context_slots + block_slots, dtype=torch.long, device=device),
             query_lens=[1] * len(lens),
             context_lens=lens,
-            block_tables=[torch.tensor(t, dtype=torch.long, device=device) for t in tables],
+            block_tables=[t for t in per_seq for _ in range(n_rows)],  # the reference path's
             block_size=block_size,
         )
-        if isinstance(self.attention, CudaAttention):
+        if cuda:  # the Triton decode kernel reads the tables and lengths on the device
             width = max(len(t) for t in tables)
-            padded = [t + [t[-1]] * (width - len(t)) for t in tables]
+            padded = [t + [t[-1]] * (width - len(t)) for t in tables for _ in range(n_rows)]
             batch.tables_tensor = torch.tensor(padded, dtype=torch.int32, device=device)
             batch.context_lens_tensor = torch.tensor(lens, dtype=torch.int32, device=device)
         return batch
