@@ -1,14 +1,15 @@
 """Batch-1 decode of hybrid models on a GPU, decode CUDA graphs on and off, in one run.
 
     python benchmarks/gpu_hybrid_decode.py [--shapes qwen3.5-9b,nemotron-3-nano-30b-a3b]
-        [--new-tokens 128] [--modes graphs,unfused,eager] [--profile [--profile-steps 32]]
+        [--new-tokens 128] [--modes graphs,fused,unfused,eager] [--profile [--profile-steps 32]]
 
 Random bf16 weights (load_format="dummy"): the Qwen3.5 ~9B shape is transformers' default
 Qwen3_5TextConfig (24 Gated DeltaNet + 8 gated attention layers); the Nemotron-3-Nano-30B-A3B shape is
 52 layers (23 Mamba-2, 23 MoE of 128 experts top-6, 6 attention). A 128-token prompt, greedy, EOS
-ignored; each shape loads once: ``unfused`` captures the graphs again without the fused products,
-``eager`` sets the graphs aside (the same kernels, launched one by one). One JSON line per figure; the bandwidth counts the bytes a token reads: every weight, but
-of the routed experts only the ``num_experts_per_tok`` a token picks. ``--profile``: also the CUDA
+ignored; each shape loads once: ``fused`` / ``unfused`` capture the graphs again with or without
+the fused products, ``eager`` sets the graphs aside (the same kernels, launched one by one). One
+JSON line per figure; the bandwidth counts the bytes a token reads: every weight, but of the routed
+experts only the ``num_experts_per_tok`` a token picks. ``--profile``: also the CUDA
 kernels per decode step and their summed time (torch.profiler over a short generation).
 """
 
@@ -91,7 +92,7 @@ NEMOTRON_3_NANO = dict(
     torch_dtype="bfloat16",
 )
 
-MODES = ("graphs", "unfused", "eager")
+MODES = ("graphs", "fused", "unfused", "eager")
 SHAPES = {"qwen3.5-9b": QWEN3_5_9B, "nemotron-3-nano-30b-a3b": NEMOTRON_3_NANO}
 
 
@@ -153,8 +154,9 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="graphs,eager",
-        help="comma-separated: graphs (the default path), unfused (graphs, the norms / SiLU-mul / residual "
-        "adds as kernels of their own: TRTEDGE_DECODE_FUSION=0), eager (no graphs)",
+        help="comma-separated: graphs (the default path), fused / unfused (graphs with the norms, SiLU-mul "
+        "and residual adds inside the products, as TRTEDGE_DECODE_FUSION=1, or as kernels of their own), "
+        "eager (no graphs, the default path)",
     )
     parser.add_argument("--profile", action="store_true", help="kernels per step (graph modes)")
     parser.add_argument("--profile-steps", type=int, default=32)
@@ -175,13 +177,13 @@ def main() -> None:
                 engine_process=False,  # the eager mode sets the runner's graphs aside (one load for both)
             ) as llm:
                 runner, model = llm.engine.runner, llm.model
-                graphs, fused = runner.graphs, model.fused_products
+                graphs, default = runner.graphs, model.fused_products
                 for mode in args.modes.split(","):
                     if mode not in MODES:
                         raise SystemExit(f"--modes: unknown mode {mode!r}; choose from {', '.join(MODES)}")
-                    unfused = mode == "unfused"
-                    if fused and model.fused_products == unfused:  # the graphs record the other path
-                        model.fused_products = not unfused
+                    fused = {"fused": True, "unfused": False}.get(mode, default) and model.can_fuse_products
+                    if model.fused_products != fused:  # the graphs recorded the other path
+                        model.fused_products = fused
                         with torch.inference_mode():  # as the engine's steps
                             graphs.recapture()
                     runner.graphs = None if mode == "eager" else graphs

@@ -247,16 +247,18 @@ def _gaps(logits: torch.Tensor, chosen: list[int]) -> list[float]:
     return ((best - picked) / (best - worst)).tolist()
 
 
+@pytest.mark.parametrize("fusion", ["0", "1"])
 @pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
-def test_bfloat16_graphed_decode_tracks_float32_transformers(family, tmp_path):
-    """bf16 decode steps (the fused recurrent kernels and the products that take the norms, SiLU-mul
-    and residual adds) against HF in float32: 32 greedy tokens that are the float32
-    argmax or within 3% of the logit spread of it."""
+def test_bfloat16_graphed_decode_tracks_float32_transformers(family, fusion, tmp_path, monkeypatch):
+    """bf16 decode steps (the fused recurrent kernels; with TRTEDGE_DECODE_FUSION=1 also the products
+    that take the norms, SiLU-mul and residual adds) against HF in float32: 32 greedy tokens that are
+    the float32 argmax or within 3% of the logit spread of it."""
     transformers = pytest.importorskip("transformers")
+    monkeypatch.setenv("TRTEDGE_DECODE_FUSION", fusion)
     path = checkpoint(family, tmp_path / "m")
     ids = PROMPTS[3]
     with hybrid_llm(path, eager=False, dtype="bfloat16") as llm:
-        assert llm.model.fused_products
+        assert llm.model.fused_products == (fusion == "1")
         out = llm.generate(ids, GREEDY).token_ids
         assert llm.engine.runner.graphs.num_replays >= GREEDY.max_tokens - 1
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()

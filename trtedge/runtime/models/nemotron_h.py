@@ -492,15 +492,13 @@ class NemotronHModel:
         self.num_mamba_layers = num_mamba
         self.num_kv_layers = sum(kind == "full_attention" for kind in spec.layer_types)
         self.decode_kernels = None
-        # CUDA, bf16/fp16 dense weights, at most 16 rows: the Mamba and attention layers' products
-        # read RMSNorm(x) and add into x themselves (TRTEDGE_DECODE_FUSION=0 keeps those apart)
-        self.fused_products = (
-            device.type == "cuda"
-            and os.environ.get("TRTEDGE_DECODE_FUSION", "1") != "0"
-            and all(_products_fuse(layer) for layer in self.layers)
-        )
+        # CUDA, bf16/fp16 dense weights, at most 16 rows: the norms and residual adds (and Qwen3.5's
+        # SiLU-mul) of a decode step can run inside the products; only with TRTEDGE_DECODE_FUSION=1, as
+        # for the llama family (fused_products may be switched, the decode graphs captured again)
+        self.can_fuse_products = device.type == "cuda" and all(_products_fuse(layer) for layer in self.layers)
+        self.fused_products = self.can_fuse_products and os.environ.get("TRTEDGE_DECODE_FUSION") == "1"
         self.norm_kernels = None
-        if self.fused_products:
+        if self.can_fuse_products:
             from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
 
             self.norm_kernels = TritonDecodeKernels()

@@ -342,15 +342,13 @@ class Qwen35Model:
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
         self.decode_kernels = None
-        # CUDA, bf16/fp16 dense weights, at most 16 rows: the norms, SiLU-mul and residual adds of a
-        # decode step run inside the products (TRTEDGE_DECODE_FUSION=0 keeps them as kernels of their own)
-        self.fused_products = (
-            device.type == "cuda"
-            and os.environ.get("TRTEDGE_DECODE_FUSION", "1") != "0"
-            and all(_products_fuse(layer) for layer in self.layers)
-        )
+        # CUDA, bf16/fp16 dense weights, at most 16 rows: the norms and residual adds (and Qwen3.5's
+        # SiLU-mul) of a decode step can run inside the products; only with TRTEDGE_DECODE_FUSION=1, as
+        # for the llama family (fused_products may be switched, the decode graphs captured again)
+        self.can_fuse_products = device.type == "cuda" and all(_products_fuse(layer) for layer in self.layers)
+        self.fused_products = self.can_fuse_products and os.environ.get("TRTEDGE_DECODE_FUSION") == "1"
         self.norm_kernels = None
-        if self.fused_products:
+        if self.can_fuse_products:
             from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
 
             self.norm_kernels = TritonDecodeKernels()
