@@ -497,8 +497,9 @@ class NemotronHModel:
         # for the llama family (fused_products may be switched, the decode graphs captured again)
         self.can_fuse_products = device.type == "cuda" and all(_products_fuse(layer) for layer in self.layers)
         self.fused_products = self.can_fuse_products and os.environ.get("TRTEDGE_DECODE_FUSION") == "1"
+        # CUDA decode steps: each residual add and the RMSNorm after it in one launch
         self.norm_kernels = None
-        if self.can_fuse_products:
+        if device.type == "cuda" and triton_attention.available():
             from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
 
             self.norm_kernels = TritonDecodeKernels()
@@ -527,6 +528,8 @@ class NemotronHModel:
         caches = iter(kv_caches)
         eps = self.cfg.rms_norm_eps
         fused = self.fused_products and states.is_decode and x.shape[0] <= triton_gemv.MAX_ROWS
+        if self.norm_kernels is not None and states.is_decode and not fused:
+            return self._decode_with_kernels(x, caches, batch, states)
         for layer in self.layers:
             if fused and layer.kind in ("linear_attention", "full_attention"):
                 mixer = layer.mixer
@@ -556,6 +559,26 @@ class NemotronHModel:
             self.norm_kernels.add_rms_norm(x, None, self.norm, out, eps)
         else:
             out = rms_norm(x, self.norm, eps)
+        if self.keep_hidden:
+            self.aux_hidden = out
+        return out
+
+    def _decode_with_kernels(self, x, caches, batch, states) -> torch.Tensor:
+        """A CUDA decode step whose residual adds run with the RMSNorm after them (add_rms_norm, x in
+        place)."""
+        kernels, eps = self.norm_kernels, self.cfg.rms_norm_eps
+        h, delta = torch.empty_like(x), None
+        for layer in self.layers:
+            kernels.add_rms_norm(x, delta, layer.norm, h, eps)
+            if layer.kind == "linear_attention":
+                delta = layer.mixer(h, states)
+            elif layer.kind == "full_attention":
+                k_cache, v_cache = next(caches)
+                delta = layer.mixer(h, k_cache, v_cache, batch)
+            else:
+                delta = layer.mixer(h)
+        out = torch.empty_like(x)
+        kernels.add_rms_norm(x, delta, self.norm, out, eps)
         if self.keep_hidden:
             self.aux_hidden = out
         return out

@@ -347,8 +347,9 @@ class Qwen35Model:
         # for the llama family (fused_products may be switched, the decode graphs captured again)
         self.can_fuse_products = device.type == "cuda" and all(_products_fuse(layer) for layer in self.layers)
         self.fused_products = self.can_fuse_products and os.environ.get("TRTEDGE_DECODE_FUSION") == "1"
+        # CUDA decode steps: each residual add and the RMSNorm after it in one launch, SiLU-mul in one
         self.norm_kernels = None
-        if self.can_fuse_products:
+        if device.type == "cuda" and triton_attention.available():
             from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
 
             self.norm_kernels = TritonDecodeKernels()
@@ -377,6 +378,8 @@ class Qwen35Model:
         caches = iter(kv_caches)
         if self.fused_products and states.is_decode and x.shape[0] <= triton_gemv.MAX_ROWS:
             return self._decode_fused_products(x, cos, sin, caches, batch, states)
+        if self.norm_kernels is not None and states.is_decode:
+            return self._decode_with_kernels(x, cos, sin, caches, batch, states)
         for layer in self.layers:
             h = rms_norm(x, layer.input_norm, layer.eps)
             if isinstance(layer.mixer, GatedDeltaNet):
@@ -386,6 +389,26 @@ class Qwen35Model:
                 x = x + layer.mixer(h, cos, sin, k_cache, v_cache, batch)
             x = layer.mlp(x)
         out = rms_norm(x, self.norm, self.cfg.rms_norm_eps)
+        if self.keep_hidden:
+            self.aux_hidden = out
+        return out
+
+    def _decode_with_kernels(self, x, cos, sin, caches, batch, states) -> torch.Tensor:
+        """A CUDA decode step whose residual adds run with the RMSNorm after them (add_rms_norm, x in
+        place) and whose MLP's SiLU-mul is one kernel."""
+        kernels, eps = self.norm_kernels, self.cfg.rms_norm_eps
+        h, delta = torch.empty_like(x), None
+        for layer in self.layers:
+            kernels.add_rms_norm(x, delta, layer.input_norm, h, eps)
+            if isinstance(layer.mixer, GatedDeltaNet):
+                delta = layer.mixer(h, states)
+            else:
+                k_cache, v_cache = next(caches)
+                delta = layer.mixer(h, cos, sin, k_cache, v_cache, batch)
+            kernels.add_rms_norm(x, delta, layer.post_norm, h, eps)
+            delta = layer.ffn(h, kernels)
+        out = torch.empty_like(x)
+        kernels.add_rms_norm(x, delta, self.norm, out, eps)
         if self.keep_hidden:
             self.aux_hidden = out
         return out
