@@ -251,7 +251,7 @@ class GatedAttention:
             q = torch.cat([rotate(q[..., :rd], cos, sin), q[..., rd:]], dim=-1)
             k = torch.cat([rotate(k[..., :rd], cos, sin), k[..., rd:]], dim=-1)
         o = self.attention(q, k, v.view(t, cfg.num_kv_heads, cfg.head_dim), k_cache, v_cache, batch)
-        return o.reshape(t, self.q_size) * torch.sigmoid(gate.reshape(t, self.q_size))
+        return o.reshape(t, self.q_size) * torch.sigmoid(gate).reshape(t, self.q_size)
 
 
 class Qwen35Layer:
