@@ -182,6 +182,11 @@ def main() -> None:
         default=1,
         help="drive the HTTP side from this many client processes (the concurrency split between them)",
     )
+    parser.add_argument(
+        "--py-spy",
+        metavar="FILE",
+        help="sample the server and its engine core with py-spy for 8 s of the HTTP side (raw stacks)",
+    )
     args = parser.parse_args()
     requests = workload(args.requests)
     with tempfile.TemporaryDirectory() as tmp:
@@ -209,7 +214,15 @@ def main() -> None:
                     pass
                 time.sleep(0.5)
             before = asyncio.run(engine_counts(port))
+            spy = None
+            if args.py_spy:  # the server and its engine core process, while the HTTP side runs
+                cmd = ["py-spy", "record", "--pid", str(server.pid), "--subprocesses", "--rate", "200"]
+                cmd += ["--format", "raw", "--duration", "8", "--output", args.py_spy]
+                spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+                time.sleep(1)  # attached before the first request
             http = drive_all(port, requests, args.concurrency, args.client_processes)
+            if spy is not None:
+                spy.wait(timeout=60)
             after = asyncio.run(engine_counts(port))
             http.update({key: after[key] - before[key] for key in after})
             bench = trtedge_bench(port, requests, args.concurrency) if args.trtedge_bench else None

@@ -35,3 +35,44 @@ def test_a_param_error_crosses_the_engine_core_process_with_its_field():
     error = _error(_kind(ParamError("cache_generated_tokens", "no")), "no")
     assert isinstance(error, ParamError) and error.param == "cache_generated_tokens" and str(error) == "no"
     assert type(_error(_kind(ValueError("plain")), "plain")) is ValueError
+
+
+def _sent_bodies(response) -> list[bytes]:
+    import asyncio
+
+    sent = []
+
+    async def receive():
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            sent.append(message["body"])
+
+    asyncio.run(response({"type": "http"}, receive, send))
+    return sent
+
+
+def test_a_stream_that_is_behind_sends_its_waiting_events_in_one_write():
+    from trtedge.server import sse
+
+    waiting = [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n", b"data: 4\n\n"]
+    closed = []
+
+    async def events():
+        while waiting:
+            yield waiting.pop(0)
+
+    # the first three are ready at once (the engine ran ahead); the fourth had to be waited for
+    ready = iter([True, True, False, False])
+    bodies = _sent_bodies(
+        sse.SSEResponse(events(), on_close=lambda: closed.append(1), ready=lambda: next(ready))
+    )
+    assert bodies == [b"data: 1\n\ndata: 2\n\ndata: 3\n\n", b"data: 4\n\n", b""] and closed == [1]
+    # without a readiness probe every event is its own write, as before
+    waiting[:] = [b"data: 1\n\n", b"data: 2\n\n"]
+    assert _sent_bodies(sse.SSEResponse(events(), on_close=lambda: None)) == [
+        b"data: 1\n\n",
+        b"data: 2\n\n",
+        b"",
+    ]

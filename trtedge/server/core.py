@@ -236,7 +236,7 @@ class ServingCore:
             return Response(status_code=499)
         gen, watcher = started
         if events is not None:
-            return sse.SSEResponse(events(gen), on_close=closer(gen, watcher))
+            return sse.SSEResponse(events(gen), on_close=closer(gen, watcher), ready=gen.has_pending)
         outputs = await self.collect(gen, watcher, with_eos=with_eos, keep_open=hold_seat)
         try:
             response = answer(outputs)

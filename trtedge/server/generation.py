@@ -116,6 +116,10 @@ class Generation:
                 self._metrics.generated_tokens.inc(item.completion_tokens)
             yield index, item
 
+    def has_pending(self) -> bool:
+        """Deltas (or an error) already wait to be read: the next ``deltas()`` item comes at once."""
+        return not self._queue.empty()
+
     def abandon(self, error: APIError) -> None:
         """End this generation with ``error`` (the server stops at once): the engine stops working on
         it and ``deltas()`` raises ``error`` next, so a stream sends it as its last event."""

@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 log = logging.getLogger("trtedge.server")
 
 DONE = b"data: [DONE]\n\n"
+_MAX_JOINED = 64  # events at most in one write of a stream that is behind
 
 
 def event(data: dict, name: str | None = None) -> bytes:
@@ -61,10 +62,14 @@ class SSEResponse:
         events: AsyncIterator[bytes],
         on_close: Callable[[], None],
         media_type: str = "text/event-stream; charset=utf-8",
+        ready: Callable[[], bool] | None = None,
     ):
         self.events = events
         self.on_close = on_close
         self.media_type = media_type  # another for a raw stream (speech audio)
+        # True while the next events are already waiting (the stream is behind the engine): they are
+        # joined into one write, so a busy server pays one send per burst instead of one per token
+        self.ready = ready
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -79,8 +84,16 @@ class SSEResponse:
                     ],
                 }
             )
+            pending: list[bytes] = []
             async for chunk in self.events:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                pending.append(chunk)
+                if self.ready is not None and self.ready() and len(pending) < _MAX_JOINED:
+                    continue
+                body = pending[0] if len(pending) == 1 else b"".join(pending)
+                pending = []
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            if pending:
+                await send({"type": "http.response.body", "body": b"".join(pending), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # the client went away mid-send
             log.debug("client disconnected during a stream")
