@@ -154,6 +154,8 @@ def device(args) -> None:
             ),
         ):
             drafts[name] = Path(tmp) / name
+            if "draft" not in args.only:
+                continue
             write_shape(drafts[name], args.shape)
             (drafts[name] / "config.json").write_text(json.dumps(qwen3_config(args.shape) | change))
         eagle3, dflash = Path(tmp) / "eagle3", Path(tmp) / "dflash"
