@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -117,6 +118,11 @@ def profile(directory: Path, shape: str, mode: str) -> list[int]:
                     kernels_per_step=round(len(kernels) / 20, 1),
                     kernels_per_layer=round(len(kernels) / 20 / layers, 2),
                     layers=layers,
+                    # per kernel name: two modes can launch as many kernels, and other ones
+                    by_kernel={
+                        name[:48]: round(count / 20, 1)
+                        for name, count in Counter(e.name for e in kernels).most_common()
+                    },
                 )
             ),
             flush=True,
