@@ -24,7 +24,10 @@ def test_float32_on_the_gpu_equals_transformers_and_bf16_tracks_it(tmp_path):
     path = tiny.make_tiny_nemotron_asr(tmp_path / "m")
     samples = np.concatenate([tiny.clip(1), tiny.clip(2)])
     hf = transformers.Nemotron3_5AsrForRNNT.from_pretrained(path, dtype=torch.float32).eval()
-    inputs = transformers.AutoProcessor.from_pretrained(path)(samples, sampling_rate=16000, language="de")
+    try:
+        inputs = transformers.AutoProcessor.from_pretrained(path)(samples, sampling_rate=16000, language="de")
+    except ImportError as e:  # some transformers releases' feature extractor needs librosa for the reference
+        pytest.skip(f"the transformers {transformers.__version__} reference cannot run here: {e}")
     with torch.no_grad():
         ref = [
             t for t in hf.generate(**inputs, max_new_tokens=2000).sequences[0, 1:].tolist() if t != tiny.BLANK
