@@ -290,11 +290,12 @@ class _RecordingGraphs:
 
     def __init__(self, runner):
         self.runner, self.calls = runner, 0
+        self.aux_layers = runner.model.aux_layers  # the taps it was "captured" with, as DecodeGraphs records
 
     def fits(self, num_seqs: int) -> bool:
         return True
 
-    def run(self, ids, positions, slots, tables, context_lens, fill=None, seq_ids=None):
+    def run(self, ids, positions, slots, tables, context_lens, fill=None, seq_ids=None, rows=None):
         assert isinstance(positions, list), "decode graphs got multimodal (3, T) positions"
         self.calls += 1
         n = len(ids)
