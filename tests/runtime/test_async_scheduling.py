@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.eager_graphs import EagerGraphs
 from tests.tiny import make_tiny_checkpoint
 from trtedge import LLM, SamplingParams
 from trtedge.runtime.core.block_manager import BlockManager
@@ -111,26 +112,6 @@ def test_scheduler_does_not_schedule_a_row_whose_in_flight_sample_ends_it():
     assert scheduler.schedule().is_empty
 
 
-class _EagerGraphs:
-    """Stands in for CUDA decode graphs on the CPU: logits for every row of a one-token-per-row step,
-    as the real graphs return them."""
-
-    def __init__(self, runner):
-        self.runner, self.calls = runner, 0
-        self.aux_layers = runner.model.aux_layers  # the taps it was "captured" with, as DecodeGraphs records
-
-    def fits(self, num_seqs: int) -> bool:
-        return True
-
-    def run(self, ids, positions, slots, tables, context_lens, fill=None, seq_ids=None, rows=None):
-        self.calls += 1
-        n = len(ids)
-        logits, _ = self.runner.forward(
-            ids, positions, slots, [1] * n, context_lens, tables, list(range(n)), fill=fill
-        )
-        return logits
-
-
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_one_token_prefill_chunk_in_a_decode_graph_step_is_not_sampled(tiny, overlap):
     """15 requests decode while a 16th prefills with the token budget's last token: a step of one-token
@@ -147,7 +128,7 @@ def test_a_one_token_prefill_chunk_in_a_decode_graph_step_is_not_sampled(tiny, o
     # one-token prompts: every step is 15 one-token rows plus the 16th prompt's one-token chunk
     prompts = [[5 + i] for i in range(15)] + [list(range(10, 50))]
     engine = Engine(tiny.model, tiny.tokenizer, config)
-    engine.runner.graphs = graphs = _EagerGraphs(engine.runner)
+    engine.runner.graphs = graphs = EagerGraphs(engine.runner)
     try:
         streams = [engine.submit(p, params) for p in prompts]
         got = [[t for d in s for t in d.token_ids] for s in streams]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.eager_graphs import EagerGraphs
 from tests.tiny_vl import PREPROCESSOR, TOKEN_IDS, make_tiny_qwen2_5_vl, random_image
 from trtedge.runtime.multimodal import MultimodalPrompt
 
@@ -285,26 +286,6 @@ def test_server_metrics_show_the_embedding_cache(llm):
     assert f"trtedge_mm_embedding_cache_misses {float(m['misses'])}" in text
 
 
-class _RecordingGraphs:
-    """Stands in for CUDA decode graphs on the CPU: takes 1D positions only, as the real ones do."""
-
-    def __init__(self, runner):
-        self.runner, self.calls = runner, 0
-        self.aux_layers = runner.model.aux_layers  # the taps it was "captured" with, as DecodeGraphs records
-
-    def fits(self, num_seqs: int) -> bool:
-        return True
-
-    def run(self, ids, positions, slots, tables, context_lens, fill=None, seq_ids=None, rows=None):
-        assert isinstance(positions, list), "decode graphs got multimodal (3, T) positions"
-        self.calls += 1
-        n = len(ids)
-        logits, _ = self.runner.forward(
-            ids, positions, slots, [1] * n, context_lens, tables, list(range(n)), fill=fill
-        )
-        return logits
-
-
 def test_one_token_prompt_step_of_a_media_request_skips_the_decode_graphs(llm):
     """A repeated image request reuses every full block and computes its last prompt token alone: a
     decode-shaped step whose positions are M-RoPE rows, which the decode graphs cannot take."""
@@ -313,7 +294,7 @@ def test_one_token_prompt_step_of_a_media_request_skips_the_decode_graphs(llm):
 
     config = EngineConfig(max_kv_cache_capacity=256, enable_context_reuse=True)
     engine = Engine(llm.model, llm.tokenizer, config)
-    engine.runner.graphs = graphs = _RecordingGraphs(engine.runner)
+    engine.runner.graphs = graphs = EagerGraphs(engine.runner)
     try:
         prompt = llm.encode_prompt(image_prompt(random_image(40, 56, 0), "w8 w9 w10 w11"))
         assert len(prompt) % config.block_size == 1  # all but the last prompt token sit in full blocks
