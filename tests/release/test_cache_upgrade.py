@@ -91,3 +91,38 @@ def test_cache_cli_lists_and_prunes_old_bundles(tmp_path):
     assert not old["unversioned"].exists() and old["previous"].exists()
     assert runner.invoke(app, ["cache", "prune", "--cache-dir", str(tmp_path)]).exit_code == 0
     assert not old["previous"].exists()
+
+
+def test_a_layout_3_bundle_of_a_k_quant_gguf_is_rebuilt_not_read(tmp_path):
+    """Layout 3 stored a Q4_K_M file's blocks requantized to int4 under --weights auto; layout 4 keeps
+    them as "gguf" tensors. A layout-3 bundle at the key layout 3 computed for the same file and
+    profile is what an older trtedge left: this one must build its own, and prune the old one."""
+    from benchmarks.cpu_scale import Geometry, write_gguf
+    from trtedge.runtime.artifacts.bundle import fingerprint
+
+    assert LAYOUT_VERSION >= 4
+    path = tmp_path / "tiny-q4_k_m.gguf"
+    write_gguf(path, Geometry("tiny", "llama", 256, 512, 1, 4, 2, 600, False, False, 10000.0), "q4_k_m")
+    cache_dir = tmp_path / "cache"
+    old = prepare_bundle(str(path), BuildProfile(weights="int4", layout_version=3), cache_dir=cache_dir)
+    old.release()
+    old_auto = cache_key(fingerprint(path)[0], None, BuildProfile(layout_version=3))
+    manifest = json.loads((old.path / "manifest.json").read_text())
+    manifest["profile"]["weights"] = "auto"  # what layout 3 wrote for auto: int4 weights
+    (old.path / "manifest.json").write_text(json.dumps(manifest))
+    old_path = old.path.rename(old.path.parent / old_auto)
+    assert "int4" in manifest["components"]["llm"]["weights"]["quantization"]["tensors"]
+
+    stale = prepare_bundle(str(path), BuildProfile(layout_version=3), cache_dir=cache_dir)
+    try:  # without the bump, this is the bundle a launch would have read
+        assert not stale.built and stale.key == old_auto
+    finally:
+        stale.release()
+    bundle = prepare_bundle(str(path), cache_dir=cache_dir)
+    try:
+        assert bundle.built and bundle.key != old_auto
+        tensors = bundle.manifest["components"]["llm"]["weights"]["quantization"]["tensors"]
+        assert tensors.get("gguf", 0) > 0 and "int4" not in tensors
+        assert not old_path.exists()  # pruned: an older layout goes whatever the cap
+    finally:
+        bundle.release()

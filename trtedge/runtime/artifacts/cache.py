@@ -30,9 +30,10 @@ from pathlib import Path
 log = logging.getLogger("trtedge")
 
 DEFAULT_MAX_SIZE_GB = 50.0
-LAYOUT_VERSION = (
-    3  # bump when a bundle's files or manifest change meaning (3: int4 packed in blocks of 16 groups)
-)
+# Bump when a bundle's files or manifest change meaning. 3: int4 packed in blocks of 16 groups;
+# 4: a GGUF's Q8_0 / Q4_K / Q5_K / Q6_K weights kept as "gguf" block tensors under --weights auto
+# (a layout-3 bundle of the same file holds them requantized to int4 / int8).
+LAYOUT_VERSION = 4
 
 
 class BundleError(ValueError):
