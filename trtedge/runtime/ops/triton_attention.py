@@ -66,6 +66,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         IEEE: tl.constexpr,
         NUM_SPLITS: tl.constexpr,
+        SPLIT_TOKENS: tl.constexpr,
         WINDOW: tl.constexpr,
         SOFTCAP: tl.constexpr,
         part_m_ptr,
@@ -85,7 +86,10 @@ if triton is not None:
         first = 0
         if WINDOW > 0:  # a sliding-window layer sees only the WINDOW most recent keys
             first = tl.maximum(ctx - WINDOW, 0)
-        chunk = tl.cdiv(tl.cdiv(ctx - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        if SPLIT_TOKENS > 0:  # fixed-length splits: long contexts spread over more programs
+            chunk = SPLIT_TOKENS
+        else:  # the context cut into NUM_SPLITS equal parts
+            chunk = tl.cdiv(tl.cdiv(ctx - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
         lo = first + split * chunk
         hi = tl.minimum(lo + chunk, ctx)
         offs_g = tl.arange(0, GROUP_PAD)
@@ -178,6 +182,15 @@ def num_splits(batch: int, kv_heads: int) -> int:
     return min(16, 1 << (target.bit_length() - 1))
 
 
+SPLIT_TOKENS = 0  # > 0: at batch sizes where num_splits gives 1, split contexts every this many tokens
+
+
+def split_tokens_for(batch: int, kv_heads: int) -> int:
+    """Fixed-length context splits for a large batch (0: none): a step's programs then take about
+    the same time whatever the spread of the batch's context lengths."""
+    return SPLIT_TOKENS if num_splits(batch, kv_heads) == 1 else 0
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [B, H, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
@@ -188,14 +201,30 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     window: int = 0,
     softcap: float | None = None,
+    *,
+    splits: int | None = None,
+    block_n: int = 64,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
-    """``window`` > 0: attend to the last ``window`` keys only; ``softcap``: tanh-capped scores."""
+    """``window`` > 0: attend to the last ``window`` keys only; ``softcap``: tanh-capped scores.
+    ``splits`` (-N: fixed splits of N tokens), ``block_n``, ``num_warps``, ``num_stages``: the
+    launch's tiling (None: the default for the shape; ``benchmarks/gpu_decode_attention.py`` sweeps
+    them)."""
     b, h, d = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     group = h // hkv
     fp8 = kv_fp8.is_fp8(k_cache)
     out = torch.empty_like(q) if out is None else out
-    splits = num_splits(b, hkv)
+    if splits is not None and splits < 0:  # -N: fixed splits of N tokens (the benchmark's sweep)
+        split_tokens = -splits
+    else:
+        split_tokens = split_tokens_for(b, hkv) if splits is None else 0
+    if split_tokens:
+        reach = tables.shape[1] * block_size  # the longest context the tables can hold
+        splits = triton.next_power_of_2(-(-min(reach, window or reach) // split_tokens))
+        split_tokens = split_tokens if splits > 1 else 0
+    splits = num_splits(b, hkv) if splits is None else splits
     launch_pdl = pdl.enabled()
     if splits > 1:
         part_m = torch.empty(b * h * splits, dtype=torch.float32, device=q.device)
@@ -220,9 +249,10 @@ def paged_decode_attention(
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=d,
         BLOCK_SIZE=block_size,
-        BLOCK_N=64,
+        BLOCK_N=block_n,
         IEEE=q.dtype == torch.float32,
         NUM_SPLITS=splits,
+        SPLIT_TOKENS=split_tokens,
         WINDOW=window,
         SOFTCAP=float(softcap or 0.0),
         part_m_ptr=part_m,
@@ -230,6 +260,8 @@ def paged_decode_attention(
         part_acc_ptr=part_acc,
         PDL=launch_pdl,
         launch_pdl=launch_pdl,
+        **({} if num_warps is None else {"num_warps": num_warps}),
+        **({} if num_stages is None else {"num_stages": num_stages}),
     )
     if splits > 1:
         _merge_splits_kernel[(b * h,)](
