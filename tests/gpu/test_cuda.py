@@ -20,6 +20,18 @@ pytestmark = [
 )
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_paged_decode_kernel_matches_reference(dtype, heads, kv_heads, head_dim, block_size):
+    check_paged_decode_kernel(dtype, heads, kv_heads, head_dim, block_size)
+
+
+@pytest.mark.parametrize("splits", [2, 4, -64, -256, -128])
+@pytest.mark.parametrize("block_n", [32, 64, 128])
+def test_paged_decode_tilings_match_reference(splits, block_n):
+    """The launch's tilings (equal splits, fixed-length splits of -N tokens, tile lengths) give the
+    reference attention too."""
+    check_paged_decode_kernel(torch.bfloat16, 16, 8, 128, 16, splits=splits, block_n=block_n)
+
+
+def check_paged_decode_kernel(dtype, heads, kv_heads, head_dim, block_size, **tiling):
     from trtedge.runtime.ops.attention import TorchAttention
     from trtedge.runtime.ops.triton_attention import paged_decode_attention
 
@@ -44,7 +56,7 @@ def test_paged_decode_kernel_matches_reference(dtype, heads, kv_heads, head_dim,
     )
     padded = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True)
     out = paged_decode_attention(
-        q, k_cache, v_cache, padded, torch.tensor(context_lens, device="cuda"), head_dim**-0.5
+        q, k_cache, v_cache, padded, torch.tensor(context_lens, device="cuda"), head_dim**-0.5, **tiling
     )
     rel = ((out.float() - ref).norm() / ref.norm()).item()
     assert rel < (1e-2 if dtype == torch.bfloat16 else 1e-5), rel
