@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tests.runtime.spec_helpers import repetitive_prompts
-from tests.tiny import make_tiny_checkpoint
+from tests.tiny import VOCAB, make_tiny_checkpoint
 from trtedge import LLM, SamplingParams
-from trtedge.runtime.speculative.oracle import OracleProposer, install
+from trtedge.runtime.speculative.oracle import OracleProposer, install, settle
 
 GREEDY = SamplingParams(max_tokens=13, temperature=0, ignore_eos=True)
 
@@ -53,3 +53,24 @@ def test_install_needs_a_chain_drafting_engine(tmp_path):
     path = make_tiny_checkpoint(tmp_path / "t", "qwen3")
     with _llm(path) as llm, pytest.raises(ValueError, match="speculative config with linear chains"):
         install(llm.engine, OracleProposer())
+
+
+def test_settle_runs_until_the_output_is_the_answer_the_oracle_drafts_from(tmp_path):
+    path = make_tiny_checkpoint(tmp_path / "t", "qwen3")
+    prompt = repetitive_prompts(1, seed=5)[0][:9]
+    with _llm(path) as plain:
+        expected = plain.generate(prompt, GREEDY).token_ids
+    oracle = OracleProposer()
+    # an answer that parts from the target's output at token 5 (as a bf16 verify step's rounding may)
+    oracle.remember(prompt, expected[:5] + [(expected[5] + 1) % VOCAB] + expected[6:])
+    with _llm(path, {"method": "ngram", "num_speculative_tokens": 4}) as llm:
+        install(llm.engine, oracle)
+        assert (
+            settle(llm, prompt, GREEDY, oracle) == 2
+        )  # the first run learns the output, the second repeats it
+        assert oracle.answers[tuple(prompt)] == expected
+        m = llm.generate(prompt, GREEDY).metrics
+        assert m.spec_accepted_tokens == m.spec_draft_tokens == 9
+        assert settle(llm, prompt, GREEDY, oracle, max_runs=1) == 1
+        oracle.remember(prompt, [])  # an answer no run repeats within max_runs
+        assert settle(llm, prompt, GREEDY, oracle, max_runs=1) == 0

@@ -3,7 +3,8 @@ in an earlier greedy run, so a greedy request accepts every draft and each verif
 ``num_speculative_tokens + 1`` tokens. It measures the ceiling of the verify path (what a perfect
 drafter would gain), for benchmarks and tests only: it is no ``--speculative-config`` method. Plug it
 into an in-process engine that runs any proposer of the chain contract (``ngram`` is the cheapest)
-with ``install``."""
+with ``install``; ``settle`` makes its answer the speculative run's own (in bf16 a verify step may
+round a near tie the other way than a plain step, and past that token the oracle drafts nothing)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,17 @@ def install(engine, proposer) -> None:
     if spec is None or spec.config.is_tree:
         raise ValueError("install: the engine needs a speculative config with linear chains (e.g. ngram)")
     spec.proposer = proposer
+
+
+def settle(llm, prompt_ids: list[int], params, oracle: OracleProposer, max_runs: int = 40) -> int:
+    """Generate ``prompt_ids`` greedily with the oracle drafting until the output is the answer it
+    drafted from (a fixed point: every later run accepts every draft). Each run learns its output, and
+    a run agrees with the one before it at least up to where that one parted from its answer, so the
+    agreeing prefix grows. Returns the runs taken, or 0 when ``max_runs`` did not settle it."""
+    for runs in range(1, max_runs + 1):
+        known = oracle.answers.get(tuple(prompt_ids))
+        out = llm.generate(prompt_ids, params)
+        oracle.remember(prompt_ids, out.token_ids)
+        if out.token_ids == known:
+            return runs
+    return 0
