@@ -173,6 +173,34 @@ def test_skinny_linear_matches_dense_product(rows, n, k, bias):
     assert int(lin.counts.sum()) == 0
 
 
+@pytest.mark.parametrize(
+    "n,k,bias", [(4096, 1024, False), (1024, 3072, True), (200, 96, True), (6144, 4096, False)]
+)
+def test_vector_product_matches_dense_product(n, k, bias):
+    """The one-row kernel (no tensor cores) at every tiling shape it takes: looped and unrolled
+    spans, split-K (whose counters reset for the next call), ragged N and K (masked tiles)."""
+    import torch.nn.functional as F
+
+    from trtedge.runtime.ops.triton_gemv import SkinnyLinear
+
+    gen = torch.Generator().manual_seed(n * 7 + k)
+    w = torch.randn(n, k, generator=gen).to("cuda", torch.bfloat16)
+    b = torch.randn(n, generator=gen).to("cuda", torch.bfloat16) if bias else None
+    lin = SkinnyLinear(w, b)
+    x = torch.randn(1, k, generator=gen).to("cuda", torch.bfloat16)
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    for plan in [(16, 256, 1), (32, 256, 4), (64, 128, 2), (16, 512, 8), (32, 64, 3)]:
+        if k // plan[2] < plan[1] // 4:
+            continue
+        lin._reserve(plan)
+        for unroll in (False, True):
+            for _ in range(2):
+                out = lin.launch_vector(x, plan, unroll=unroll)
+            rel = ((out.float() - ref).norm() / ref.norm()).item()
+            assert rel < 1e-2, (plan, unroll, rel)
+    assert int(lin.counts.sum()) == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (14, 2, 64), (8, 8, 64), (32, 4, 128)])
 @pytest.mark.parametrize("block_size", [8, 16, 32])

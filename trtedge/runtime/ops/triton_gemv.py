@@ -277,6 +277,83 @@ if triton is not None:
         tl.store(dst, a.to(dt), mask=rows[:, None])
         tl.store(dst + HALF, b.to(dt), mask=rows[:, None])
 
+    @triton.jit
+    def _vector_kernel(
+        x_ptr,
+        w_ptr,
+        b_ptr,
+        y_ptr,
+        part_ptr,
+        count_ptr,
+        N,
+        K,
+        stride_w,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        SPLIT_K: tl.constexpr,
+        STEPS: tl.constexpr,
+        EVEN: tl.constexpr,
+    ):
+        # One row (batch-1 decode) without tensor cores: each program multiplies a BLOCK_N x span
+        # slab of the weight by x element-wise in fp32 and reduces across K once, after the loop.
+        # STEPS > 0: the span is STEPS tiles, unrolled, so every tile's load is issued up front (the
+        # x slice stays in registers). EVEN: N and K divide into whole tiles (no masks, wide loads).
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        dt = y_ptr.dtype.element_ty
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        span = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+        lo = pid_k * span
+        hi = tl.minimum(lo + span, K)
+        w_rows = w_ptr + rn[:, None] * stride_w
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        if STEPS > 0:
+            for i in tl.static_range(STEPS):
+                ks = lo + i * BLOCK_K + rk
+                if EVEN:
+                    x = tl.load(x_ptr + ks)
+                    w = tl.load(w_rows + ks[None, :], eviction_policy="evict_first")
+                else:
+                    x = tl.load(x_ptr + ks, mask=ks < hi, other=0.0)
+                    w = tl.load(
+                        w_rows + ks[None, :],
+                        mask=(rn[:, None] < N) & (ks[None, :] < hi),
+                        other=0.0,
+                        eviction_policy="evict_first",
+                    )
+                acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        else:
+            for k0 in range(lo, hi, BLOCK_K):
+                ks = k0 + rk
+                if EVEN:
+                    x = tl.load(x_ptr + ks)
+                    w = tl.load(w_rows + ks[None, :], eviction_policy="evict_first")
+                else:
+                    x = tl.load(x_ptr + ks, mask=ks < hi, other=0.0)
+                    w = tl.load(
+                        w_rows + ks[None, :],
+                        mask=(rn[:, None] < N) & (ks[None, :] < hi),
+                        other=0.0,
+                        eviction_policy="evict_first",
+                    )
+                acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        out = tl.sum(acc, 1)
+        n_mask = rn < N
+        if SPLIT_K > 1:
+            tl.store(part_ptr + pid_k * N + rn, out, mask=n_mask)
+            done = tl.atomic_add(count_ptr + pid_n, 1)
+            if done != SPLIT_K - 1:
+                return
+            out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                out += tl.load(part_ptr + s * N + rn, mask=n_mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)
+        if HAS_BIAS:
+            out += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rn, out.to(dt), mask=n_mask)
+
 
 # (BLOCK_N, BLOCK_K, SPLIT_K) candidates: the winners of `benchmarks/gpu_gemv.py --sweep` on the
 # H200 across the Qwen3-0.6B and 8B projection shapes.
@@ -505,6 +582,8 @@ class SkinnyLinear:
         residual: torch.Tensor | None = None,
         rope: RopeStore | None = None,
         late_norm: bool = False,
+        num_warps: int = 4,
+        num_stages: int = 3,
     ) -> torch.Tensor:
         m = rows.shape[0]
         n, k = self.weight.shape
@@ -553,9 +632,41 @@ class SkinnyLinear:
             PDL=launch_pdl,
             EARLY_TILE=launch_pdl or (norm is not None and not late_norm),
             LATE_NORM=norm is not None and late_norm,
-            num_warps=4,
-            num_stages=3,
+            num_warps=num_warps,
+            num_stages=num_stages,
             launch_pdl=launch_pdl,
+        )
+        return y
+
+    def launch_vector(
+        self, rows: torch.Tensor, plan: Plan, *, unroll: bool = False, num_warps: int = 4,
+        num_stages: int = 3,
+    ) -> torch.Tensor:  # fmt: skip
+        """One row's product through ``_vector_kernel`` (no tensor cores); ``unroll``: the span's
+        tiles unrolled (their loads issued before the first multiply)."""
+        n, k = self.weight.shape
+        block_n, block_k, split = plan
+        span = -(-k // (split * block_k)) * block_k
+        y = torch.empty(1, n, dtype=rows.dtype, device=rows.device)
+        w = self.weight
+        _vector_kernel[(-(-n // block_n), split)](
+            rows,
+            w,
+            self.bias if self.bias is not None else w,
+            y,
+            self.partials,
+            self.counts,
+            n,
+            k,
+            w.stride(0),
+            HAS_BIAS=self.bias is not None,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            SPLIT_K=split,
+            STEPS=span // block_k if unroll else 0,
+            EVEN=n % block_n == 0 and k % (split * block_k) == 0,
+            num_warps=num_warps,
+            num_stages=num_stages,
         )
         return y
 
