@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from trtedge.runtime.ops.triton_gemv import SkinnyLinear
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trtedge.runtime.ops.triton_gemv import SkinnyLinear  # noqa: E402
 
 SHAPES = {  # name -> (N, K) of the weight
     "0.6b.qkv": (4096, 1024),
