@@ -91,11 +91,16 @@ def test_greedy_codes_and_waveform_match_hf(llm, reference):
     assert whole.shape == tuple(wav.shape)
     assert np.abs(wav.numpy()).max() < 0.99  # nothing hidden by the clamp
     np.testing.assert_allclose(whole, wav.numpy(), atol=1e-4, rtol=0)
-    # streamed in chunks of 5 frames: each piece as soon as its frames are made, = HF's chunked decode
+    # streamed in chunks of 5 frames, each piece as soon as its frames are made: they concatenate to
+    # the whole (HF's chunked decode drops each chunk's last tail samples; ours carry them on)
     pieces = list(llm.speech_stream(token_ids=ids, voice="chelsie", codec_chunk_frames=5, **GREEDY))
-    assert len(pieces) == 4
-    ref = hf.code2wav.chunked_decode(codes[None], chunk_size=5, left_context_size=25)[0, 0]
-    np.testing.assert_allclose(np.concatenate(pieces), ref.detach().numpy(), atol=1e-4, rtol=0)
+    tail, per_frame = speech.code2wav.tail, speech.cfg.samples_per_frame
+    assert whole.shape[0] == FRAMES * per_frame - tail
+    assert [p.shape[0] for p in pieces] == [5 * per_frame - tail, 5 * per_frame, 5 * per_frame, 4 * per_frame]
+    np.testing.assert_allclose(np.concatenate(pieces), wav.numpy(), atol=1e-4, rtol=0)
+    ref = hf.code2wav.chunked_decode(codes[None], chunk_size=5, left_context_size=25)[0, 0].detach().numpy()
+    kept = np.concatenate([p[tail if i else 0 :] for i, p in enumerate(pieces)])
+    np.testing.assert_allclose(kept, ref, atol=1e-4, rtol=0)  # HF's samples, where it has them
 
 
 def test_text_to_speech_and_its_refusals(llm):

@@ -4,8 +4,11 @@ upsampled by causal transposed convolutions with ConvNeXt blocks, then by a caus
 with SnakeBeta activations and dilated residual units.
 
 Decoding goes chunk by chunk (``chunked``): each chunk is decoded with up to ``left_context`` frames
-before it and their samples dropped, as the reference does, so that audio streams while the Talker
-still speaks; the whole waveform is the concatenation of the chunks."""
+before it, so that audio streams while the Talker still speaks. The transposed convolutions leave the
+last ``tail`` samples of a decode out (they would need the frames after it); a chunk decoded after
+context starts where the previous chunk stopped, ``tail`` samples before its own first frame, so the
+chunks concatenate to the waveform of the whole (the reference's chunked decode drops those samples,
+a gap at every chunk's boundary)."""
 
 from __future__ import annotations
 
@@ -107,10 +110,16 @@ class Code2Wav:
             self.decoder += [ResidualUnit(sub(b, f"{2 + j}."), d) for j, d in enumerate((1, 3, 9))]
         last = len(cfg.upsample_rates) + 1
         self.decoder += [Snake(w, f"decoder.{last}"), CausalConv(w, f"decoder.{last + 1}")]
+        # a decode of n frames is n * samples_per_frame - tail samples (the convolutions keep lengths)
+        self.tail = 0
+        for layer in [t for t, _ in self.upsample] + self.decoder:
+            if isinstance(layer, CausalTransConv):
+                self.tail = self.tail * layer.stride + layer.trim
 
     @torch.inference_mode()
     def __call__(self, codes: torch.Tensor) -> torch.Tensor:
-        """(frames, num_quantizers) codes -> (samples,) float32 waveform clamped to [-1, 1]."""
+        """(frames, num_quantizers) codes -> (frames * samples_per_frame - tail,) float32 waveform
+        clamped to [-1, 1]."""
         codes = codes.to(self.device)
         hidden = self.embedding[codes + self.offsets].mean(1)
         x = self.transformer(hidden).T[None]  # (1, channels, frames)
@@ -124,7 +133,8 @@ class Code2Wav:
         self, frames: Iterable[list[int]], chunk_frames: int, left_context: int = LEFT_CONTEXT
     ) -> Iterator[torch.Tensor]:
         """The waveform of ``frames`` as it can be made: one piece per ``chunk_frames`` frames (the
-        last may be shorter), each decoded with up to ``left_context`` frames before it."""
+        last may be shorter), each decoded with up to ``left_context`` frames before it; the pieces
+        concatenate to the whole's waveform (``frames * samples_per_frame - tail`` samples)."""
         done: list[list[int]] = []
         start = 0
         pending = 0
@@ -138,6 +148,8 @@ class Code2Wav:
             yield self._chunk(done, start, left_context)
 
     def _chunk(self, done: list[list[int]], start: int, left_context: int) -> torch.Tensor:
-        context = left_context if start - left_context > 0 else start
+        context = min(left_context, start)
         codes = torch.tensor(done[start - context :], dtype=torch.long)
-        return self(codes)[context * self.cfg.samples_per_frame :]
+        # after context, from where the previous piece stopped: its last ``tail`` samples are here
+        skip = context * self.cfg.samples_per_frame - (self.tail if context else 0)
+        return self(codes)[skip:]
