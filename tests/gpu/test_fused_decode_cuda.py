@@ -251,7 +251,12 @@ def test_decode_step_graph_with_pdl_equals_eager_without(tmp_path, monkeypatch, 
     [(128, 8, 256, 96, True), (6, 2, 64, 48, False), (64, 4, 128, 200, True)],
 )
 @pytest.mark.parametrize("rows", [1, 2, 4])
-def test_moe_decode_experts_match_grouped_reference(experts, top_k, hidden, inter, normalize, rows):
+@pytest.mark.parametrize("normed_input", [False, True])
+def test_moe_decode_experts_match_grouped_reference(
+    experts, top_k, hidden, inter, normalize, rows, normed_input
+):
+    """Both forms: RMSNorm(x) in and x += the MLP (the fused decode layer), or the normed rows in and
+    the MLP's output stored apart (the unfused layer, SparseMoE's default for a few rows)."""
     from trtedge.runtime.models.layers import rms_norm
     from trtedge.runtime.ops.triton_moe import decode_experts, fused_experts
 
@@ -269,10 +274,21 @@ def test_moe_decode_experts_match_grouped_reference(experts, top_k, hidden, inte
     weights, ids = probs.topk(top_k, dim=-1)
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    ref = x + fused_experts(h, w_gate_up, w_down, weights.to(dtype), ids, F.silu)
+    mlp = fused_experts(h, w_gate_up, w_down, weights.to(dtype), ids, F.silu)
+    if normed_input:
+        out, captured = torch.empty_like(h), torch.zeros_like(h)
+        decode_experts(h, None, 0.0, logits, w_gate_up, w_down, top_k, normalize, out=out)
+        assert _rel(out, mlp) < 1e-2
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            decode_experts(h, None, 0.0, logits, w_gate_up, w_down, top_k, normalize, out=captured)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, out)
+        return
     out = x.clone()
     decode_experts(out, norm, 1e-6, logits, w_gate_up, w_down, top_k, normalize)  # tunes, then runs
-    assert _rel(out, ref) < 1e-2
+    assert _rel(out, x + mlp) < 1e-2
     captured = x.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -14,6 +14,8 @@ CUDA (no host synchronisation, so decode steps stay capturable in CUDA graphs).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -121,6 +123,9 @@ class SparseMoE:
             and triton_gemv.usable(self.router)
         )
         self.router_product = triton_gemv.SkinnyLinear(self.router, None) if fusable else None
+        # TRTEDGE_MOE_DECODE=1: a few rows take the decode kernels (triton_moe.decode_experts) in the
+        # unfused layer too, instead of the grouped kernel (which sorts pairs by expert)
+        self.decode_kernels = fusable and os.environ.get("TRTEDGE_MOE_DECODE", "0") == "1"
         self.shared = self.shared_gate = None
         if cfg.shared_expert_intermediate_size:
             self.shared = GatedMLP.from_layer(w, cfg.hidden_act, weight_format, prefix="mlp.shared_expert.")
@@ -135,15 +140,23 @@ class SparseMoE:
         return weights.to(h.dtype), ids
 
     def __call__(self, h: torch.Tensor, kernels=None) -> torch.Tensor:
-        weights, ids = self.route(h)
-        if self.grouped_kernel:
-            from trtedge.runtime.ops.triton_moe import fused_experts
+        from trtedge.runtime.ops import triton_moe
 
-            out = fused_experts(
+        if self.decode_kernels and h.shape[0] <= triton_moe.DECODE_MAX_ROWS:
+            # a few rows: the router's product, then two kernels that read only the selected experts
+            h = h.contiguous()
+            out = torch.empty_like(h)
+            triton_moe.decode_experts(
+                h, None, 0.0, self.router_product(h), self.w_gate_up, self.w_down, self.top_k,
+                self.normalize, out=out,
+            )  # fmt: skip
+        elif self.grouped_kernel:
+            weights, ids = self.route(h)
+            out = triton_moe.fused_experts(
                 h, self.w_gate_up, self.w_down, weights, ids, ACTIVATIONS[self.act], self.scales
             )
         else:
-            out = self.grouped_reference(h, weights, ids)
+            out = self.grouped_reference(h, *self.route(h))
         if self.shared is not None:
             out = out + torch.sigmoid(
                 F.linear(h.to(self.shared_gate.dtype), self.shared_gate).to(h.dtype)

@@ -149,6 +149,8 @@ def fused_experts(h, w_gate_up, w_down, weights, ids, act, scales=None) -> torch
 # reads only its selected experts' weights.
 DECODE_MAX_ROWS = 4  # more rows share experts: the grouped path reads each active expert once
 _DECODE_TILES = ((16, 256), (32, 128), (32, 256), (64, 128))  # (BLOCK_N, BLOCK_K)
+# the down kernel has a program per (row, column tile) only: narrower tiles give the SMs more of them
+_DOWN_TILES = (*_DECODE_TILES, (8, 256), (4, 512))
 _decode_plans: dict[tuple, tuple[int, int]] = {}
 
 if triton is not None:
@@ -181,9 +183,10 @@ if triton is not None:
         x_ptr, norm_ptr, logits_ptr, w_ptr, act_ptr, H, INTER, eps,
         NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
         NORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+        NORM_IN: tl.constexpr,
     ):  # fmt: skip
         # One program per (row, slot, column tile): act = silu(gate) * up of the slot's expert over
-        # RMSNorm(x) * norm. w: [E, 2 * INTER, H] (gate rows, then up rows).
+        # RMSNorm(x) * norm (NORM_IN), else over x. w: [E, 2 * INTER, H] (gate rows, then up rows).
         if PDL:  # (see ops.pdl)
             tl.extra.cuda.gdc_wait()
         pair = tl.program_id(0)
@@ -192,11 +195,13 @@ if triton is not None:
         ids, _ = _route_row(logits_ptr, row, NUM_EXPERTS, E_PAD, TOP_K, K_PAD, NORMALIZE, dt)
         expert = tl.sum(tl.where(tl.arange(0, K_PAD) == pair % TOP_K, ids, 0), 0).to(tl.int64)
         rk = tl.arange(0, BLOCK_K)
-        squares = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            xf = tl.load(x_ptr + row * H + k0 + rk, mask=k0 + rk < H, other=0.0).to(tl.float32)
-            squares += xf * xf
-        inv = tl.rsqrt(tl.sum(squares, 0) / H + eps)
+        inv = 1.0
+        if NORM_IN:
+            squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for k0 in range(0, H, BLOCK_K):
+                xf = tl.load(x_ptr + row * H + k0 + rk, mask=k0 + rk < H, other=0.0).to(tl.float32)
+                squares += xf * xf
+            inv = tl.rsqrt(tl.sum(squares, 0) / H + eps)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         gate_rows = w_ptr + expert * 2 * INTER * H + rn[:, None].to(tl.int64) * H
         up_rows = gate_rows + INTER * H
@@ -205,8 +210,11 @@ if triton is not None:
         for k0 in range(0, H, BLOCK_K):
             ks = k0 + rk
             xf = tl.load(x_ptr + row * H + ks, mask=ks < H, other=0.0).to(tl.float32)
-            scale = tl.load(norm_ptr + ks, mask=ks < H, other=0.0).to(tl.float32)
-            h = ((xf * inv).to(dt).to(tl.float32) * scale).to(dt).to(tl.float32)[None, :]
+            if NORM_IN:
+                scale = tl.load(norm_ptr + ks, mask=ks < H, other=0.0).to(tl.float32)
+                h = ((xf * inv).to(dt).to(tl.float32) * scale).to(dt).to(tl.float32)[None, :]
+            else:
+                h = xf[None, :]
             mask = (rn[:, None] < INTER) & (ks[None, :] < H)
             g = tl.load(gate_rows + ks[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
             u = tl.load(up_rows + ks[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
@@ -220,13 +228,14 @@ if triton is not None:
 
     @triton.jit
     def _experts_down_kernel(
-        act_ptr, logits_ptr, w_ptr, x_ptr, H, INTER,
+        act_ptr, logits_ptr, w_ptr, x_ptr, out_ptr, H, INTER,
         NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
         NORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+        RESIDUAL: tl.constexpr,
     ):  # fmt: skip
-        # One program per (row, column tile): x += sum over the row's slots of weight * down(act).
-        # w: [E, H, INTER]. Roundings as fused_experts: each slot's weighted rows in dt, summed in
-        # float32, the sum in dt, then the residual add.
+        # One program per (row, column tile): x += sum over the row's slots of weight * down(act)
+        # (RESIDUAL), else out = that sum. w: [E, H, INTER]. Roundings as fused_experts: each slot's
+        # weighted rows in dt, summed in float32, the sum in dt, then the residual add.
         if PDL:
             tl.extra.cuda.gdc_wait()
         row = tl.program_id(0)
@@ -254,20 +263,28 @@ if triton is not None:
             total += (acc * weight).to(dt).to(tl.float32)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
-        at = x_ptr + row * H + rn
-        residual = tl.load(at, mask=rn < H, other=0.0).to(tl.float32)
-        tl.store(at, (total.to(dt).to(tl.float32) + residual).to(dt), mask=rn < H)
+        if RESIDUAL:
+            at = x_ptr + row * H + rn
+            residual = tl.load(at, mask=rn < H, other=0.0).to(tl.float32)
+            tl.store(at, (total.to(dt).to(tl.float32) + residual).to(dt), mask=rn < H)
+        else:
+            tl.store(out_ptr + row * H + rn, total.to(dt), mask=rn < H)
 
 
-def decode_experts(x, norm, eps, logits, w_gate_up, w_down, top_k: int, normalize: bool, plans=None) -> None:
+def decode_experts(
+    x, norm, eps, logits, w_gate_up, w_down, top_k: int, normalize: bool, plans=None, out=None
+) -> None:
     """x += the MoE MLP of RMSNorm(x) * norm for a few decode rows, from the router's ``logits``
-    [T, E] (in x's dtype): each selected expert's weights are read once per row."""
+    [T, E] (in x's dtype): each selected expert's weights are read once per row. ``norm`` None: of
+    x itself; ``out`` given: the MLP's output is stored there and x is left as it is."""
     from trtedge.runtime.ops import pdl
 
     t, h = x.shape
     num_experts, inter = w_down.shape[0], w_down.shape[2]
     act = torch.empty(t * top_k, inter, dtype=x.dtype, device=x.device)
-    (gn, gk), (dn, dk) = plans or _decode_plan(w_gate_up, w_down, t, top_k, normalize)
+    (gn, gk), (dn, dk) = plans or _decode_plan(
+        w_gate_up, w_down, t, top_k, normalize, norm is not None, out is not None
+    )
     launch_pdl = pdl.enabled()
     common = dict(
         NUM_EXPERTS=num_experts,
@@ -279,41 +296,40 @@ def decode_experts(x, norm, eps, logits, w_gate_up, w_down, top_k: int, normaliz
         launch_pdl=launch_pdl,
     )
     _experts_gate_up_kernel[(t * top_k, triton.cdiv(inter, gn))](
-        x, norm, logits, w_gate_up, act, h, inter, eps, BLOCK_N=gn, BLOCK_K=gk, **common
-    )
+        x, x if norm is None else norm, logits, w_gate_up, act, h, inter, eps, BLOCK_N=gn, BLOCK_K=gk,
+        NORM_IN=norm is not None, **common,
+    )  # fmt: skip
     _experts_down_kernel[(t, triton.cdiv(h, dn))](
-        act, logits, w_down, x, h, inter, BLOCK_N=dn, BLOCK_K=dk, **common
-    )
+        act, logits, w_down, x, x if out is None else out, h, inter, BLOCK_N=dn, BLOCK_K=dk,
+        RESIDUAL=out is None, **common,
+    )  # fmt: skip
 
 
-def _decode_plan(w_gate_up, w_down, rows: int, top_k: int, normalize: bool):
-    """The fastest (BLOCK_N, BLOCK_K) of each expert kernel for this shape, timed once per process
-    (outside graph capture; inside one, the first tiles)."""
+def _decode_plan(w_gate_up, w_down, rows: int, top_k: int, normalize: bool, norm_in: bool, into: bool):
+    """The fastest (BLOCK_N, BLOCK_K) of each expert kernel for this shape and form (``norm_in``: the
+    gate_up kernel normalizes its input; ``into``: the down kernel stores instead of adding), timed
+    once per process (outside graph capture; inside one, the first tiles)."""
     from trtedge.runtime.ops.triton_gemv import _bucket, _graph_time
 
-    key = (tuple(w_gate_up.shape), tuple(w_down.shape), _bucket(rows), top_k, normalize)
+    key = (tuple(w_gate_up.shape), tuple(w_down.shape), _bucket(rows), top_k, normalize, norm_in, into)
     if key in _decode_plans:
         return _decode_plans[key]
     if torch.cuda.is_current_stream_capturing():
         return _DECODE_TILES[0], _DECODE_TILES[0]
     h = w_down.shape[1]
     like = dict(device=w_down.device, dtype=w_down.dtype)
-    x, norm = torch.randn(rows, h, **like), torch.ones(h, **like)
+    x = torch.randn(rows, h, **like)
+    norm = torch.ones(h, **like) if norm_in else None
+    out = torch.empty_like(x) if into else None
     logits = torch.randn(rows, w_down.shape[0], **like)
-    best = {}
-    for tiles in _DECODE_TILES:  # the gate_up kernel's tiles with the first down tiles, then the down's
-        best[tiles] = _graph_time(
-            lambda tiles=tiles: decode_experts(
-                x, norm, 1e-6, logits, w_gate_up, w_down, top_k, normalize, (tiles, _DECODE_TILES[0])
-            )
+
+    def timed(plans) -> float:
+        return _graph_time(
+            lambda: decode_experts(x, norm, 1e-6, logits, w_gate_up, w_down, top_k, normalize, plans, out)
         )
-    gate_up = min(best, key=best.get)
-    for tiles in _DECODE_TILES:
-        best[tiles] = _graph_time(
-            lambda tiles=tiles: decode_experts(
-                x, norm, 1e-6, logits, w_gate_up, w_down, top_k, normalize, (gate_up, tiles)
-            )
-        )
-    down = min(_DECODE_TILES, key=best.get)
+
+    # the gate_up kernel's tiles with the first down tiles, then the down's
+    gate_up = min(_DECODE_TILES, key=lambda tiles: timed((tiles, _DOWN_TILES[0])))
+    down = min(_DOWN_TILES, key=lambda tiles: timed((gate_up, tiles)))
     _decode_plans[key] = (gate_up, down)
     return gate_up, down
