@@ -127,11 +127,38 @@ def profile(directory: Path, shape: str, mode: str) -> list[int]:
             ),
             flush=True,
         )
+        print(json.dumps(step_sequence(kernels, 20, layers, shape, mode, replay_ms)), flush=True)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             llm.generate(prompt, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
         print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=15))
         return out.token_ids
+
+
+def step_sequence(kernels, replays: int, layers: int, shape: str, mode: str, replay_ms: float) -> dict:
+    """The kernels of a step in launch order, each with its mean time over the replays: the first
+    two layers' worth and the step's tail (the products of a layer appear as their own slots), and
+    the busy time (the kernels' sum) against the replay (the rest is gaps between kernels)."""
+    ordered = sorted(kernels, key=lambda e: e.time_range.start)
+    per_step = len(ordered) // replays
+    steps = [ordered[i * per_step : (i + 1) * per_step] for i in range(replays)]
+    slots = [
+        (steps[0][i].name, sum(step[i].time_range.elapsed_us() for step in steps) / replays)
+        for i in range(per_step)
+    ]
+    per_layer = max(1, per_step // layers)
+    shown = [[name[:40], round(us, 2)] for name, us in slots]
+    busy_us = sum(us for _, us in slots)
+    return dict(
+        figure="decode_step_sequence",
+        shape=shape,
+        mode=mode,
+        busy_us=round(busy_us, 1),
+        replay_us=round(replay_ms * 1e3, 1),
+        gap_us=round(replay_ms * 1e3 - busy_us, 1),
+        head=shown[: 2 * per_layer + 4],
+        tail=shown[-(per_layer + 6) :],
+    )
 
 
 if __name__ == "__main__":
