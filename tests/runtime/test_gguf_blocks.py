@@ -1,5 +1,6 @@
 """GGUF blocks kept as the file holds them (Q8_0, Q4_K, Q5_K, Q6_K): the native kernels against
-gguf's own numpy dequantization, and greedy decoding against the same file dequantized to float32."""
+gguf's own numpy dequantization, and greedy decoding against the same file dequantized to float32
+(Q4_0 too, whose blocks become int4 without requantization)."""
 
 import gguf
 import numpy as np
@@ -57,7 +58,7 @@ def test_rows_of_several_types_in_one_tensor():
 TINY_LLAMA = Geometry("tiny", "llama", 256, 512, 2, 4, 2, 1000, False, False, 10000.0)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_k_m", "q5_k", "q6_k"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0", "q4_k_m", "q5_k", "q6_k"])
 def test_greedy_from_kept_blocks_equals_the_file_dequantized_to_float32(tmp_path, fmt):
     from trtedge import LLM, SamplingParams
 
