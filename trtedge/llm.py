@@ -114,8 +114,8 @@ class LLM:
         spec = self.config.speculative
         if kv_cache_dtype == "fp8":
             _check_fp8_kv(device)
-        elif kv_cache_dtype == "fp16":
-            _check_fp16_kv(device)
+        elif kv_cache_dtype in ("fp16", "int8"):
+            _check_cpu_kv(kv_cache_dtype, device)
         # the runtime bundle (key, path, manifest) stands in for the checkpoint: a hit converts nothing
         if load_format == "dummy":
             self.bundle, self.checkpoint = None, config_only_checkpoint(model or "")
@@ -797,15 +797,15 @@ def _check_fp8_kv(device: str) -> None:
         raise ConfigError(f"kv_cache_dtype (--kv-cache-dtype) fp8 {why}")
 
 
-def _check_fp16_kv(device: str) -> None:
-    """--kv-cache-dtype fp16 is the CPU's: its kernels convert float16 keys and values."""
+def _check_cpu_kv(kv_cache_dtype: str, device: str) -> None:
+    """--kv-cache-dtype fp16 and int8 are the CPU's: its kernels convert the rows as they read them."""
     from trtedge.runtime.models import resolve_device
 
     where = device if device != "auto" else resolve_device(device).type  # named: refused without resolving it
     if where != "cpu":
         raise ConfigError(
-            f"kv_cache_dtype (--kv-cache-dtype) fp16 needs the CPU; on {where} the KV cache is in the model's dtype "
-            "(or fp8)"
+            f"kv_cache_dtype (--kv-cache-dtype) {kv_cache_dtype} needs the CPU; on {where} the KV cache is in "
+            "the model's dtype (or fp8)"
         )
 
 

@@ -50,7 +50,7 @@ def test_kv_cache_dtype_is_validated_and_refused_on_the_cpu(tmp_path):
     from trtedge import LLM
 
     with pytest.raises(ConfigError, match=r"--kv-cache-dtype"):
-        LaunchConfig(kv_cache_dtype="int8")
+        LaunchConfig(kv_cache_dtype="int4")
     # refused before anything loads: no model is read
     with pytest.raises(ConfigError, match=r"kv_cache_dtype \(--kv-cache-dtype\) fp8 needs a CUDA GPU"):
         LLM(str(tmp_path / "no-model"), device="cpu", kv_cache_dtype="fp8", cache_dir=str(tmp_path / "cache"))

@@ -124,7 +124,8 @@ FLAGS: dict[str, LaunchFlag] = {
         "auto",
         f"{'|'.join(KV_CACHE_DTYPES)} (auto: the model's dtype; fp8: E4M3 with a scale per head of each "
         "token, about half the KV memory and attention reads; CUDA only; fp16: float16 keys and values, half "
-        "the KV memory of float32; CPU only).",
+        "the KV memory of float32; CPU only; int8: int8 with a scale per head of each token, about a quarter "
+        "of float32's; CPU only).",
     ),
     "load_format": LaunchFlag(
         str,

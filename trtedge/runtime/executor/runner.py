@@ -60,8 +60,8 @@ class ModelRunner:
         kv_cache_dtype: str = "auto",
     ):
         """``graph_rows``: the most decode rows a captured step takes (default ``max_batch_size``); a
-        speculative verify step scores one row per draft node. ``kv_cache_dtype`` fp8: the pool in
-        the layout of ``ops.kv_fp8`` (CUDA)."""
+        speculative verify step scores one row per draft node. ``kv_cache_dtype`` fp8 (CUDA) / int8
+        (the CPU): the pool in the layout of ``ops.kv_fp8``; fp16: a float16 pool (the CPU)."""
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
@@ -94,6 +94,8 @@ class ModelRunner:
         kv_dtype = torch.uint8 if kv_cache_dtype == "fp8" else traits.act_dtype  # float32 on the CPU
         if kv_cache_dtype == "fp16":  # the CPU (checked at launch): its kernels convert each row
             kv_dtype = torch.float16
+        elif kv_cache_dtype == "int8":  # the CPU: int8 values and a float32 scale per row
+            kv_dtype = torch.int8
         self.kv = torch.zeros(shape, dtype=kv_dtype, device=model.device)
         self.kv_bytes = self.kv.numel() * self.kv.element_size()
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(num_kv_layers)]

@@ -74,7 +74,7 @@ class NativeDecodeStep:
         m, cfg = self.model, self.model.cfg
         words = [cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size]
         words += [m.layers[0].mlp.gate_up.quantized.shape[0] // 2, m.norm.data_ptr(), cpu_step.SPIN_NS]
-        words += [int(kv_caches[0][0].dtype == torch.float16)]
+        words += [cpu_kernels.kv_kind(kv_caches[0][0])]
         for layer, (k_cache, v_cache) in zip(m.layers, kv_caches):
             mlp = layer.mlp
             for linear in (layer.qkv, layer.o, mlp.gate_up, mlp.down):

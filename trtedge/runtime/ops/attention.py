@@ -3,7 +3,7 @@
 Tokens of all sequences in a step are flattened into one dimension, sequence after sequence:
 sequence i owns the next ``query_lens[i]`` rows; its keys are the first ``context_lens[i]`` slots
 named by its block table, the last ``query_lens[i]`` of which this step writes (``slot_mapping``).
-A cache is in the model's dtype or, with ``--kv-cache-dtype fp8``, in the layout of ``kv_fp8``.
+A cache is in the model's dtype or, with ``--kv-cache-dtype fp8`` / ``int8``, in the layout of ``kv_fp8``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class TorchAttention:
         masks = batch.masks or [None] * len(batch.query_lens)
         for qlen, ctx, table, mask in zip(batch.query_lens, batch.context_lens, batch.block_tables, masks):
             end = start + qlen
-            if qlen == ctx and mask is None and not kv_fp8.is_fp8(k_cache):
+            if qlen == ctx and mask is None and not kv_fp8.is_scaled(k_cache):
                 keys, values = k[start:end], v[start:end]
             else:
                 keys = kv_fp8.read(k_cache[table].flatten(0, 1)[:ctx], q.dtype)

@@ -202,7 +202,10 @@ static void head_norm_rope(float *v, const float *norm_w, const float *cos, cons
     }
 }
 
-/* KV caches hold float32 or, with half (--kv-cache-dtype fp16), float16 rows of D values. */
+/* KV caches hold rows of D values: float32 (kind KV_F32), float16 (KV_F16, --kv-cache-dtype fp16) or
+   int8 (KV_I8, --kv-cache-dtype int8: D int8 values, then their float32 scale, x ~ q * scale, the row's
+   largest magnitude mapped to 127; ops/kv_fp8.py holds the torch reference). */
+enum { KV_F32 = 0, KV_F16 = 1, KV_I8 = 2 };
 static inline float half_to_float(uint16_t h);
 
 static inline uint16_t float_to_half(float f) {  /* round to nearest even, as torch's .to(float16) */
@@ -225,11 +228,25 @@ static inline uint16_t float_to_half(float f) {  /* round to nearest even, as to
     return (uint16_t)h;
 }
 
-/* Row `row` of a cache as float32: the row itself, or (half) converted into tmp. */
-static inline const float *kv_row(const void *cache, int64_t row, int64_t D, int half, float *tmp) {
-    if (!half) return (const float *)cache + row * D;
-    const uint16_t *h = (const uint16_t *)cache + row * D;
+/* Row `row` of a cache as float32: the row itself, or converted into tmp. */
+static inline const float *kv_row(const void *cache, int64_t row, int64_t D, int kind, float *tmp) {
+    if (kind == KV_F32) return (const float *)cache + row * D;
     int64_t i = 0;
+    if (kind == KV_I8) {
+        const int8_t *q = (const int8_t *)cache + row * (D + 4);
+        float scale;
+        memcpy(&scale, q + D, 4);
+#ifdef __AVX2__
+        __m256 s8 = _mm256_set1_ps(scale);
+        for (; i + 8 <= D; i += 8) {
+            __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));
+            _mm256_storeu_ps(tmp + i, _mm256_mul_ps(_mm256_cvtepi32_ps(w), s8));
+        }
+#endif
+        for (; i < D; i++) tmp[i] = (float)q[i] * scale;
+        return tmp;
+    }
+    const uint16_t *h = (const uint16_t *)cache + row * D;
 #ifdef __F16C__
     for (; i + 8 <= D; i += 8) _mm256_storeu_ps(tmp + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 #endif
@@ -237,13 +254,25 @@ static inline const float *kv_row(const void *cache, int64_t row, int64_t D, int
     return tmp;
 }
 
-static inline void kv_store(void *cache, int64_t row, const float *v, int64_t D, int half) {
-    if (!half) {
+static inline void kv_store(void *cache, int64_t row, const float *v, int64_t D, int kind) {
+    if (kind == KV_F32) {
         memcpy((float *)cache + row * D, v, sizeof(float) * D);
         return;
     }
-    uint16_t *h = (uint16_t *)cache + row * D;
     int64_t i = 0;
+    if (kind == KV_I8) {  /* as kv_fp8.quantize_int8: x / scale rounded to nearest even */
+        int8_t *q = (int8_t *)cache + row * (D + 4);
+        float amax = 0.0f;
+        for (int64_t j = 0; j < D; j++) amax = fmaxf(amax, fabsf(v[j]));
+        float scale = fmaxf(amax, 1e-30f) / 127.0f;
+        for (; i < D; i++) {
+            float r = nearbyintf(v[i] / scale);
+            q[i] = (int8_t)(r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r));
+        }
+        memcpy(q + D, &scale, 4);
+        return;
+    }
+    uint16_t *h = (uint16_t *)cache + row * D;
 #ifdef __F16C__
     for (; i + 8 <= D; i += 8)
         _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT));
@@ -255,7 +284,7 @@ static inline void kv_store(void *cache, int64_t row, const float *v, int64_t D,
    rotated k and v to the cache slots (flat cache [slots, Hkv, D]). */
 void qkv_rope_store(const float *qkv, int64_t B, int64_t H, int64_t Hkv, int64_t D, const int64_t *positions,
                     const float *cos_table, const float *sin_table, const float *q_norm, const float *k_norm,
-                    float eps, const int64_t *slots, void *k_cache, void *v_cache, float *q_out, int64_t half) {
+                    float eps, const int64_t *slots, void *k_cache, void *v_cache, float *q_out, int64_t kind) {
     int64_t width = (H + 2 * Hkv) * D;
     float *k = (float *)malloc(sizeof(float) * D + 64);
     for (int64_t b = 0; b < B; b++) {
@@ -267,8 +296,8 @@ void qkv_rope_store(const float *qkv, int64_t B, int64_t H, int64_t Hkv, int64_t
         for (int64_t h = 0; h < Hkv; h++) {
             memcpy(k, row + (H + h) * D, sizeof(float) * D);
             head_norm_rope(k, k_norm, cos, sin, D, eps);
-            kv_store(k_cache, slots[b] * Hkv + h, k, D, (int)half);
-            kv_store(v_cache, slots[b] * Hkv + h, row + (H + Hkv + h) * D, D, (int)half);
+            kv_store(k_cache, slots[b] * Hkv + h, k, D, (int)kind);
+            kv_store(v_cache, slots[b] * Hkv + h, row + (H + Hkv + h) * D, D, (int)kind);
         }
     }
     free(k);
@@ -278,12 +307,12 @@ void qkv_rope_store(const float *qkv, int64_t B, int64_t H, int64_t Hkv, int64_t
    scores: scratch for ctx - first floats; window > 0: only the last `window` keys. */
 static void attend_head(const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
                         int64_t ctx, int64_t window, int64_t Hkv, int64_t kvh, int64_t D, int64_t block_size,
-                        float scale, float *scores, float *o, int half) {
+                        float scale, float *scores, float *o, int kind) {
     int64_t first = window > 0 && ctx > window ? ctx - window : 0;
-    float best = -INFINITY, tmp[half ? D : 1];
+    float best = -INFINITY, tmp[kind == KV_F32 ? 1 : D];
     for (int64_t t = first; t < ctx; t++) {
         int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const float *kt = kv_row(k_cache, slot * Hkv + kvh, D, half, tmp);
+        const float *kt = kv_row(k_cache, slot * Hkv + kvh, D, kind, tmp);
         float s = 0.0f;
         #pragma omp simd reduction(+:s)
         for (int64_t i = 0; i < D; i++) s += qh[i] * kt[i];
@@ -299,7 +328,7 @@ static void attend_head(const float *qh, const void *k_cache, const void *v_cach
     for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
     for (int64_t t = first; t < ctx; t++) {
         int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const float *vt = kv_row(v_cache, slot * Hkv + kvh, D, half, tmp);
+        const float *vt = kv_row(v_cache, slot * Hkv + kvh, D, kind, tmp);
         float p = scores[t - first] / total;
         #pragma omp simd
         for (int64_t i = 0; i < D; i++) o[i] += p * vt[i];
@@ -310,7 +339,7 @@ static void attend_head(const float *qh, const void *k_cache, const void *v_cach
    window > 0: only the last `window` keys (sliding-window layers). */
 void paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, const int64_t *tables,
                             int64_t max_blocks, const int64_t *context_lens, int64_t B, int64_t H, int64_t Hkv,
-                            int64_t D, int64_t block_size, float scale, float *out, int64_t window, int64_t half) {
+                            int64_t D, int64_t block_size, float scale, float *out, int64_t window, int64_t kind) {
     int64_t group = H / Hkv;
     #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++) {
@@ -319,7 +348,7 @@ void paged_decode_attention(const float *q, const void *k_cache, const void *v_c
             int64_t first = window > 0 && ctx > window ? ctx - window : 0;
             float *scores = (float *)malloc(sizeof(float) * (ctx - first));
             attend_head(q + (b * H + h) * D, k_cache, v_cache, tables + b * max_blocks, ctx, window, Hkv,
-                        h / group, D, block_size, scale, scores, out + (b * H + h) * D, (int)half);
+                        h / group, D, block_size, scale, scores, out + (b * H + h) * D, (int)kind);
             free(scores);
         }
     }
@@ -409,6 +438,17 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+_KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.int8: 2}
+
+
+def kv_kind(cache: torch.Tensor) -> int:
+    """The kernels' code for a KV cache's rows (KV_F32, KV_F16, KV_I8)."""
+    try:
+        return _KV_KINDS[cache.dtype]
+    except KeyError:
+        raise ValueError(f"the native CPU kernels read no {cache.dtype} KV cache") from None
+
+
 def add_rms_norm(
     lib, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor, eps: float
 ) -> None:
@@ -452,7 +492,7 @@ def qkv_rope_store(
         k_cache.data_ptr(),
         v_cache.data_ptr(),
         q_out.data_ptr(),
-        int(k_cache.dtype == torch.float16),
+        kv_kind(k_cache),
     )
 
 
@@ -475,7 +515,7 @@ def paged_decode_attention(
         scale,
         out.data_ptr(),
         window,
-        int(k_cache.dtype == torch.float16),
+        kv_kind(k_cache),
     )
 
 

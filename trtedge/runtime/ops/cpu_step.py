@@ -16,7 +16,7 @@ The model is described once, at load, by a plan: int64 words (pointers and sizes
 
 from __future__ import annotations
 
-PLAN_HEADER = 9  # num_layers, H, Hkv, D, hidden, inter, final_norm, spin ns, KV float16
+PLAN_HEADER = 9  # num_layers, H, Hkv, D, hidden, inter, final_norm, spin ns, KV kind (cpu_kernels.kv_kind)
 SPIN_NS = 20_000  # how long a thread with no chunk to take spins before it sleeps
 LINEAR_WORDS = 7  # format (4, 8 or GGUF_FORMAT), data, scale, min, bias, rows N, cols K
 GGUF_FORMAT = 16  # GGUF blocks (ops/cpu_gguf.c): scale = the row segments, min = their number
@@ -35,7 +35,7 @@ typedef struct {
     lin_t qkv, o, gate_up, down;
     int64_t input_norm, post_norm, q_norm, k_norm, k_cache, v_cache, cos, sin, window;
 } layer_t;
-typedef struct { int64_t L, H, Hkv, D, hidden, inter, final_norm, spin_ns, kv_half; } head_t;
+typedef struct { int64_t L, H, Hkv, D, hidden, inter, final_norm, spin_ns, kv_kind; } head_t;
 
 /* Activations for the int4 products (in the kernel's order) or the GGUF ones (natural order): rows
    quantized per block of 32. */
@@ -200,9 +200,9 @@ static void run_chunk(const step_t *st, int p, int64_t c, float *scores, float *
                     head_norm_rope(v, (const float *)ly->q_norm, cos, sin, D, st->eps);
                 } else if (c < H + Hkv) {
                     head_norm_rope(v, (const float *)ly->k_norm, cos, sin, D, st->eps);
-                    kv_store((void *)ly->k_cache, slot * Hkv + c - H, v, D, (int)hd->kv_half);
+                    kv_store((void *)ly->k_cache, slot * Hkv + c - H, v, D, (int)hd->kv_kind);
                 } else {
-                    kv_store((void *)ly->v_cache, slot * Hkv + c - H - Hkv, v, D, (int)hd->kv_half);
+                    kv_store((void *)ly->v_cache, slot * Hkv + c - H - Hkv, v, D, (int)hd->kv_kind);
                 }
             }
             return;
@@ -210,7 +210,7 @@ static void run_chunk(const step_t *st, int p, int64_t c, float *scores, float *
             int64_t b = c / H, head = c % H;
             attend_head(st->qkv + b * width + head * D, (const void *)ly->k_cache, (const void *)ly->v_cache,
                         st->tables + b * st->max_blocks, st->context_lens[b], ly->window, Hkv, head / (H / Hkv), D,
-                        st->block_size, st->attn_scale, scores, st->attn + (b * H + head) * D, (int)hd->kv_half);
+                        st->block_size, st->attn_scale, scores, st->attn + (b * H + head) * D, (int)hd->kv_kind);
             return;
         }
         case PH_O:
