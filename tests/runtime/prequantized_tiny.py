@@ -17,8 +17,8 @@ E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
-def _is_linear(name: str) -> bool:
-    return name.endswith(".weight") and name.split(".")[-2] in LINEARS
+def _is_linear(name: str, linears=LINEARS) -> bool:
+    return name.endswith(".weight") and name.split(".")[-2] in linears
 
 
 def _pack_nibbles(values: torch.Tensor) -> torch.Tensor:
@@ -188,9 +188,12 @@ def _config(fmt: str) -> dict | None:
     return None  # ModelOpt FP8: hf_quant_config.json only
 
 
-def write_prequantized(src: Path, dst: Path, fmt: str) -> tuple[Path, dict[str, torch.Tensor]]:
-    """Copy the tiny float checkpoint ``src`` to ``dst`` with its decoder linears quantized in ``fmt``;
-    returns (dst, name -> the float weight each quantized layer stands for)."""
+def write_prequantized(
+    src: Path, dst: Path, fmt: str, linears: tuple[str, ...] = LINEARS
+) -> tuple[Path, dict[str, torch.Tensor]]:
+    """Copy the tiny float checkpoint ``src`` to ``dst`` with its decoder linears (the weights named
+    ``<one of linears>.weight``) quantized in ``fmt``; returns (dst, name -> the float weight each
+    quantized layer stands for)."""
     quantizer = FORMATS[fmt][0]
     dst.mkdir(parents=True)
     for file in src.iterdir():
@@ -201,7 +204,7 @@ def write_prequantized(src: Path, dst: Path, fmt: str) -> tuple[Path, dict[str, 
         tensors.update(load_file(str(file)))
     out, reference = {}, {}
     for name, t in tensors.items():
-        if not _is_linear(name):
+        if not _is_linear(name, linears):
             out[name] = t
             continue
         parts, ref = quantizer(t.float())

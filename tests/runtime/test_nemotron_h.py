@@ -186,3 +186,37 @@ def test_latent_experts_and_mtp_weights_load_and_match_transformers(tmp_path, ca
         out = llm.generate(ids, params).token_ids
     assert hf_greedy_choices(hf, ids, out) == out
     assert "skipped 1 multi-token-prediction tensors" in caplog.text
+
+
+NEMOTRON_LINEARS = ("in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj")
+
+
+@pytest.mark.parametrize("fmt", ["modelopt-nvfp4", "modelopt-fp8"])
+def test_nvfp4_and_fp8_checkpoints_serve_the_dequantized_models_greedy_tokens(nemotron, tmp_path, fmt):
+    """ModelOpt's NVFP4 (the format of NVIDIA's Nemotron Omni NVFP4 checkpoint) and FP8: every Mamba,
+    attention, MLP and expert projection quantized; recognised from the quantization config and run
+    dequantized, with the greedy tokens and prompt logprobs of the float model those weights stand for
+    (the logprobs tell it from the original float model, whose greedy tokens this tiny model keeps)."""
+    from tests.runtime.prequantized_tiny import write_dequantized, write_prequantized
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+    from trtedge.runtime.artifacts.quantize import QuantizedTensor
+
+    path, reference = write_prequantized(nemotron, tmp_path / "q", fmt, NEMOTRON_LINEARS)
+    assert len(reference) == 18  # in/out x 1, 4 experts + shared x 2, q/k/v/o, the MLP's 2
+    checkpoint = resolve_checkpoint(str(path))
+    assert checkpoint.scheme.method == ("nvfp4" if fmt == "modelopt-nvfp4" else "fp8")
+    quantized = {n for n, t in checkpoint.iter_tensors() if isinstance(t, QuantizedTensor)}
+    assert quantized == set(reference)
+    dequantized = write_dequantized(nemotron, tmp_path / "float", reference)
+    ids = prompt(40, 9)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, prompt_logprobs=0)
+    tokens, logprobs = [], []
+    for model in (dequantized, path, nemotron):
+        with nemotron_llm(model, cache_dir=str(tmp_path / "cache")) as llm:
+            out = llm.generate(ids, params)
+            assert llm.stats()["state_slots_free"] == llm.stats()["state_slots_total"]
+        tokens.append(out.token_ids)
+        logprobs.append(torch.tensor([lp.logprob for lp in out.prompt_logprobs[1:]]))
+    assert tokens[1] == tokens[0]
+    assert (logprobs[1] - logprobs[0]).abs().max() < 1e-5
+    assert (logprobs[1] - logprobs[2]).abs().max() > 1e-3  # not the original weights (0.02-0.07 off)
