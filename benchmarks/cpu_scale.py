@@ -2,7 +2,8 @@
 
     python benchmarks/cpu_scale.py [--geometry 1b,3b,8b] [--format q4_0,q4_k_m,q8_0,q5_k,q6_k] [--threads 1,2]
                                    [--prefill 128,1024] [--tokens 32] [--rounds 2] [--work-dir DIR]
-                                   [--llama-venv /work/bench-venv] [--skip-llama-cpp]
+                                   [--kv-cache-dtype auto|fp16|int8] [--llama-venv /work/bench-venv]
+                                   [--skip-llama-cpp]
 
 Each (geometry, format) GGUF file is written with the ``gguf`` package under --work-dir (a temporary
 directory unless given; trtedge's bundles go to its ``cache`` folder there, never the user's cache):
@@ -22,6 +23,10 @@ trtedge's bundle is built by a child of its own before the rounds, so building i
 "decode GB/s" is the weight bytes one decode step reads (every linear layer and the output
 projection; the engine's own storage of them) times decode tokens/s, next to the machine's copy
 bandwidth (read + written bytes of a 256 MiB torch copy, best of 5) at the same thread count.
+Memory: each engine's peak RSS next to the GGUF file's size and its KV cache's (2,048 positions:
+trtedge's pool in --kv-cache-dtype, float32 by default; llama.cpp's float16 cache of n_ctx 2,048),
+and the ratio peak RSS / (file + KV) against the issue's target of 1.15; trtedge's RSS right after
+loading (before any prompt) is shown too.
 """
 
 from __future__ import annotations
@@ -214,6 +219,15 @@ def decode_bytes(path: Path) -> int:
     return sum(int(t.n_bytes) for t in tensors.values())
 
 
+KV_POSITIONS = 2048  # each engine's KV cache: trtedge's max_kv_cache_capacity, llama.cpp's n_ctx
+RSS_TARGET = 1.15  # the issue's target: peak RSS <= 1.15 x (GGUF file + KV cache)
+
+
+def llama_cpp_kv_bytes(geo: Geometry) -> int:
+    """llama.cpp's KV cache at n_ctx KV_POSITIONS: float16 keys and values of every layer."""
+    return KV_POSITIONS * geo.layers * 2 * geo.kv_heads * (geo.hidden // geo.heads) * 2
+
+
 # The trtedge child: loads the model once, then answers one JSON request per stdin line.
 TRTEDGE_CHILD = r"""
 import json, sys
@@ -221,10 +235,12 @@ args = json.loads(sys.argv[1])
 import torch
 torch.set_num_threads(args["threads"])
 from trtedge import LLM, SamplingParams
-llm = LLM(args["model"], cache_dir=args["cache"], weights=args["weights"], max_kv_cache_capacity=2048,
-          max_input_len=args["max_input"], engine_process=False)
+llm = LLM(args["model"], cache_dir=args["cache"], weights=args["weights"], max_kv_cache_capacity=args["kv_positions"],
+          max_input_len=args["max_input"], engine_process=False, kv_cache_dtype=args["kv_cache_dtype"])
 info = llm.describe()
-print(json.dumps({"version": "trtedge", "weight_bytes": info["weight_bytes"]}), flush=True)
+rss = next(int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmRSS:"))
+print(json.dumps({"version": "trtedge", "weight_bytes": info["weight_bytes"],
+                  "kv_bytes": llm.stats().kv_cache_bytes, "rss_loaded": rss}), flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     metrics = []
@@ -287,13 +303,17 @@ class Child:
         self.proc.stderr.close()
 
 
-def start_trtedge(model: Path, cache: Path, threads: int, max_input: int, weights: str) -> Child:
+def start_trtedge(
+    model: Path, cache: Path, threads: int, max_input: int, weights: str, kv_cache_dtype: str = "auto"
+) -> Child:
     args = {
         "model": str(model),
         "cache": str(cache),
         "threads": threads,
         "max_input": max_input,
         "weights": weights,
+        "kv_cache_dtype": kv_cache_dtype,
+        "kv_positions": KV_POSITIONS,
     }
     env = {
         "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -352,6 +372,9 @@ def main() -> None:
         "--llama-venv", type=Path, default=Path(os.environ.get("LLAMA_CPP_VENV", "/work/bench-venv"))
     )
     parser.add_argument("--skip-llama-cpp", action="store_true")
+    parser.add_argument(
+        "--kv-cache-dtype", default="auto", choices=["auto", "fp16", "int8"], help="trtedge's KV cache"
+    )
     args = parser.parse_args()
     geometries = [GEOMETRIES[g] for g in args.geometry.split(",")]
     formats = args.format.split(",")
@@ -381,10 +404,13 @@ def run(args, work: Path, geometries, formats, threads, lengths) -> None:
                 file=sys.stderr,
             )
             t0 = time.time()
-            start_trtedge(path, work / "cache", 1, max(lengths) + 8, "auto").close()  # builds the bundle
+            kv = args.kv_cache_dtype
+            start_trtedge(path, work / "cache", 1, max(lengths) + 8, "auto", kv).close()  # builds the bundle
             print(f"trtedge bundle built in {time.time() - t0:.0f} s", file=sys.stderr)
             starters = {
-                "trtedge": lambda t, p=path: start_trtedge(p, work / "cache", t, max(lengths) + 8, "auto")
+                "trtedge": lambda t, p=path, kv=kv: start_trtedge(
+                    p, work / "cache", t, max(lengths) + 8, "auto", kv
+                )
             }
             if python is not None:
                 starters["llama.cpp"] = lambda t, p=path: start_llama_cpp(python, p, t)
@@ -425,20 +451,22 @@ def print_table(args, rows, threads, lengths, bandwidth, load_start, seconds: fl
         f"random-weight GGUF files; batch 1; decode: {args.tokens} new tokens after a 16-token prompt; prefill "
         f"at {threads[-1]} threads; best of {args.rounds} rounds, engines in turns, one alive at a time; "
         f"load average {load_start[0]:.2f} at start, {load[0]:.2f} {load[1]:.2f} at end; {seconds:.0f} s; "
-        f"copy bandwidth (read + written) {bw}"
+        f"copy bandwidth (read + written) {bw}; trtedge KV cache {args.kv_cache_dtype}; "
+        f"RSS target <= {RSS_TARGET} x (file + KV)"
     )
     head = [f"decode tok/s {t}T" for t in threads] + [f"prefill {n} tok/s" for n in lengths]
     print(
         "| model | engine | "
         + " | ".join(head)
-        + f" | peak RSS GiB | file GiB | decode GB/s {threads[-1]}T (of copy) |"
+        + " | peak RSS GiB | RSS after load GiB | file GiB | KV GiB | peak RSS / (file + KV)"
+        + f" | decode GB/s {threads[-1]}T (of copy) |"
     )
-    print("|---|---|" + "---:|" * (len(head) + 3))
+    print("|---|---|" + "---:|" * (len(head) + 6))
     for geo, fmt, size, gguf_bytes, results, meta, failed in rows:
         for name in ("llama.cpp", "trtedge"):
             label = f"{geo.name} {fmt.upper()}"
             if name in failed and not any(k[0] == name for k in results):
-                print(f"| {label} | {name} | skipped: {failed[name][:200]} |" + " |" * (len(head) + 2))
+                print(f"| {label} | {name} | skipped: {failed[name][:200]} |" + " |" * (len(head) + 5))
                 continue
             peer = results.get(("llama.cpp", threads[-1])) if name == "trtedge" else None
             cells = []
@@ -458,11 +486,15 @@ def print_table(args, rows, threads, lengths, bandwidth, load_start, seconds: fl
                     cell += f" ({best / max(r[f'prefill_{n}'] for r in peer):.2f}x)"
                 cells.append(cell)
             rss = max((r["rss"] for t in threads for r in results.get((name, t), [])), default=0)
-            weight = meta.get(name, {}).get("weight_bytes") or gguf_bytes
+            hello = meta.get(name, {})
+            weight = hello.get("weight_bytes") or gguf_bytes
+            kv = hello["kv_bytes"] if "kv_bytes" in hello else llama_cpp_kv_bytes(geo)
+            loaded = f"{hello['rss_loaded'] / 2**30:.2f}" if "rss_loaded" in hello else "-"
             decode = max((r["decode"] for r in top), default=0.0)
             gbs = weight * decode / 1e9
             print(
-                f"| {label} | {name} | " + " | ".join(cells) + f" | {rss / 2**30:.2f} | {size / 2**30:.2f} "
+                f"| {label} | {name} | " + " | ".join(cells) + f" | {rss / 2**30:.2f} | {loaded} "
+                f"| {size / 2**30:.2f} | {kv / 2**30:.2f} | {rss / (size + kv):.2f} "
                 f"| {gbs:.1f} ({gbs / bandwidth[threads[-1]]:.0%}) |"
             )
         if failed:

@@ -45,3 +45,20 @@ def test_trtedge_decodes_from_a_written_file(tmp_path):
         out = llm.generate([5, 6, 7, 8], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     ids = out.outputs[0].token_ids
     assert len(ids) == 6 and all(0 <= i < 1000 for i in ids)
+
+
+def test_the_trtedge_child_reports_its_kv_cache_and_memory(tmp_path):
+    from benchmarks.cpu_scale import KV_POSITIONS, start_trtedge
+
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, TINY, "q4_0")
+    child = start_trtedge(path, tmp_path / "cache", 1, 64, "auto", "int8")
+    try:
+        hello = child.hello
+        out = child.ask([5, 6, 7, 8], 3)
+        peak = child.peak_rss()
+    finally:
+        child.close()
+    per_token = 2 * 2 * 2 * (64 + 4)  # layers x (k, v) x kv heads x an int8 row of head_dim 64
+    assert hello["kv_bytes"] == KV_POSITIONS * per_token
+    assert 0 < hello["rss_loaded"] <= peak and out["decode"] > 0

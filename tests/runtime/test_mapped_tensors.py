@@ -68,3 +68,35 @@ def test_an_unknown_dtype_is_named(tmp_path):
     path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(8))
     with pytest.raises(ValueError, match="'x' has unsupported dtype C64"):
         mapped_tensors(path)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_k_m"])
+def test_a_loaded_gguf_bundle_reads_its_weights_from_the_bundle_file(tmp_path, fmt):
+    """No second copy: every weight of the loaded model is a mapping of the bundle's weights file,
+    except q/k/v and gate/up, concatenated at load (their sources are unmapped once fused)."""
+    from benchmarks.cpu_scale import Geometry, write_gguf
+    from trtedge import LLM
+
+    path = tmp_path / f"tiny-{fmt}.gguf"
+    write_gguf(path, Geometry("tiny", "llama", 256, 512, 2, 4, 2, 600, False, False, 10000.0), fmt)
+    with LLM(
+        str(path), cache_dir=str(tmp_path / "cache"), engine_process=False, max_kv_cache_capacity=64
+    ) as llm:
+        (weights,) = llm.bundle.weight_files()
+        model, file = llm.model, str(weights.resolve())
+        mapped = {"embed": model.embed.data, "lm_head": model.lm_head.quantized.data}
+        fused = {}
+        for i, layer in enumerate(model.layers):
+            mapped |= {f"{i}.o": layer.o.quantized.data, f"{i}.down": layer.mlp.down.quantized.data}
+            fused |= {f"{i}.qkv": layer.qkv.quantized.data, f"{i}.gate_up": layer.mlp.gate_up.quantized.data}
+        for name, tensor in mapped.items():
+            assert _mapping_of(tensor.data_ptr()) == file, name
+        for name, tensor in fused.items():
+            assert _mapping_of(tensor.data_ptr()) != file, name
+        fused_bytes = sum(t.nbytes for t in fused.values())
+        assert sum(t.nbytes for t in mapped.values()) + fused_bytes <= weights.stat().st_size
+        assert weights.stat().st_size < path.stat().st_size * 1.1  # the blocks kept, not widened
+        maps = [line.split(maxsplit=5) for line in Path("/proc/self/maps").read_text().splitlines()]
+        spans = [[int(x, 16) for x in f[0].split("-")] for f in maps if len(f) > 5 and f[5] == file]
+        # the fused tensors' sources are no longer mapped (one page of slack per mapping)
+        assert sum(hi - lo for lo, hi in spans) <= weights.stat().st_size - fused_bytes + 4096 * len(spans)
