@@ -100,6 +100,7 @@ VARIANTS = {
     "fused": {"TRTEDGE_PDL": "1", "TRTEDGE_DECODE_FUSION": "1"},
     "fused-no-pdl": {"TRTEDGE_DECODE_FUSION": "1"},
     "moe-decode": {"TRTEDGE_MOE_DECODE": "1"},
+    "silu-epilogue": {"TRTEDGE_SILU_EPILOGUE": "1"},
 }
 
 
@@ -116,7 +117,8 @@ def main() -> None:
         "--variants",
         default="",
         help="also trtedge with: pdl (TRTEDGE_PDL=1), fused (TRTEDGE_DECODE_FUSION=1 TRTEDGE_PDL=1), "
-        "fused-no-pdl (TRTEDGE_DECODE_FUSION=1), moe-decode (TRTEDGE_MOE_DECODE=1), comma-separated",
+        "fused-no-pdl (TRTEDGE_DECODE_FUSION=1), moe-decode (TRTEDGE_MOE_DECODE=1), silu-epilogue (TRTEDGE_SILU_EPILOGUE=1), "
+        "comma-separated",
     )
     args = parser.parse_args()
     prompt = torch.randint(10, 128000, (128,), generator=torch.Generator().manual_seed(0)).tolist()

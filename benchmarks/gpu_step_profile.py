@@ -5,7 +5,8 @@ when a target is missed.
     python benchmarks/gpu_step_profile.py [--shape qwen3-0.6b] [--modes default,pdl,fused]
 
 Each mode builds the engine again: ``default`` as configured, ``pdl`` with ``TRTEDGE_PDL=1``,
-``fused`` with ``TRTEDGE_DECODE_FUSION=1 TRTEDGE_PDL=1``, ``fused-no-pdl`` with the fusions only.
+``fused`` with ``TRTEDGE_DECODE_FUSION=1 TRTEDGE_PDL=1``, ``fused-no-pdl`` with the fusions only,
+``silu-epilogue`` with ``TRTEDGE_SILU_EPILOGUE=1``, ``moe-decode`` with ``TRTEDGE_MOE_DECODE=1``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ def main() -> None:
         directory = write_shape(Path(tmp) / args.shape, args.shape)
         first: list[int] = []
         for mode in args.modes.split(","):
-            for key in ("TRTEDGE_PDL", "TRTEDGE_DECODE_FUSION"):
+            for key in (
+                "TRTEDGE_PDL",
+                "TRTEDGE_DECODE_FUSION",
+                "TRTEDGE_SILU_EPILOGUE",
+                "TRTEDGE_MOE_DECODE",
+            ):
                 os.environ.pop(key, None)
             os.environ.update(MODES[mode])
             pdl._enabled = None  # probed again under this mode's TRTEDGE_PDL
@@ -56,6 +62,8 @@ MODES = {
     "pdl": {"TRTEDGE_PDL": "1", "TRTEDGE_DECODE_FUSION": "0"},
     "fused": {"TRTEDGE_PDL": "1", "TRTEDGE_DECODE_FUSION": "1"},
     "fused-no-pdl": {"TRTEDGE_PDL": "0", "TRTEDGE_DECODE_FUSION": "1"},
+    "silu-epilogue": {"TRTEDGE_SILU_EPILOGUE": "1"},
+    "moe-decode": {"TRTEDGE_MOE_DECODE": "1"},
 }
 
 

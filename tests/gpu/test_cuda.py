@@ -201,6 +201,39 @@ def test_vector_product_matches_dense_product(n, k, bias):
     assert int(lin.counts.sum()) == 0
 
 
+@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("inter,k,bias", [(3072, 1024, False), (200, 96, True)])
+def test_silu_epilogue_matches_product_then_silu_mul(rows, inter, k, bias):
+    """A [gate; up] product with SiLU-mul in its epilogue = the product, then the unfused kernel,
+    for every tiling (split-K counters reset), eagerly and replayed from a graph."""
+    import torch.nn.functional as F
+
+    from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
+    from trtedge.runtime.ops.triton_gemv import SkinnyLinear, candidates
+
+    gen = torch.Generator().manual_seed(inter + rows)
+    w = (torch.randn(2 * inter, k, generator=gen) * k**-0.5).to("cuda", torch.bfloat16)
+    b = torch.randn(2 * inter, generator=gen).to("cuda", torch.bfloat16) if bias else None
+    lin = SkinnyLinear(w, b)
+    x = torch.randn(rows, k, generator=gen).to("cuda", torch.bfloat16)
+    kernels = TritonDecodeKernels()
+    ref = torch.empty(rows, inter, dtype=torch.bfloat16, device="cuda")
+    kernels.silu_mul(F.linear(x.float(), w.float(), None if b is None else b.float()).bfloat16(), ref)
+    for plan in candidates(inter, k) or [(32, 32, 1)]:
+        lin._reserve(plan)
+        for _ in range(2):
+            out = lin.launch(x, plan, silu_out=True)
+        assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2, plan
+    eager = lin.silu_gated(x, kernels.silu_mul)  # times the epilogue against the unfused pair
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = lin.silu_gated(x, kernels.silu_mul)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    assert int(lin.counts.sum()) == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (14, 2, 64), (8, 8, 64), (32, 4, 128)])
 @pytest.mark.parametrize("block_size", [8, 16, 32])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 
+from trtedge.runtime.ops import triton_gemv
 from trtedge.runtime.ops.linear import DenseLinear, cat_weights, make_linear
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -106,6 +108,9 @@ class GatedMLP:
         self.act = act
         self.gate_up = make_linear(gate_up, gate_up_bias, weight_format)
         self.down = make_linear(down, down_bias, weight_format)
+        # TRTEDGE_SILU_EPILOGUE=1: a decode step's gate_up product applies SiLU-mul in its epilogue
+        # where that times faster than the product and the SiLU-mul kernel (opt-in until measured)
+        self.silu_epilogue = os.environ.get("TRTEDGE_SILU_EPILOGUE", "0") == "1"
 
     @classmethod
     def from_layer(cls, w: dict[str, torch.Tensor], act: str, weight_format: str, prefix: str = "mlp."):
@@ -120,6 +125,8 @@ class GatedMLP:
         )
 
     def __call__(self, h: torch.Tensor, kernels=None) -> torch.Tensor:
+        if kernels is not None and self.act == "silu" and self._silu_epilogue(h):
+            return self.down(self.gate_up.skinny.silu_gated(h, kernels.silu_mul))
         gate_up = self.gate_up(h)
         if kernels is not None and self.act == "silu":
             act = torch.empty(h.shape[0], gate_up.shape[-1] // 2, dtype=h.dtype, device=h.device)
@@ -127,6 +134,17 @@ class GatedMLP:
             return self.down(act)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down(ACTIVATIONS[self.act](gate) * up)
+
+    def _silu_epilogue(self, h: torch.Tensor) -> bool:
+        """Whether the gate_up product can apply SiLU-mul itself (CUDA, dense 16-bit, a few rows)."""
+        return (
+            self.silu_epilogue
+            and type(self.gate_up) is DenseLinear
+            and self.gate_up.skinny is not None
+            and h.dim() == 2
+            and h.shape[0] <= triton_gemv.MAX_ROWS
+            and h.is_contiguous()
+        )
 
     @property
     def fuses_decode(self) -> bool:

@@ -110,8 +110,10 @@ if triton is not None:
         PDL: tl.constexpr,
         EARLY_TILE: tl.constexpr,
         LATE_NORM: tl.constexpr,
+        SILU_OUT: tl.constexpr,
     ):
-        # NORM_IN: x is the residual stream; the product reads RMSNorm(x) * norm (the row's 1/rms from
+        # SILU_OUT: the weight is [gate; up] (N rows each) and y = silu(gate) * up, N columns; the
+        # program sums a gate tile and the up tile N rows below it (not with EARLY_TILE). NORM_IN: x is the residual stream; the product reads RMSNorm(x) * norm (the row's 1/rms from
         # a first pass over the whole row). SILU_IN: x is [gate | up] (K columns each); the product
         # reads silu(gate) * up. RESIDUAL_OUT: y is the residual stream, and gets the product added.
         # ROPE_OUT: the product is a fused qkv, one head per column tile (BLOCK_N = head_dim): q heads
@@ -150,10 +152,13 @@ if triton is not None:
             acc = tl.dot(x, tl.trans(w))
             first = lo + BLOCK_K
         else:
+            if PDL:
+                tl.extra.cuda.gdc_wait()
             inv = _row_inv(x_ptr, rm, rk, M, K, stride_x, eps, NORM_IN, BLOCK_M, BLOCK_K)
             squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             first = lo
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SILU_OUT
         # the epilogue's other operands, in flight during the main loop
         if ROPE_OUT:
             slot, c1, c2, s1, s2, wa, wb = _rope_operands(
@@ -180,6 +185,14 @@ if triton is not None:
                 eviction_policy="evict_first",
             )
             acc += tl.dot(x, tl.trans(w))
+            if SILU_OUT:
+                w_up = tl.load(
+                    w_rows + N * stride_w + ks[None, :],
+                    mask=(rn[:, None] < N) & (ks[None, :] < hi),
+                    other=0.0,
+                    eviction_policy="evict_first",
+                )
+                acc_up += tl.dot(x, tl.trans(w_up))
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         out_mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -189,6 +202,9 @@ if triton is not None:
             squares_at = part_ptr + SPLIT_K * tile + pid_n * SPLIT_K * BLOCK_M
             if LATE_NORM:
                 tl.store(squares_at + pid_k * BLOCK_M + rm, squares)
+            if SILU_OUT:  # the up sums after all the gate sums
+                up_at = part_ptr + (SPLIT_K + pid_k) * tile + rm[:, None] * N + rn[None, :]
+                tl.store(up_at, acc_up, mask=out_mask)
             done = tl.atomic_add(count_ptr + pid_n, 1)
             if done != SPLIT_K - 1:
                 return
@@ -204,13 +220,28 @@ if triton is not None:
                 squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
                 for s in range(SPLIT_K):
                     squares += tl.load(squares_at + s * BLOCK_M + rm, cache_modifier=".cg")
+            if SILU_OUT:
+                acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT_K):
+                    acc_up += tl.load(
+                        part_ptr + (SPLIT_K + s) * tile + rm[:, None] * N + rn[None, :],
+                        mask=out_mask,
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
             tl.atomic_xchg(count_ptr + pid_n, 0)
         if LATE_NORM:
             acc = acc * tl.rsqrt(squares / K + eps)[:, None]
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+            if SILU_OUT:
+                acc_up += tl.load(b_ptr + N + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
         y_at = y_ptr + rm[:, None] * stride_y + rn[None, :]
-        if ROPE_OUT:
+        if SILU_OUT:  # rounded as the unfused product and silu_mul kernel (triton_fused)
+            g = acc.to(dt).to(tl.float32)
+            act = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
+            tl.store(y_at, (act * acc_up.to(dt).to(tl.float32)).to(dt), mask=out_mask)
+        elif ROPE_OUT:
             _rope_store(
                 acc.to(dt).to(tl.float32), pid_n, rm, M, y_ptr, k_cache_ptr, v_cache_ptr, slot, c1, c2,
                 s1, s2, wa, wb, eps, dt, QK_NORM, NUM_HEADS, NUM_KV_HEADS, BLOCK_M, BLOCK_N,
@@ -381,6 +412,7 @@ class Fusion:
     silu: bool = False
     residual: bool = False
     rope: tuple[int, int, int] | None = None  # (num_heads, num_kv_heads, head_dim)
+    silu_out: bool = False  # a [gate; up] weight's product returns silu(gate) * up
 
 
 @dataclass
@@ -504,6 +536,20 @@ class SkinnyLinear:
             rows, plan, norm=norm, eps=eps, silu=silu, residual=residual, rope=rope, late_norm=late
         )
 
+    def silu_gated(self, rows: torch.Tensor, silu_mul) -> torch.Tensor:
+        """silu(gate) * up of this [gate; up] weight's product with at most ``MAX_ROWS`` contiguous
+        rows: in the product's epilogue, or where that measured slower, the plain product and then
+        ``silu_mul(gate_up, out)`` (the unfused kernel, whose roundings the epilogue's follow)."""
+        fusion = Fusion(silu_out=True)
+        self._silu_mul = silu_mul  # for the timing at the first call
+        plan = self.plan(rows.shape[0], fusion)
+        if plan is not None:
+            return self.launch(rows, plan, silu_out=True)
+        gate_up = self(rows)
+        out = torch.empty(rows.shape[0], gate_up.shape[-1] // 2, dtype=rows.dtype, device=rows.device)
+        silu_mul(gate_up, out)
+        return out
+
     def _unfused(self, rows, norm, eps: float, silu: bool, residual) -> torch.Tensor:
         """``fused`` through cuBLAS and torch, with the same roundings (HF's)."""
         if norm is not None:
@@ -536,6 +582,8 @@ class SkinnyLinear:
         norm = torch.ones(k, **like) if fusion.norm else None
         residual = torch.zeros(rows, n, **like) if fusion.residual else None
         rope = _scratch_rope(rows, *fusion.rope, like) if fusion.rope else None
+        if fusion.silu_out:
+            return self._tune_silu_out(x)
         plans = candidates(n, k, fusion)
         if fusion != PLAIN and not fusion.rope:
             self.plan(rows)  # the plain product's tilings first
@@ -563,6 +611,20 @@ class SkinnyLinear:
         unfused = _graph_time(lambda: self._unfused(x, norm, 1e-6, fusion.silu, residual))
         return best if best is not None and timed[best] < unfused else None
 
+    def _tune_silu_out(self, x: torch.Tensor) -> Plan | None:
+        """The fastest plan of the SiLU epilogue, or None where the plain product (by its own plan)
+        and the unfused silu_mul kernel are faster."""
+        n, k = self.weight.shape
+        timed = {}
+        for plan in candidates(n // 2, k):
+            self._reserve(plan)
+            timed[plan] = _graph_time(lambda plan=plan: self.launch(x, plan, silu_out=True))
+        out = torch.empty(x.shape[0], n // 2, dtype=x.dtype, device=x.device)
+        self.plan(x.shape[0])  # the plain product's own choice first
+        unfused = _graph_time(lambda: self._silu_mul(self(x), out))
+        best = min(timed, key=timed.get) if timed else None
+        return best if best is not None and timed[best] < unfused else None
+
     def _reserve(self, plan: Plan) -> None:
         n, split = self.weight.shape[0], plan[2]
         # split x rows x n partial sums, then (LATE_NORM) split x rows squares per column tile
@@ -582,11 +644,14 @@ class SkinnyLinear:
         residual: torch.Tensor | None = None,
         rope: RopeStore | None = None,
         late_norm: bool = False,
+        silu_out: bool = False,
         num_warps: int = 4,
         num_stages: int = 3,
     ) -> torch.Tensor:
         m = rows.shape[0]
         n, k = self.weight.shape
+        if silu_out:  # the weight is [gate; up]: y has half its rows' columns
+            n //= 2
         block_n, block_k, split = plan
         if rope is not None:
             y = rope.q_out
@@ -630,8 +695,9 @@ class SkinnyLinear:
             BLOCK_K=block_k,
             SPLIT_K=split,
             PDL=launch_pdl,
-            EARLY_TILE=launch_pdl or (norm is not None and not late_norm),
+            EARLY_TILE=(launch_pdl or (norm is not None and not late_norm)) and not silu_out,
             LATE_NORM=norm is not None and late_norm,
+            SILU_OUT=silu_out,
             num_warps=num_warps,
             num_stages=num_stages,
             launch_pdl=launch_pdl,
