@@ -182,13 +182,15 @@ class LLM:
 
     def _wants_engine_process(self, wanted: bool | None, device: str) -> bool:
         """The engine core in its own process: on CUDA by default (measured faster there), never with
-        tensor parallelism (rank 0 lives here) or a vision / audio component (its processor is here)."""
+        tensor parallelism (rank 0 lives here), a vision / audio component (its processor is here) or
+        speech output (the speech sequences' deltas do not cross processes yet)."""
         cfg = self.config
         model_cfg = self.checkpoint.model_config
         media = model_cfg.vision is not None or getattr(model_cfg, "audio", None) is not None
         media = media and getattr(self.checkpoint, "has_vision", True)  # the bundle's encoder component
         transducer = model_cfg.model_type in TRANSDUCER_MODEL_TYPES  # runtime.transducer: in this process
-        possible = cfg.tensor_parallel_size == 1 and not media and not transducer
+        speech = self.bundle is not None and self.bundle.has_speech
+        possible = cfg.tensor_parallel_size == 1 and not media and not transducer and not speech
         if wanted is None and os.environ.get(ENGINE_PROCESS_ENV, "auto") != "auto":
             value = os.environ[ENGINE_PROCESS_ENV]
             if value not in ("0", "1"):
@@ -200,8 +202,8 @@ class LLM:
             return possible and resolve_device(device).type == "cuda"
         if wanted and not possible:
             raise ConfigError(
-                "engine_process is not supported with tensor parallelism or a vision or audio "
-                "component yet; leave it unset"
+                "engine_process is not supported with tensor parallelism, a vision or audio "
+                "component or speech output yet; leave it unset"
             )
         return wanted
 
@@ -273,7 +275,9 @@ class LLM:
                 self.model.cfg.model_type, Path(self.checkpoint.path), self.model.cfg.audio["audio_config"]
             )
         try:
-            return Engine(self.model, self.tokenizer, engine_config, draft=self.draft)
+            return Engine(
+                self.model, self.tokenizer, engine_config, draft=self.draft, speech=self.speech_output
+            )
         except BaseException:
             if self.tp is not None:
                 self.tp.shutdown()
@@ -620,7 +624,7 @@ class LLM:
         mono pieces at ``speech_output.sample_rate`` (24 kHz) as Code2Wav makes them. ``options``:
         ``SpeechOptions`` fields (talker_temperature, talker_top_k, ...). Raises ``ValueError``
         (``SpeechInputError`` naming the field) for a bad request, before any audio is made."""
-        from trtedge.runtime.speech.api import stream_waveform, tts_ids
+        from trtedge.runtime.speech.api import speak, tts_ids
 
         self._check_open()
         if self.speech_output is None:
@@ -633,8 +637,7 @@ class LLM:
             raise SpeechInputError(
                 f"input takes {len(ids)} tokens, more than max_input_len {self.config.max_input_len}", "input"
             )
-        self.speech_output.prompt(ids, params.voice or self.speech_output.default_voice)  # refuses here
-        return stream_waveform(self.speech_output, ids, params)
+        return speak(self.engine, self.speech_output, ids, params)  # refuses here
 
     def speech_live(self, prompt_ids: list[int], **options):
         """The speech of an answer to ``prompt_ids`` (a conversation ending in ``<|im_start|>assistant``)
@@ -645,7 +648,7 @@ class LLM:
         if self.speech_output is None:
             raise ValueError(f"{NO_SPEECH} ({self.model_name})")
         params = SpeechOptions.coerce(options)
-        return LiveSpeech(self.speech_output, prompt_ids, params, self.tokenizer.eos_token_ids)
+        return LiveSpeech(self.engine, self.speech_output, prompt_ids, params, self.tokenizer.eos_token_ids)
 
     def speech_input_tokens(self, input: str, instructions: str | None = None) -> int:
         """Tokens of the conversation the Talker reads to speak ``input``."""

@@ -368,3 +368,4 @@ def test_a_client_that_hangs_up_mid_speech_frees_its_seat(app, llm, path):
     assert reply.status == 200 and heard(reply)
     stats = llm.stats()
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["active_requests"] == 0
+    assert llm.engine.speech.num_states == 0  # the Talker's sequence ended with the client

@@ -21,6 +21,7 @@ from trtedge.runtime.core.hybrid_state import HybridStateCache
 from trtedge.runtime.core.partial_blocks import PartialBlockCache
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from trtedge.runtime.core.speech import SpeechDelta, SpeechScheduler, SpeechSequence
 from trtedge.runtime.executor.runner import ModelRunner, PromptScores, kv_block_bytes
 from trtedge.runtime.executor.sampler import Sampler, SampleResult, TokenLogprobs, is_plain, mix_seed
 from trtedge.runtime.executor.state_pool import row_bytes
@@ -137,9 +138,28 @@ def _split_decode(batch: ScheduledBatch) -> list[ScheduledBatch]:
     return [ScheduledBatch([s for s, _ in rows], [n for _, n in rows]) for rows in (decode, prefill)]
 
 
+class SpeechStream(CancellableIterator):
+    """The ``SpeechDelta``s of one speech sequence (the last has the finish reason). A live one speaks
+    an answer still being generated: ``push_text`` its next token ids, ``end_text`` at its end."""
+
+    def __init__(
+        self, channel: queue.Queue, cancel: Callable[[], None], feed: Callable[[list[int], bool], None]
+    ):
+        super().__init__(channel, cancel)
+        self._feed = feed
+
+    def push_text(self, token_ids: list[int]) -> None:
+        self._feed(list(token_ids), False)
+
+    def end_text(self) -> None:
+        self._feed([], True)
+
+
 class Engine:
-    def __init__(self, model, tokenizer: Tokenizer, config: EngineConfig, draft=None):
-        """``draft``: the loaded draft model or EAGLE-3 head when ``config.speculative`` needs one."""
+    def __init__(self, model, tokenizer: Tokenizer, config: EngineConfig, draft=None, speech=None):
+        """``draft``: the loaded draft model or EAGLE-3 head when ``config.speculative`` needs one;
+        ``speech``: the loaded ``SpeechPipeline`` (Talker, code predictor, Code2Wav) of a model that
+        speaks, run as speech sequences beside the thinker's (``submit_speech``)."""
         self.config = config
         self.tokenizer = tokenizer
         bs = config.block_size
@@ -199,6 +219,15 @@ class Engine:
         wanted = config.async_scheduling
         self.async_scheduling = plain and (self.runner.on_cuda if wanted is None else wanted)
         self._inflight: list[tuple[list[Sequence], SampleResult]] = []  # launched, not yet read back
+        self.speech = None
+        if speech is not None:
+            from trtedge.runtime.speech.runner import SpeechRunner
+
+            self.speech = SpeechRunner(speech)
+        self.speech_scheduler = SpeechScheduler(
+            config.max_batch_size if config.enable_in_flight_batching else 1
+        )
+        self._speaking: dict[int, tuple[SpeechSequence, queue.Queue]] = {}  # guarded by the engine thread
         log.info(
             "engine: %s, max_batch_size %d, %d tokens per step, context reuse %s",
             "in-flight batching" if config.enable_in_flight_batching else "one request at a time",
@@ -280,6 +309,37 @@ class Engine:
             return RequestHandle(lambda: self._cancel(request), lambda i, n: self._stop_choice(request, i, n))
         return CancellableIterator(request.channel, lambda: self._cancel(request), params.n)
 
+    def submit_speech(
+        self, prompt_ids: list[int], voice: str, sampling, chunk_frames: int, live: bool = False
+    ) -> SpeechStream:
+        """Queue a speech sequence: the Talker speaks the last assistant turn of ``prompt_ids`` in
+        ``voice`` (``sampling``: a ``TalkerSampling``), Code2Wav a piece every ``chunk_frames`` frames.
+        ``live``: the answer is still being generated (``SpeechStream.push_text`` / ``end_text``).
+        Refuses (``SpeechInputError`` naming the field) before anything is queued."""
+        if self.speech is None:
+            raise ValueError("this model has no speech output (no Talker / Code2Wav components)")
+        start = self.speech.pipeline.check(prompt_ids, voice)
+        rows = len(prompt_ids) - start - 4
+        seq = SpeechSequence(list(prompt_ids), voice, sampling, chunk_frames, rows + (not live), not live)
+        channel: queue.Queue = queue.Queue()
+        with self._submit_lock:
+            if self.error is not None:
+                raise EngineUnavailableError(f"engine failed: {self.error}")
+            if self._stopped:
+                raise EngineUnavailableError("the engine is shut down")
+            self._inbox.put(("speech", (seq, channel)))
+        self._wake.set()
+
+        def feed(token_ids: list[int], done: bool) -> None:
+            self._inbox.put(("speech_text", (seq, token_ids, done)))
+            self._wake.set()
+
+        def cancel() -> None:
+            self._inbox.put(("speech_cancel", seq))
+            self._wake.set()
+
+        return SpeechStream(channel, cancel, feed)
+
     def _resolve_cache_generated(self, params: SamplingParams) -> SamplingParams:
         """``cache_generated_tokens`` unset: publish generated tokens, except where a hybrid model
         speculates (its verification keeps no checkpoints past the prompt: only the prompt's snapshot
@@ -317,7 +377,7 @@ class Engine:
 
     @property
     def num_active(self) -> int:
-        return len(self._requests)
+        return len(self._requests) + len(self._speaking)
 
     # ---- plain-data views (what a client, in this process or another, reads) ----------------------
     def snapshot(self) -> dict:
@@ -440,10 +500,15 @@ class Engine:
         while not self._stopped:
             self._drain_inbox()
             self._flush()
-            if not self.scheduler.has_work:
+            speaks = self.speech_scheduler.has_work
+            if not self.scheduler.has_work and not speaks:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
+            if speaks:  # a frame for each speech sequence that can make one, between the thinker's steps
+                self._speak()
+                if not self.scheduler.has_work:
+                    continue
             try:
                 if not self.step():  # nothing could run (cannot happen with a valid pool): do not spin
                     self._wake.wait(timeout=0.01)
@@ -470,6 +535,8 @@ class Engine:
         reason = f"engine failed: {self.error}" if self.error is not None else "engine shut down"
         for request in list(self._requests):
             self._fail(request, EngineUnavailableError(reason))
+        for seq, _ in list(self._speaking.values()):
+            self._end_speech(seq, "error", EngineUnavailableError(reason))
         self._flush()
         stats = self.stats
         log.info(
@@ -550,6 +617,43 @@ class Engine:
                 choice = request.choices[index]
                 if request in self._requests and not choice.seq.is_finished:
                     self._stop_at(choice, count)
+            elif kind == "speech":
+                seq, channel = request
+                self._speaking[seq.seq_id] = (seq, channel)
+                self.speech_scheduler.add(seq)
+            elif kind == "speech_text":
+                seq, token_ids, done = request
+                seq.push_text(token_ids)
+                if done:
+                    seq.end_text()
+            elif kind == "speech_cancel" and request.seq_id in self._speaking:
+                self._end_speech(request, "cancelled")
+
+    def _speak(self) -> None:
+        """One frame of every speech sequence that can make one; the audio pieces they complete."""
+        for seq in self.speech_scheduler.schedule():
+            try:
+                ended, piece = self.speech.step(seq)
+            except Exception as e:  # this speech fails; the thinker and the other speeches go on
+                log.exception("speech step failed")
+                self._end_speech(seq, "error", EngineError(f"the Talker failed ({type(e).__name__}: {e})"))
+                continue
+            if ended:
+                self._end_speech(seq, "stop", piece)
+            elif piece is not None:
+                self._speaking[seq.seq_id][1].put(SpeechDelta(piece, seq.num_frames, None))
+
+    def _end_speech(self, seq: SpeechSequence, reason: str, last=None) -> None:
+        """Finish a speech sequence: its caches freed, its last delta (``last``: an error, or the final
+        piece of audio) sent."""
+        self.speech_scheduler.finish(seq, reason)
+        if self.speech is not None:
+            self.speech.release(seq)
+        _, channel = self._speaking.pop(seq.seq_id)
+        if isinstance(last, BaseException):
+            channel.put(last)
+        else:
+            channel.put(SpeechDelta(last, seq.num_frames, reason))
 
     def _stop_at(self, choice: _Choice, num_output_tokens: int) -> None:
         """The consumer found a stop string ending at output token ``num_output_tokens``: finish there,

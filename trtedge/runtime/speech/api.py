@@ -127,27 +127,68 @@ def answer_ids(prompt_ids: list[int], output_ids: list[int], eos_ids) -> list[in
     return list(prompt_ids) + out
 
 
-def stream_waveform(speech: SpeechPipeline, ids: list[int], options: SpeechOptions) -> Iterator[np.ndarray]:
-    """24 kHz float32 pieces of the speech of ``ids`` (see ``SpeechPipeline.prompt``), one per
-    ``codec_chunk_frames`` frames."""
-    voice = options.voice or speech.default_voice
-    prompt = speech.prompt(ids, voice)
-    frames = speech.frames(prompt, options.sampling(speech.cfg.frames_per_second))
-    tempo = None
-    if options.speed != 1.0:
-        from trtedge.runtime.speech.tempo import Tempo
+class SpeechPieces:
+    """The float32 pieces of one speech as the engine's speech sequence makes them (time-stretched to
+    ``speed`` here, on the consumer's side). The sequence is submitted (``submit()``) at the first
+    ``next``, so a request waiting for a seat holds no Talker; ``close()``, or dropping it unfinished,
+    stops the Talker and frees its sequence."""
 
-        tempo = Tempo(float(options.speed), speech.sample_rate)
-    for piece in speech.waveform(frames, options.codec_chunk_frames):
-        samples = piece.cpu().numpy()
-        if tempo is not None:
-            samples = tempo.feed(samples)
-        if samples.size:
-            yield samples
-    if tempo is not None:
-        rest = tempo.finish()
-        if rest.size:
-            yield rest
+    def __init__(self, submit, speed: float = 1.0, sample_rate: int = 24000):
+        self._submit = submit
+        self._stream = None
+        self._tempo = None
+        if speed != 1.0:
+            from trtedge.runtime.speech.tempo import Tempo
+
+            self._tempo = Tempo(float(speed), sample_rate)
+        self._ended = False
+
+    def __iter__(self) -> SpeechPieces:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        if self._stream is None and not self._ended:
+            self._stream = self._submit()
+        while not self._ended:
+            try:
+                delta = next(self._stream)
+            except StopIteration:
+                self._ended = True
+                break
+            samples = np.zeros(0, np.float32) if delta.audio is None else delta.audio
+            if self._tempo is not None:
+                samples = self._tempo.feed(samples)
+            if samples.size:
+                return samples
+        if self._tempo is not None:
+            rest, self._tempo = self._tempo.finish(), None
+            if rest.size:
+                return rest
+        raise StopIteration
+
+    def close(self) -> None:
+        if not self._ended:
+            self._ended = True
+            if self._stream is not None:
+                self._stream.close()
+
+    def __del__(self) -> None:
+        if not self._ended and self._stream is not None:
+            self._stream.cancel()
+
+
+def speak(engine, speech: SpeechPipeline, ids: list[int], options: SpeechOptions) -> SpeechPieces:
+    """The speech of ``ids`` (see ``SpeechPipeline.prompt``) as an engine speech sequence, one piece
+    per ``codec_chunk_frames`` frames. Refuses (SpeechInputError) now; the Talker starts at the
+    first piece asked for."""
+    voice = options.voice or speech.default_voice
+    speech.check(ids, voice)
+    sampling = options.sampling(speech.cfg.frames_per_second)
+    return SpeechPieces(
+        lambda: engine.submit_speech(ids, voice, sampling, options.codec_chunk_frames),
+        options.speed,
+        speech.sample_rate,
+    )
 
 
 def load_speech_output(bundle, dtype: str, device: str) -> SpeechPipeline | None:
@@ -196,48 +237,53 @@ def _read(files, wanted) -> list:
 class LiveSpeech:
     """The speech of an answer the thinker is still generating: ``push`` its token ids as they come,
     ``finish`` at its end (``close`` abandons it); ``pieces()`` (on another thread) yields the
-    waveform while the text still arrives. The Talker starts once ``talker_prefill_threshold`` text
-    tokens are there (and the four the Talker's prompt holds) and waits whenever it has spoken all the
-    text so far; it reads the same rows at the same steps as with the whole text."""
+    waveform while the text still arrives. The speech sequence is submitted once
+    ``talker_prefill_threshold`` text tokens are there (and the four the Talker's prompt holds); the
+    engine's Talker waits whenever it has spoken all the text so far, reading the same rows at the
+    same steps as with the whole text."""
 
-    def __init__(self, speech: SpeechPipeline, prompt_ids: list[int], options: SpeechOptions, eos_ids):
+    def __init__(
+        self, engine, speech: SpeechPipeline, prompt_ids: list[int], options: SpeechOptions, eos_ids
+    ):
         import threading
 
-        from trtedge.runtime.speech.talker import TextFeed
-
-        self.speech, self.options = speech, options
+        self.engine, self.speech, self.options = engine, speech, options
         self.voice = options.voice or speech.default_voice
         speech.voice_id(self.voice)
         self.ids = list(prompt_ids)
         self.num_prompt = len(self.ids)
         self.start = speech.answer_start(self.ids)
         self.eos = set(eos_ids)
-        self.feed = TextFeed()
-        self.prompt = None
+        self.stream = None
         self.ended = False
+        self.cancelled = False
         self._ready = threading.Event()
         self._lock = threading.Lock()
 
     def push(self, token_ids: list[int]) -> None:
         with self._lock:
+            fresh = []
             for t in token_ids:
                 if self.ended:
-                    return
+                    break
                 if t in self.eos:
                     self._finish()
-                    return
+                    break
                 self.ids.append(t)
-                if self.prompt is None:
+                if self.stream is None:
                     generated = len(self.ids) - self.num_prompt
                     if len(self.ids) - self.start >= 4 and generated >= self.options.talker_prefill_threshold:
                         self._begin()
                 else:
-                    self.feed.append(self.speech.project([t]))
+                    fresh.append(t)
+            if fresh and self.stream is not None:
+                self.stream.push_text(fresh)
 
     def _begin(self) -> None:
-        prompt = self.speech.prompt(self.ids, self.voice)
-        self.feed.append(prompt.trailing[:-1])  # the text so far; tts_eos comes at the end
-        self.prompt = prompt
+        sampling = self.options.sampling(self.speech.cfg.frames_per_second)
+        self.stream = self.engine.submit_speech(
+            self.ids, self.voice, sampling, self.options.codec_chunk_frames, live=True
+        )
         self._ready.set()
 
     def finish(self) -> None:
@@ -248,25 +294,24 @@ class LiveSpeech:
         if self.ended:
             return
         self.ended = True
-        if self.prompt is None and len(self.ids) - self.start >= 4:
+        if self.stream is None and len(self.ids) - self.start >= 4:
             self._begin()
-        if self.prompt is not None:
-            self.feed.append(self.prompt.trailing[-1:])
-        self.feed.finish()
+        if self.stream is not None:
+            self.stream.end_text()
         self._ready.set()
 
     def close(self) -> None:
-        """Stop: the Talker ends at its next step (the client went away)."""
+        """Stop: the Talker's sequence ends at once (the client went away)."""
         with self._lock:
-            self.ended = True
-            self.feed.finish(cancelled=True)
+            self.ended = self.cancelled = True
+            if self.stream is not None:
+                self.stream.cancel()
             self._ready.set()
 
     def pieces(self) -> Iterator[np.ndarray]:
         self._ready.wait()
-        if self.prompt is None or self.feed.cancelled:
+        if self.stream is None or self.cancelled:
             return
-        sampling = self.options.sampling(self.speech.cfg.frames_per_second)
-        frames = self.speech.talker.frames(self.prompt.prefill, self.feed, self.prompt.pad, sampling)
-        for piece in self.speech.waveform(frames, self.options.codec_chunk_frames):
-            yield piece.cpu().numpy()
+        for delta in self.stream:
+            if delta.audio is not None and delta.audio.size:
+                yield delta.audio

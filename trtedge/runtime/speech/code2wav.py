@@ -142,12 +142,13 @@ class Code2Wav:
             done.append(frame)
             pending += 1
             if pending == chunk_frames:
-                yield self._chunk(done, start, left_context)
+                yield self.chunk(done, start, left_context)
                 start, pending = len(done), 0
         if pending:
-            yield self._chunk(done, start, left_context)
+            yield self.chunk(done, start, left_context)
 
-    def _chunk(self, done: list[list[int]], start: int, left_context: int) -> torch.Tensor:
+    def chunk(self, done: list[list[int]], start: int, left_context: int = LEFT_CONTEXT) -> torch.Tensor:
+        """The piece of frames ``done[start:]``, decoded after up to ``left_context`` frames before."""
         context = min(left_context, start)
         codes = torch.tensor(done[start - context :], dtype=torch.long)
         # after context, from where the previous piece stopped: its last ``tail`` samples are here

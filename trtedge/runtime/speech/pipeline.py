@@ -102,16 +102,22 @@ class SpeechPipeline:
             raise SpeechInputError("the prompt has no assistant turn for the Talker to speak", "messages")
         return starts[-1]
 
+    def check(self, ids: list[int], voice: str) -> int:
+        """Refuse (``SpeechInputError``) what ``prompt`` cannot speak, on the host; the answer's start."""
+        self.voice_id(voice)
+        start = self.answer_start(ids)
+        if len(ids) - start < 4:
+            raise SpeechInputError("there is no text to speak", "input")
+        return start
+
     @torch.inference_mode()
     def prompt(self, ids: list[int], voice: str) -> SpeechPrompt:
         """The Talker's input for a conversation's ``ids``: the prompt and the answer's text tokens
         (without the end-of-turn token), ending inside the last ``<|im_start|>assistant`` turn."""
         t = self.cfg.text_ids
         speaker = self.voice_id(voice)
-        start = self.answer_start(ids)
+        start = self.check(ids, voice)
         answer = ids[start:]
-        if len(answer) < 4:
-            raise SpeechInputError("there is no text to speak", "input")
         user = []
         role = None
         for i, token in enumerate(ids[:start]):

@@ -34,48 +34,6 @@ class TalkerSampling:
         return self.temperature == 0.0
 
 
-class FixedText:
-    """Text rows known in full."""
-
-    cancelled = False
-
-    def __init__(self, rows: torch.Tensor):
-        self.rows = rows
-
-    def get(self, step: int) -> torch.Tensor | None:
-        return self.rows[step] if step < self.rows.shape[0] else None
-
-
-class TextFeed:
-    """Text rows that arrive while the Talker speaks (the thinker still generating): ``get(step)``
-    waits until row ``step`` is there or the text is complete (then None: the Talker pads). The
-    Talker reads the same rows at the same steps as with the whole text, so its frames are the same."""
-
-    def __init__(self):
-        import threading
-
-        self._rows: list[torch.Tensor] = []
-        self._done = False
-        self.cancelled = False
-        self._cond = threading.Condition()
-
-    def append(self, rows: torch.Tensor) -> None:
-        with self._cond:
-            self._rows.extend(rows)
-            self._cond.notify_all()
-
-    def finish(self, cancelled: bool = False) -> None:
-        with self._cond:
-            self._done = True
-            self.cancelled = self.cancelled or cancelled
-            self._cond.notify_all()
-
-    def get(self, step: int) -> torch.Tensor | None:
-        with self._cond:
-            self._cond.wait_for(lambda: step < len(self._rows) or self._done)
-            return self._rows[step] if step < len(self._rows) else None
-
-
 class ResizeMLP:
     def __init__(self, w: dict, act: str):
         self.fc1 = (require(w, "linear_fc1.weight"), w.get("linear_fc1.bias"))
@@ -103,6 +61,48 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, g
         logits[order[drop]] = float("-inf")
     probs = torch.softmax(logits, -1)
     return int(torch.multinomial(probs.cpu(), 1, generator=gen))
+
+
+class TalkerRun:
+    """One speech's Talker state on the device: its KV cache, the last hidden state, the codes so far.
+    ``frame()`` makes the next frame (None: the speech has ended), ``advance(row)`` feeds the Talker
+    that frame with the next text row (None once the text is spent: ``tts_pad``)."""
+
+    def __init__(self, talker: Talker, prefill: torch.Tensor, pad: torch.Tensor, params: TalkerSampling):
+        self.talker, self.pad, self.params = talker, pad, params
+        self.gen = None
+        if not params.greedy:
+            self.gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
+        self.cache = KVCache(talker.cfg.talker.num_layers)
+        with torch.inference_mode():
+            self.hidden = talker.model(prefill.to(talker.dtype), self.cache)[-1]
+        self.history: list[int] = []
+        self.embeds: torch.Tensor | None = None
+        self.num_frames = 0
+
+    @torch.inference_mode()
+    def frame(self) -> list[int] | None:
+        t, params = self.talker, self.params
+        logits = F.linear(self.hidden, t.codec_head).float()
+        if params.repetition_penalty != 1.0 and self.history:
+            seen = torch.tensor(sorted(set(self.history)), device=logits.device)
+            got = logits[seen]
+            logits[seen] = torch.where(
+                got < 0, got * params.repetition_penalty, got / params.repetition_penalty
+            )
+        logits[t.suppressed] = float("-inf")
+        code = sample(logits, params.temperature, params.top_k, params.top_p, self.gen)
+        if code == t.cfg.codec_ids["eos"] or self.num_frames == params.max_frames:
+            return None
+        self.history.append(code)
+        residual, self.embeds = t._residual(self.hidden, code, params.greedy, self.gen)
+        self.num_frames += 1
+        return [code, *residual]
+
+    @torch.inference_mode()
+    def advance(self, row: torch.Tensor | None) -> None:
+        x = self.embeds + (self.pad if row is None else row).to(self.talker.dtype)
+        self.hidden = self.talker.model(x[None], self.cache)[-1]
 
 
 class Talker:
@@ -136,43 +136,17 @@ class Talker:
     def embed_codes(self, ids: list[int]) -> torch.Tensor:
         return self.codec_embedding[torch.tensor(ids, device=self.device)]
 
-    @torch.inference_mode()
     def frames(
-        self, prefill: torch.Tensor, trailing, pad: torch.Tensor, params: TalkerSampling
+        self, prefill: torch.Tensor, trailing: torch.Tensor, pad: torch.Tensor, params
     ) -> Iterator[list[int]]:
         """Codec frames (``num_code_groups`` codes each) until the Talker ends the speech or
-        ``params.max_frames``. ``prefill``: (positions, hidden) Talker inputs; ``trailing``: the text
-        still to speak, one row per step (a tensor, or a ``TextFeed`` the text arrives in while the
-        Talker speaks); ``pad``: the input once it is spent."""
-        if isinstance(trailing, torch.Tensor):
-            trailing = FixedText(trailing)
-        gen = None
-        if not params.greedy:
-            gen = torch.Generator().manual_seed(params.seed if params.seed is not None else torch.seed())
-        cache = KVCache(self.cfg.talker.num_layers)
-        hidden = self.model(prefill.to(self.dtype), cache)[-1]
-        history: list[int] = []
-        eos = self.cfg.codec_ids["eos"]
-        for step in range(params.max_frames + 1):
-            logits = F.linear(hidden, self.codec_head).float()
-            if params.repetition_penalty != 1.0 and history:
-                seen = torch.tensor(sorted(set(history)), device=logits.device)
-                got = logits[seen]
-                logits[seen] = torch.where(
-                    got < 0, got * params.repetition_penalty, got / params.repetition_penalty
-                )
-            logits[self.suppressed] = float("-inf")
-            code = sample(logits, params.temperature, params.top_k, params.top_p, gen)
-            if code == eos or step == params.max_frames:
-                return
-            history.append(code)
-            residual, embeds = self._residual(hidden, code, params.greedy, gen)
-            yield [code, *residual]
-            row = trailing.get(step)  # waits for text still being generated
-            if trailing.cancelled:
-                return
-            x = embeds + (pad if row is None else row).to(self.dtype)
-            hidden = self.model(x[None], cache)[-1]
+        ``params.max_frames``: ``prefill`` (positions, hidden) Talker inputs, ``trailing`` the text
+        rows still to speak, one a step, then ``pad``. (The engine runs a ``TalkerRun`` a step at a
+        time instead, as a speech sequence.)"""
+        run = TalkerRun(self, prefill, pad, params)
+        while (frame := run.frame()) is not None:
+            yield frame
+            run.advance(trailing[run.num_frames - 1] if run.num_frames <= trailing.shape[0] else None)
 
     def _residual(self, hidden: torch.Tensor, code: int, greedy: bool, gen) -> tuple[list[int], torch.Tensor]:
         """The other codebooks' codes of a frame and the sum of all its code embeddings."""

@@ -102,6 +102,7 @@ async def speak(llm, audio: AudioPlan, prompt_ids: list[int], output_ids: list[i
         if rest:
             yield rest
     finally:
+        stream.close()
         encoder.close()
 
 

@@ -132,18 +132,21 @@ async def speech(serving: ServingCore, req: SpeechRequest, request: Request) -> 
 async def _audio(stream: Iterator, encoder, watcher: sse.DisconnectWatcher) -> AsyncIterator[bytes]:
     """The encoded audio as Code2Wav makes it (the Talker runs on a worker thread)."""
     loop = asyncio.get_running_loop()
-    while not watcher.gone.is_set():
-        piece = await loop.run_in_executor(None, next, stream, None)
-        if piece is None:
-            break
-        data = encoder.feed(piece)
-        if data:
-            yield data
-    if watcher.gone.is_set():
-        return
-    rest = encoder.finish()
-    if rest:
-        yield rest
+    try:
+        while not watcher.gone.is_set():
+            piece = await loop.run_in_executor(None, next, stream, None)
+            if piece is None:
+                break
+            data = encoder.feed(piece)
+            if data:
+                yield data
+        if watcher.gone.is_set():
+            return
+        rest = encoder.finish()
+        if rest:
+            yield rest
+    finally:
+        stream.close()  # the client went away: the Talker's sequence stops now
 
 
 async def _events(body: AsyncIterator[bytes], num_tokens: int) -> AsyncIterator[bytes]:
