@@ -60,6 +60,15 @@ def copy_time(nbytes: int) -> float:
     return graph_us(functools.partial(dst.copy_, src))
 
 
+def split_layout(cache: torch.Tensor) -> torch.Tensor:
+    """An fp8 cache [blocks, block_size, heads, D + 4] with each block's values first, then its scales."""
+    nb, bs, h, w = cache.shape
+    out = torch.empty_like(cache).view(nb, -1)
+    out[:, : bs * h * (w - 4)] = cache[..., : w - 4].reshape(nb, -1)
+    out[:, bs * h * (w - 4) :] = cache[..., w - 4 :].reshape(nb, -1)
+    return out.view(nb, bs, h, w)
+
+
 def lengths(batch: int, seed: int = 0) -> list[int]:
     rng = random.Random(seed)
     return [rng.randint(100, 1024) + int(rng.random() * rng.randint(100, 1024)) for _ in range(batch)]
@@ -92,6 +101,13 @@ def main() -> None:
     )
     parser.add_argument("--batch", type=int, nargs="+", default=[256])
     parser.add_argument("--kv-cache-dtype", default="bf16")
+    parser.add_argument(
+        "--fp8-variants",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="fp8 cache reads: 0 as served; 1 + layout (0 interleaved, 1 split per block) + 2 * conversion",
+    )
     parser.add_argument("--sweep", action="store_true", help="every tiling below, not only the default")
     parser.add_argument("--block-n", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])

@@ -41,6 +41,7 @@ def run_trtedge(
     overlap: bool | None = None,
     busy: bool = False,
     process: bool | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> dict:
     with LLM(
         str(directory),
@@ -54,6 +55,7 @@ def run_trtedge(
         max_num_batched_tokens=8192,
         async_scheduling=overlap,
         engine_process=False if busy else process,  # the profiler sees this process's kernels only
+        kv_cache_dtype=kv_cache_dtype,
     ) as llm:
         llm.generate(
             requests[0][0], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True)
@@ -85,6 +87,7 @@ def run_trtedge(
         steps=stats["steps"],
         preemptions=stats["preemptions"],
         engine_process=engine_process,
+        kv_cache_dtype=kv_cache_dtype,
     )
 
 
@@ -160,6 +163,11 @@ def main() -> None:
         help="the engine core in its own process (on), in this one (off), or both in the same run",
     )
     parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="comma-separated: each in the same run (auto: the model's dtype; fp8: E4M3 with row scales)",
+    )
+    parser.add_argument(
         "--gpu-busy", action="store_true", help="also a profiled run: the share of the time a kernel ran"
     )
     args = parser.parse_args()
@@ -168,10 +176,11 @@ def main() -> None:
         directory = write_shape(Path(tmp) / "qwen3-0.6b", "qwen3-0.6b")
         modes = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.async_scheduling]
         procs = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.engine_process]
-        runs = [(m, False, p) for m in modes for p in procs]
-        runs += [(modes[-1], True, False)] if args.gpu_busy else []
-        for overlap, busy, process in runs:
-            row = run_trtedge(directory, requests, args.max_batch_size, overlap, busy, process)
+        kv_dtypes = args.kv_cache_dtype.split(",")
+        runs = [(m, False, p, kv) for kv in kv_dtypes for m in modes for p in procs]
+        runs += [(modes[-1], True, False, kv) for kv in kv_dtypes] if args.gpu_busy else []
+        for overlap, busy, process, kv in runs:
+            row = run_trtedge(directory, requests, args.max_batch_size, overlap, busy, process, kv)
             print(
                 json.dumps(
                     dict(

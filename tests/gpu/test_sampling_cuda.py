@@ -39,3 +39,39 @@ def test_the_race_draws_from_the_distribution():
     assert counts[3] == 0
     for got, want in zip(counts[:3], (0.5, 0.3, 0.2)):
         assert abs(got / 20000 - want) < 0.02
+
+
+@pytest.mark.parametrize("vocab", [1000, 8193, 151936])
+def test_the_race_over_logits_picks_the_probability_paths_token(vocab):
+    """race_logits (logits / T - log(noise), many programs a row) against the reference race over
+    softmax(logits / T) / noise with the same keys: the same token but where two scores tie within
+    rounding."""
+    from trtedge.runtime.executor.sampler import exponential_noise, mix_seed, split_keys
+    from trtedge.runtime.ops import triton_sampling
+
+    gen = torch.Generator().manual_seed(vocab)
+    logits = (torch.randn(64, vocab, generator=gen) * 3).cuda()
+    temperature = torch.rand(64, generator=gen).cuda() * 1.5 + 0.1
+    keys = [mix_seed(99 + r, 5 * r) for r in range(64)]
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    reference = (probs / exponential_noise(keys, vocab, probs.device)).argmax(dim=-1)
+    drawn = triton_sampling.race_logits(logits, temperature, torch.tensor(split_keys(keys), device="cuda"))
+    assert sum(a == b for a, b in zip(drawn.tolist(), reference.tolist())) >= 62
+    assert len(set(drawn.tolist())) > 32
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_the_race_over_logits_draws_from_the_tempered_distribution(temperature):
+    from trtedge.runtime.executor.sampler import mix_seed, split_keys
+    from trtedge.runtime.ops import triton_sampling
+
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    logits = p.log().cuda().repeat(20000, 1)  # the last token is masked (-inf)
+    keys = torch.tensor(split_keys([mix_seed(3, i) for i in range(20000)]), device="cuda")
+    t = torch.full((20000,), temperature, device="cuda")
+    counts = torch.bincount(triton_sampling.race_logits(logits, t, keys), minlength=4).tolist()
+    want = p ** (1 / temperature)
+    want = (want / want.sum()).tolist()
+    assert counts[3] == 0
+    for got, share in zip(counts[:3], want[:3]):
+        assert abs(got / 20000 - share) < 0.02

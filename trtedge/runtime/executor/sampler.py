@@ -56,15 +56,15 @@ class Sampler:
         if not plain:
             for row, seq in enumerate(seqs):
                 _adjust(logits[row], seq)
-        choice = logits.argmax(dim=-1)
         sampled = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
-        if sampled:
-            if positions is None:
-                positions = [s.num_tokens for s in seqs]
-            rows = [seqs[r] for r in sampled]
-            if len(sampled) == len(seqs):
-                choice = _sample_rows(logits, rows, positions)
-            else:
+        if positions is None and sampled:
+            positions = [s.num_tokens for s in seqs]
+        if sampled and len(sampled) == len(seqs):  # no greedy row: no argmax pass over the logits
+            choice = _sample_rows(logits, seqs, positions)
+        else:
+            choice = logits.argmax(dim=-1)
+            if sampled:
+                rows = [seqs[r] for r in sampled]
                 index = to_device(sampled, torch.long, logits.device)
                 drawn = _sample_rows(logits.index_select(0, index), rows, [positions[r] for r in sampled])
                 choice.index_copy_(0, index, drawn)
@@ -145,6 +145,11 @@ def is_plain(p) -> bool:
     )
 
 
+def temperature_only(p) -> bool:
+    """A row that samples from softmax(logits / T) as it is: no top-k, top-p or min-p cut."""
+    return p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0
+
+
 def _adjust(row: torch.Tensor, seq: Sequence) -> None:
     p = seq.params
     if p.logit_bias:
@@ -165,8 +170,13 @@ def _adjust(row: torch.Tensor, seq: Sequence) -> None:
 
 def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], positions: list[int]) -> torch.Tensor:
     """Batched temperature / top-k / top-p / min-p sampling; returns one token id per row."""
-    probs = sampling_probs(logits, seqs)
     keys = [mix_seed(s.seed, pos) for s, pos in zip(seqs, positions)]
+    if triton_sampling.supported(logits) and all(temperature_only(s.params) for s in seqs):
+        # the race straight from the logits: no softmax pass and no probability tensor
+        temperature = to_device([s.params.temperature for s in seqs], torch.float32, logits.device)
+        keys_tensor = to_device(split_keys(keys), torch.long, logits.device)
+        return triton_sampling.race_logits(logits, temperature, keys_tensor)
+    probs = sampling_probs(logits, seqs)
     if triton_sampling.supported(probs):  # the same race in one pass (the torch lines are its reference)
         return triton_sampling.race(probs, to_device(split_keys(keys), torch.long, probs.device))
     return (probs / exponential_noise(keys, logits.shape[-1], logits.device)).argmax(dim=-1)

@@ -22,27 +22,32 @@ if triton is not None:
 
     @triton.jit
     def _fmix32(h):
-        # murmur3's finalizer on 32-bit values held in int64 (masked after each product), exactly as
-        # sampler._fmix32 computes it on int64 tensors
+        # murmur3's finalizer in uint32 arithmetic: products wrap at 2**32, which is what
+        # sampler._fmix32 computes on int64 tensors by masking after each product
         h = h ^ (h >> 16)
-        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+        h = h * 0x85EBCA6B
         h = h ^ (h >> 13)
-        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+        h = h * 0xC2B2AE35
         return h ^ (h >> 16)
+
+    @triton.jit
+    def _uniform(offs, lo, hi):
+        """The (0, 1) uniform of token ids ``offs`` under the key (lo, hi), as exponential_noise."""
+        h = _fmix32(_fmix32(offs.to(tl.uint32) ^ lo) ^ hi)
+        return ((h >> 8).to(tl.float32) + 0.5) / 16777216.0
 
     @triton.jit
     def _race_kernel(probs_ptr, keys_ptr, out_ptr, vocab, stride, BLOCK: tl.constexpr, PRECISE: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        lo = tl.load(keys_ptr + row * 2)
-        hi = tl.load(keys_ptr + row * 2 + 1)
+        lo = tl.load(keys_ptr + row * 2).to(tl.uint32)
+        hi = tl.load(keys_ptr + row * 2 + 1).to(tl.uint32)
         best = tl.full((), -1.0, tl.float32)
         best_id = tl.full((), 0, tl.int32)
         for start in range(0, vocab, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             mask = offs < vocab
             p = tl.load(probs_ptr + row * stride + offs, mask=mask, other=0.0).to(tl.float32)
-            h = _fmix32(_fmix32(offs.to(tl.int64) ^ lo) ^ hi)
-            u = ((h >> 8).to(tl.float32) + 0.5) / 16777216.0
+            u = _uniform(offs, lo, hi)
             if PRECISE:
                 noise = -libdevice.log(u)
                 noise = tl.maximum(noise, 2.9802322387695312e-08)  # 2**-25, see exponential_noise
@@ -57,6 +62,37 @@ if triton is not None:
             best_id = tl.where(better, block_id, best_id)
             best = tl.where(better, block_best, best)
         tl.store(out_ptr + row, best_id.to(tl.int64))
+
+    @triton.jit
+    def _race_logits_kernel(
+        logits_ptr, temperature_ptr, keys_ptr, best_ptr, best_id_ptr, vocab, stride,
+        CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+    ):  # fmt: skip
+        # One program per (row, vocabulary chunk): the chunk's best Gumbel score
+        # logit / T - log(noise), the log of exp(logit / T) / noise (the race over p / noise without
+        # the softmax: argmax is unchanged by the softmax's shift and scale).
+        row = tl.program_id(0).to(tl.int64)
+        part = tl.program_id(1)
+        lo = tl.load(keys_ptr + row * 2).to(tl.uint32)
+        hi = tl.load(keys_ptr + row * 2 + 1).to(tl.uint32)
+        temperature = tl.load(temperature_ptr + row)
+        best = tl.full((), float("-inf"), tl.float32)
+        best_id = tl.full((), 0, tl.int32) + part * CHUNK
+        for start in range(part * CHUNK, tl.minimum(part * CHUNK + CHUNK, vocab), BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            mask = offs < vocab
+            x = tl.load(logits_ptr + row * stride + offs, mask=mask, other=float("-inf")).to(tl.float32)
+            noise = tl.maximum(
+                -tl.log(_uniform(offs, lo, hi)), 2.9802322387695312e-08
+            )  # see exponential_noise
+            score = tl.where(mask, x / temperature - tl.log(noise), float("-inf"))
+            block_best = tl.max(score, axis=0)
+            block_id = tl.argmax(score, axis=0).to(tl.int32) + start
+            better = block_best > best  # the first maximum wins, as torch's argmax picks it
+            best_id = tl.where(better, block_id, best_id)
+            best = tl.where(better, block_best, best)
+        tl.store(best_ptr + row * SPLITS + part, best)
+        tl.store(best_id_ptr + row * SPLITS + part, best_id.to(tl.int64))
 
 
 def supported(probs: torch.Tensor) -> bool:
@@ -73,3 +109,23 @@ def race(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
             probs, keys, out, vocab, probs.stride(0), BLOCK=BLOCK, PRECISE=libdevice is not None, num_warps=8
         )
     return out
+
+
+RACE_CHUNK = 8192  # vocabulary entries a program of race_logits scans (152k: 19 programs a row)
+
+
+def race_logits(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The race of ``race`` over ``softmax(logits / temperature)`` read straight from the logits, in one
+    pass and many programs a row: argmax of ``logits / T - log(noise)``. It draws from the same
+    distribution with the same noise; where two tokens' scores are within rounding of each other it
+    may pick the other one than the probability path does. ``temperature``: [rows] float32, > 0."""
+    rows, vocab = logits.shape
+    splits = -(-vocab // RACE_CHUNK)
+    best = torch.empty(rows, splits, dtype=torch.float32, device=logits.device)
+    best_id = torch.empty(rows, splits, dtype=torch.long, device=logits.device)
+    if rows:
+        _race_logits_kernel[(rows, splits)](
+            logits, temperature, keys, best, best_id, vocab, logits.stride(0),
+            CHUNK=RACE_CHUNK, BLOCK=2048, SPLITS=splits, num_warps=4,
+        )  # fmt: skip
+    return best_id.gather(1, best.argmax(dim=1, keepdim=True))[:, 0]
