@@ -233,3 +233,47 @@ def test_bfloat16_tracks_the_float32_reference(tmp_path, device="cuda"):
     gaps = _gaps(logits[len(ids) - 1 : -1], out.token_ids)
     assert max(gaps) <= 0.02, gaps
     assert sum(g == 0 for g in gaps) >= 24, gaps  # most steps pick the float32 argmax itself
+
+
+@pytest.mark.parametrize("fmt", ["modelopt-fp8", "modelopt-nvfp4"])
+def test_prequantized_checkpoints_run_their_projections_in_fp8_with_graphs(tmp_path, fmt):
+    """A ModelOpt FP8 / NVFP4 Nemotron-H in bf16: the Mamba, attention and MLP projections run the fp8
+    kernels (NVFP4 read as fp8 with a scale per 16 inputs), the experts dequantized into the float
+    grouped kernel; graphs = eager, and the prompt's logprobs track the dequantized float model's."""
+    from tests.runtime.prequantized_tiny import write_dequantized, write_prequantized
+    from tests.runtime.test_nemotron_h import NEMOTRON_LINEARS
+    from trtedge import LLM
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+    from trtedge.runtime.models import load_model
+    from trtedge.runtime.ops.quant_linear import Fp8Linear
+
+    if not torch.cuda.get_device_capability() >= (8, 9):
+        pytest.skip("E4M3 needs compute capability 8.9")
+    src = make_tiny_nemotron_h_checkpoint(tmp_path / "m")
+    path, reference = write_prequantized(src, tmp_path / "q", fmt, NEMOTRON_LINEARS)
+    model = load_model(
+        resolve_checkpoint(str(path)), dtype="bfloat16", device="cuda", weights="auto", max_positions=256
+    )
+    mamba, moe, attention, mlp = (layer.mixer for layer in model.layers)
+    assert all(isinstance(m, Fp8Linear) for m in (mamba.in_proj, mamba.out_proj, attention.qkv, mlp.up))
+    assert isinstance(moe.shared.down, Fp8Linear) and moe.w_up.dtype == torch.bfloat16
+    del model
+    float_path = write_dequantized(src, tmp_path / "float", reference)
+    ids = [(i * 37) % 500 + 3 for i in range(48)]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, prompt_logprobs=0)
+    kw = dict(dtype="bfloat16", device="cuda", max_kv_cache_capacity=256, max_input_len=128)
+    runs = {}
+    for name, model_path, eager in (
+        ("graphs", path, False),
+        ("eager", path, True),
+        ("float", float_path, False),
+    ):
+        with LLM(str(model_path), enforce_eager=eager, cache_dir=str(tmp_path / "cache"), **kw) as llm:
+            runs[name] = llm.generate(ids, params)
+            assert llm.stats()["state_slots_free"] == llm.stats()["state_slots_total"]
+    assert runs["graphs"].token_ids == runs["eager"].token_ids
+    got, want = (
+        torch.tensor([lp.logprob for lp in runs[n].prompt_logprobs[1:]]) for n in ("graphs", "float")
+    )
+    err = (got - want).abs()
+    assert err.max() < 0.15 and err.mean() < 0.03, (err.max(), err.mean())

@@ -4,6 +4,8 @@ speculative rollback."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from tests.tiny import make_tiny_nemotron_h_checkpoint
 from trtedge import LLM, ContextCacheConfig, SamplingParams
 from trtedge.runtime.engine import Engine, EngineConfig
 from trtedge.runtime.models.config import ModelConfig, UnsupportedModelError
-from trtedge.runtime.ops import ssd
+from trtedge.runtime.ops import cpu_kernels, ssd
 from trtedge.runtime.speculative import SpeculativeConfig
 
 transformers = pytest.importorskip("transformers")
@@ -157,8 +159,6 @@ def test_dummy_weights_load_for_benchmarks(nemotron):
 
 
 def test_a_nemotron_h_draft_model_is_refused_before_loading(nemotron):
-    import json
-
     from trtedge.runtime.speculative import UnsupportedSpeculativeMethod, check_draft
 
     cfg = ModelConfig.from_hf(json.loads((nemotron / "config.json").read_text()))
@@ -220,3 +220,35 @@ def test_nvfp4_and_fp8_checkpoints_serve_the_dequantized_models_greedy_tokens(ne
     assert tokens[1] == tokens[0]
     assert (logprobs[1] - logprobs[0]).abs().max() < 1e-5
     assert (logprobs[1] - logprobs[2]).abs().max() > 1e-3  # not the original weights (0.02-0.07 off)
+
+
+@pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler for the native CPU kernels")
+def test_quantized_weights_given_to_the_model_run_in_their_format_or_dequantized(nemotron):
+    """What a pre-quantized checkpoint on CUDA hands the model (there: fp8): its projections run as
+    quantized layers (the fused q/k/v one too), the router, the embedding and the experts of the float
+    grouped kernel dequantized; here int8 on the CPU, against the model of the same weights dequantized."""
+    from safetensors.torch import load_file
+
+    from trtedge.runtime.artifacts.quantize import QuantizedTensor, quantize
+    from trtedge.runtime.models.nemotron_h import NemotronHModel
+    from trtedge.runtime.ops.linear import Int8Linear
+
+    cfg = ModelConfig.from_hf(json.loads((nemotron / "config.json").read_text()))
+    floats = load_file(str(nemotron / "model.safetensors"))
+    quantized = {
+        n: quantize(t, "int8") if t.dim() == 2 and n.endswith(".weight") else t for n, t in floats.items()
+    }
+    dequantized = {n: t.dequantize() if isinstance(t, QuantizedTensor) else t for n, t in quantized.items()}
+    cpu = torch.device("cpu")
+    model = NemotronHModel(cfg, quantized.items(), torch.float32, cpu)
+    reference = NemotronHModel(cfg, dequantized.items(), torch.float32, cpu)
+    assert isinstance(model.layers[0].mixer.in_proj, Int8Linear)
+    assert isinstance(model.layers[2].mixer.qkv, Int8Linear)
+    assert isinstance(model.layers[1].mixer.experts[0].up, Int8Linear)  # the CPU's per-expert loop
+    assert model.layers[1].mixer.router.dtype == torch.float32 and model.embed.dtype == torch.float32
+    tokenizer = load(nemotron)[1]
+    prompts = [prompt(30, 5), prompt(70, 6)]
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    assert (
+        generate(model, tokenizer, prompts, params)[0] == generate(reference, tokenizer, prompts, params)[0]
+    )

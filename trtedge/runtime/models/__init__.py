@@ -249,6 +249,10 @@ def load_model(
     if cls is MoeModel and dev.type == "cuda" and cfg.rotary_dim == cfg.head_dim:
         # the grouped expert kernel reads E4M3 rows; int4 / int8 experts are dequantized on a GPU
         runnable = runnable_formats(dev, torch_dtype) & {"fp8"}
+    if cls is NemotronHModel and dev.type == "cuda" and checkpoint.scheme is not None:
+        # a pre-quantized checkpoint's fp8 projections (FP8, NVFP4 read as fp8) run the fp8 kernels;
+        # the model dequantizes its experts (the float grouped kernel) and routers
+        runnable = runnable_formats(dev, torch_dtype) & {"fp8"}
     if dev.type == "cuda" and weights not in ("int8", "int4", "fp8") and checkpoint.scheme is None:
         runnable = frozenset()  # a GGUF's int4 / int8 on a GPU: dequantized unless --weights asks for them
     own_format = "int8" if kernels and not aware and _quantizes(weights, checkpoint) else "float"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from trtedge.runtime.artifacts.quantize import QuantizedTensor
 from trtedge.runtime.executor.state_pool import RecurrentBatch, WindowPlan, copy_states
 from trtedge.runtime.models.config import ModelConfig, UnsupportedModelError
 from trtedge.runtime.models.layers import ACTIVATIONS, require
@@ -28,7 +29,7 @@ from trtedge.runtime.models.nemotron_omni import (
 from trtedge.runtime.ops import gated_delta as gd
 from trtedge.runtime.ops import ssd, triton_attention, triton_gemv, triton_moe_decode, triton_recurrent
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
-from trtedge.runtime.ops.linear import DenseLinear, make_linear
+from trtedge.runtime.ops.linear import DenseLinear, cat_weights, make_linear
 
 log = logging.getLogger("trtedge")
 
@@ -237,9 +238,9 @@ class Attention:
         names = [f"mixer.{n}_proj" for n in "qkv"]
         biases = [w.get(n + ".bias") for n in names]
         bias = torch.cat(biases) if all(b is not None for b in biases) else None
-        self.qkv = make_linear(torch.cat([require(w, n + ".weight") for n in names]), bias, weight_format)
+        self.qkv = make_linear(cat_weights([require(w, n + ".weight") for n in names]), bias, weight_format)
         self.o = make_linear(require(w, "mixer.o_proj.weight"), w.get("mixer.o_proj.bias"), weight_format)
-        cuda = w["mixer.o_proj.weight"].is_cuda and triton_attention.available()
+        cuda = w["mixer.o_proj.weight"].device.type == "cuda" and triton_attention.available()
         self.attention = (CudaAttention if cuda else TorchAttention)(cfg.head_dim**-0.5)
 
     @property
@@ -289,10 +290,10 @@ class RoutedMoE:
     ``n_group`` groups); the chosen experts' plain scores, renormalised and scaled, weigh them. An
     optional latent projection wraps the experts; the shared expert sees the layer's input."""
 
-    def __init__(self, spec: NemotronHSpec, w: dict[str, torch.Tensor], weight_format: str):
+    def __init__(self, spec: NemotronHSpec, w: dict[str, torch.Tensor], weight_format: str, dtype):
         self.spec = spec
         p = "mixer."
-        self.router = require(w, p + "gate.weight").float()
+        self.router = _float(require(w, p + "gate.weight"), torch.float32)
         bias = w.get(p + "gate.e_score_correction_bias")
         self.bias = torch.zeros(spec.num_experts, device=self.router.device) if bias is None else bias.float()
         if p + "experts.up_proj" in w:  # transformers' fused layout: [E, I, H] and [E, H, I]
@@ -303,7 +304,9 @@ class RoutedMoE:
         # CUDA, float weights: one grouped Triton launch per projection over all experts, nothing read
         # back to the host (decode steps stay capturable); the per-expert layers are views of the stacks.
         self.w_up = self.w_down = None
-        if weight_format == "float" and ups[0].is_cuda and triton_attention.available():
+        if weight_format == "float" and ups[0].device.type == "cuda" and triton_attention.available():
+            # a pre-quantized checkpoint's experts run dequantized there (its other projections in fp8)
+            ups, downs = [_float(t, dtype) for t in ups], [_float(t, dtype) for t in downs]
             self.w_up, ups = _stacked(w, p, "up_proj", ups)
             self.w_down, downs = _stacked(w, p, "down_proj", downs)
         self.experts = [
@@ -404,6 +407,12 @@ class RoutedMoE:
         return out
 
 
+def _float(t, dtype: torch.dtype) -> torch.Tensor:
+    """A weight that runs in floating point (a router, an expert of the grouped kernel): dequantized
+    to ``dtype`` if it came quantized."""
+    return t.dequantize(dtype) if isinstance(t, QuantizedTensor) else t
+
+
 def _stacked(w: dict, prefix: str, name: str, parts: list) -> tuple[torch.Tensor, tuple]:
     """The experts' ``name`` weights as one [E, rows, columns] tensor and its per-expert views; the
     loaded per-expert tensors leave ``w`` as they are stacked (a 30B-A3B checkpoint's experts would
@@ -450,7 +459,7 @@ class NemotronHModel:
         for name, tensor in tensors:
             name = name.removeprefix("language_model.")  # Nemotron Omni's decoder
             if is_omni_vision_tensor(name):
-                vision[omni_vision_name(name)] = tensor
+                vision[omni_vision_name(name)] = _float(tensor, dtype)
                 continue
             if name.startswith(UNUSED_PREFIXES):  # Nemotron Omni's audio branch: not served
                 continue
@@ -458,7 +467,8 @@ class NemotronHModel:
                 skipped += 1
                 continue
             keep_fp32 = name.endswith(("A_log", "dt_bias", ".D", "gate.weight", "e_score_correction_bias"))
-            tensor = tensor.to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
+            if isinstance(tensor, torch.Tensor):  # quantized ones come on the device, in the format they run
+                tensor = tensor.to(device=device, dtype=torch.float32 if keep_fp32 else dtype)
             m = _LAYER.fullmatch(name)
             if m:
                 if int(m.group(1)) < cfg.num_layers:
@@ -470,7 +480,7 @@ class NemotronHModel:
         self.vision = None
         if vision and cfg.vision is not None:
             self.vision = RadioVideoEncoder(cfg.vision, vision, dtype, device)
-        self.embed = require(top, "model.embeddings.weight")
+        self.embed = _float(require(top, "model.embeddings.weight"), dtype)
         self.norm = require(top, "model.norm_f.weight").float()
         head = top.get("lm_head.weight")
         self.lm_head = make_linear(
@@ -485,7 +495,7 @@ class NemotronHModel:
             elif kind == "full_attention":
                 mixer = Attention(cfg, w, weight_format)
             elif kind == "moe":
-                mixer = RoutedMoE(spec, w, weight_format)
+                mixer = RoutedMoE(spec, w, weight_format, dtype)
             else:
                 mixer = MLP.from_layer(w, "mixer.", spec.mlp_act, weight_format)
             self.layers.append(NemotronHLayer(kind, require(w, "norm.weight").float(), mixer))

@@ -133,7 +133,7 @@ class NemotronHMtpHead:
             if kind == "full_attention":
                 mixer = Attention(cfg, lw, "float")
             elif kind == "moe":
-                mixer = RoutedMoE(target.spec, lw, "float")
+                mixer = RoutedMoE(target.spec, lw, "float", self.dtype)
             else:
                 mixer = MLP.from_layer(lw, "mixer.", target.spec.mlp_act, "float")
             self.blocks.append(NemotronHLayer(kind, _require(lw, "norm.weight").float(), mixer))
