@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_quant.py [--shape qwen3-8b] [--weights bf16,fp8,int4] [--new-tokens 256]
                                    [--prefill-len 8192] [--prefill-weights bf16,fp8,int4] [--no-prefill]
-                                   [--in-process] [--quick-tune]
+                                   [--in-process] [--quick-tune] [--profile]
 
 Random weights (load_format="dummy", quantized on the GPU at load for fp8 / int4) with Qwen3 shapes,
 a 128-token prompt, greedy, EOS ignored; one load per mode measures its decode and (for the modes
@@ -11,7 +11,8 @@ weights read per token and the bandwidth that achieves (H200 peak 4.8 TB/s), pre
 its ratio to bf16's in the same run; a last line sets the figures beside the issue's targets.
 For a short lease: --in-process keeps the engine core in this process (no child process started per
 mode), --quick-tune lets each quantized weight time 5 tilings instead of its whole table (fewer
-kernels to compile; the rows say which).
+kernels to compile; the rows say which). --profile adds, per mode, the kernels with the most device
+time in 32 decode steps and in one prefill (torch profiler, engine core in-process).
 """
 
 from __future__ import annotations
@@ -63,11 +64,32 @@ def quick_tune() -> None:
     quant_linear.Int4CudaLinear.table = QUICK_INT4
 
 
+def top_kernels(run, count: int = 12) -> list[list]:
+    """[name, total ms, calls] of the ``count`` kernels with the most device time while ``run()``
+    runs (torch profiler; the engine core must be in this process)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda e: e.device_time_total, reverse=True)
+    return [[e.key[:80], round(e.device_time_total / 1e3, 3), e.count] for e in rows[:count]]
+
+
 def measure(
-    directory: Path, weights: str, prompt: list[int], new_tokens: int, prefill_len: int, in_process: bool
+    directory: Path,
+    weights: str,
+    prompt: list[int],
+    new_tokens: int,
+    prefill_len: int,
+    in_process: bool,
+    profile: bool = False,
 ) -> dict:
     """One load of ``weights``: batch-1 decode tokens/s, then (``prefill_len`` > 0) the prefill of
-    ``prefill_len`` tokens sharing no prefix with anything before it."""
+    ``prefill_len`` tokens sharing no prefix with anything before it. ``profile``: also the top
+    kernels of 32 decode steps and of the prefill."""
     length = max(prefill_len, 512)
     with LLM(
         str(directory),
@@ -88,6 +110,9 @@ def measure(
             "decode": metrics[0].decode_tokens_per_second,
             "weight_bytes": llm.describe()["weight_bytes"],
         }
+        if profile:
+            short = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+            result["decode_kernels"] = top_kernels(lambda: llm.generate(prompt, short))
         if prefill_len:
             warm, long = (
                 torch.randint(
@@ -99,6 +124,11 @@ def measure(
             metrics = []
             llm.generate(long, SamplingParams(max_tokens=1), on_metrics=metrics.append)
             result["prefill"] = prefill_len / metrics[0].prefill_time
+            if profile:
+                third = torch.randint(10, 150000, (prefill_len,), generator=torch.Generator().manual_seed(3))
+                result["prefill_kernels"] = top_kernels(
+                    lambda: llm.generate(third.tolist(), SamplingParams(max_tokens=1))
+                )
         return result
 
 
@@ -123,6 +153,11 @@ def main() -> None:
         help="the engine core in this process (no child to start per mode)",
     )
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also the top kernels of 32 decode steps and of the prefill per mode (implies --in-process)",
+    )
+    parser.add_argument(
         "--quick-tune",
         action="store_true",
         help="quantized weights time 5 tilings each instead of the whole tables (implies --in-process)",
@@ -131,6 +166,8 @@ def main() -> None:
     if args.quick_tune:
         args.in_process = True
         quick_tune()
+    if args.profile:
+        args.in_process = True
     prompt = torch.randint(10, 150000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
     device = torch.cuda.get_device_name(0)
     prefill_modes = set() if args.no_prefill else set(args.prefill_weights.split(","))
@@ -141,7 +178,9 @@ def main() -> None:
         for weights in args.weights.split(","):
             length = args.prefill_len if weights in prefill_modes else 0
             try:
-                result = measure(directory, weights, prompt, args.new_tokens, length, args.in_process)
+                result = measure(
+                    directory, weights, prompt, args.new_tokens, length, args.in_process, args.profile
+                )
             except Exception as e:  # report, keep going with the other modes
                 emit(
                     figure="batch1_decode",
@@ -167,6 +206,9 @@ def main() -> None:
                 tune="quick" if args.quick_tune else "all",
                 engine_process=not args.in_process,
             )
+            for key in ("decode_kernels", "prefill_kernels"):
+                if key in result:
+                    emit(figure=key, weights=weights, shape=args.shape, top=result[key])
             if "prefill" not in result:
                 continue
             prefills[weights] = result["prefill"]

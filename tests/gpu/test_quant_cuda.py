@@ -120,6 +120,47 @@ def test_int4_products_match_the_reference_for_every_tiling(shape, rows):
     _check_int4(shape, rows, None)
 
 
+GEMV_PLANS = [(32, 256, 1, 4), (64, 256, 4, 4), (128, 256, 2, 8), (64, 512, 3, 8)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_row_products_match_the_reference_on_random_shapes(seed):
+    """triton_quant_gemv's batch-1 products (fp8 / int8 all modes, int4 both, inline-PTX nibbles and
+    the cast) at random sizes: ragged column tiles and K tails, splits with empty shares, bias."""
+    from trtedge.runtime.ops import triton_quant as tq
+    from trtedge.runtime.ops import triton_quant_gemv as tg
+    from trtedge.runtime.ops.quant_linear import fp8_supported
+
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(17, 700, (1,), generator=g))
+    k = 64 * int(torch.randint(2, 40, (1,), generator=g))
+    w, bias = _weight(n, k, seed)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16) * 4
+    b16 = bias.cuda().bfloat16()
+    ws = tq.Workspace(n, k, [(16, 16, 8, 4, 0)], x.device)
+    ws.partials = torch.empty(8 * 16 * n, device=x.device)
+    weights = {"int8": quantize_int8(w)}
+    if fp8_supported(x.device):
+        weights["fp8"] = quantize_fp8(w)
+    for name, q in weights.items():
+        q = q.to(x.device)
+        q = QuantizedTensor(q.format, q.data, q.scale.reshape(-1, 1).contiguous())
+        ref = tq.w8_reference(x, q, bias.cuda())
+        for plan in GEMV_PLANS:
+            for mode in (0, 1, 2) if name == "fp8" and plan[0] >= 64 else (0, 1):
+                for _ in range(2):  # the split-K counters reset themselves
+                    out = tg.w8_gemv(x, q, b16, plan, ws, mode)
+                    err = (out.float() - ref).abs().max().item() / ref.abs().max().item()
+                    assert err <= (0.1 if mode == 2 else 1e-2), (name, plan, mode, err)  # mode 2: E4M3 x
+    q = tq.int4_gpu_layout(quantize_int4(w).to(x.device))
+    ref = tq.int4_reference(x, q, bias.cuda())
+    for plan in GEMV_PLANS:
+        for mode in (0, 1):
+            for convert in (0, 1):
+                for _ in range(2):
+                    _close(tg.int4_gemv(x, q, b16, plan, ws, mode, convert), ref)
+
+
 @pytest.mark.parametrize("shape", [(4096, 1024), (151, 512)])
 @pytest.mark.parametrize("rows", [65, 2048])
 def test_prefill_products_dequantize_per_tile_and_match_the_reference(shape, rows):

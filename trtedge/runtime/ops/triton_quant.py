@@ -361,7 +361,13 @@ def w8_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     fp8 = q.format == "fp8"
     assert split == 1 or m <= MAX_ROWS, "split-K partials hold one row tile"
-    assert variant != ONE_ROW or m == 1, "a one-row plan takes one row"
+    assert variant < ONE_ROW or m == 1, "a one-row plan takes one row"
+    if variant >= GEMV:
+        if groups == 1:
+            from trtedge.runtime.ops.triton_quant_gemv import w8_gemv
+
+            return w8_gemv(x, q, bias, plan, ws)
+        variant = ONE_ROW  # block scales: the one-row kernel of the same tiling
     _w8_kernel[(-(-m // MAX_ROWS), -(-n // block_n), split)](
         x, q.data.view(torch.uint8) if fp8 else q.data, q.scale, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
         m, n, k, x.stride(0), q.data.stride(0), y.stride(0), groups,
@@ -379,7 +385,11 @@ def int4_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace)
     block_n, block_k, split, warps, after = plan
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     assert split == 1 or m <= MAX_ROWS, "split-K partials hold one row tile"
-    assert after != ONE_ROW or m == 1, "a one-row plan takes one row"
+    assert after < ONE_ROW or m == 1, "a one-row plan takes one row"
+    if after >= GEMV:
+        from trtedge.runtime.ops.triton_quant_gemv import int4_gemv
+
+        return int4_gemv(x, q, bias, plan, ws, mode=after - GEMV)
     _int4_kernel[(-(-m // MAX_ROWS), -(-n // block_n), split)](
         x, q.data, q.scale, q.min, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
         m, n, k, x.stride(0), y.stride(0),
@@ -416,8 +426,12 @@ def int4_dequantize(q: QuantizedTensor, dtype: torch.dtype, out: torch.Tensor | 
 # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, variant) candidates; the fastest per shape and row
 # bucket is kept (``quant_linear``). An 8-bit weight moves BLOCK_K bytes a row per step, an int4 one
 # BLOCK_K / 2; int4 variant 1 scales the products of the codes (``SCALE_AFTER``); variant ONE_ROW
-# (batch-1 decode only) sums in registers without the tensor cores.
+# (batch-1 decode only) sums in registers without the tensor cores; GEMV (batch 1) runs the one-row
+# products of ``triton_quant_gemv`` (whole tiles on fp16 tensor cores), and int4's GEMV_SCALED
+# that module's codes-then-scales product.
 ONE_ROW = 2
+GEMV = 3
+GEMV_SCALED = 4
 W8_CANDIDATES = (
     (32, 128, 1, 4, 0), (64, 128, 1, 4, 0), (32, 256, 1, 4, 0), (64, 256, 1, 4, 0), (128, 256, 1, 8, 0),
     (32, 256, 4, 4, 0), (64, 256, 4, 4, 0), (32, 512, 2, 4, 0), (32, 128, 8, 4, 0),
@@ -434,7 +448,7 @@ DEFAULT_PLAN = (32, 128, 1, 4, 0)  # a capture that reaches an untimed shape use
 
 def fits(plan: tuple[int, ...], rows: int) -> bool:
     """Whether ``plan`` takes ``rows`` rows: split-K one row tile, a one-row plan one row."""
-    return (plan[2] == 1 or rows <= MAX_ROWS) and (plan[4] != ONE_ROW or rows == 1)
+    return (plan[2] == 1 or rows <= MAX_ROWS) and (plan[4] < ONE_ROW or rows == 1)
 
 
 def candidates(table, n: int, k: int) -> list[tuple[int, ...]]:
