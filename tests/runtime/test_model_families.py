@@ -99,3 +99,29 @@ def test_reference_attention_window_and_softcap_match_a_dense_computation(window
             qs.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), 19 - qlen
         )
         assert torch.allclose(ours.transpose(0, 1), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("window,cap", [(4, None), (6, 3.0), (0, None)])
+def test_reference_attention_under_a_token_tree_mask_keeps_the_sliding_window(window, cap):
+    """Tree verification: node i at position prefix + depth sees the prefix and its ancestors, and a
+    sliding layer only those within ``window`` positions of it (as a plain step at that position)."""
+    from trtedge.runtime.ops.attention import TorchAttention
+    from trtedge.runtime.speculative.tree import Draft, span_mask
+
+    draft = Draft([5, 6, 7, 8, 9], [0, 0, 1, 2, 3])  # root -> 1, 2; 1 -> 3 -> 5; 2 -> 4
+    prefix, nodes = 12, 6
+    gen = torch.Generator().manual_seed(window + 1)
+    q = torch.randn(nodes, 4, 8, generator=gen)
+    k, v = (torch.randn(prefix + nodes, 2, 8, generator=gen) for _ in range(2))
+    mask = span_mask(prefix, draft.ancestor_mask())
+    positions = torch.tensor(list(range(prefix)) + [prefix + d for d in draft.depths()])
+    qpos = positions[prefix:, None]
+    visible = mask & ((positions[None, :] > qpos - window) if window else True)
+    scores = torch.einsum("qhd,khd->hqk", q, k.repeat_interleave(2, 1)) * 0.3
+    if cap:
+        scores = torch.tanh(scores / cap) * cap
+    expected = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v.repeat_interleave(2, 1).transpose(
+        0, 1
+    )
+    ours = TorchAttention(0.3, window, cap)._attend(q, k, v, prefix, mask)
+    assert torch.allclose(ours, expected.transpose(0, 1), atol=1e-5)

@@ -80,11 +80,16 @@ class TorchAttention:
 
     def _attend(self, q, k, v, offset: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         qlen, klen = q.shape[0], k.shape[0]
-        if self.window and klen - self.window > 0 and qlen == 1:
+        if self.window and klen - self.window > 0 and qlen == 1 and mask is None:
             k, v, offset, klen = k[-self.window :], v[-self.window :], self.window - 1, self.window
         qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
         if mask is not None:
             causal = False
+            if self.window:
+                # a query's visible keys (the prefix, its ancestors, itself) sit at consecutive positions
+                # up to its own: the window keeps the last ``window`` of them
+                seen = mask.cumsum(dim=-1)
+                mask = mask & (seen > seen[:, -1:] - self.window)
         elif self.window and klen > self.window:
             rows = torch.arange(qlen, device=q.device).unsqueeze(1) + offset
             cols = torch.arange(klen, device=q.device).unsqueeze(0)
