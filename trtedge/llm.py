@@ -215,6 +215,8 @@ class LLM:
             draft = ("draft_model", picklable_checkpoint(self._draft_source(load_format)))
         elif spec is not None and spec.method in ("eagle3", "dflash"):  # a head's directory
             draft = (spec.method, self._eagle3_path(spec))
+        elif spec is not None and spec.method == "mtp" and spec.model is not None:  # Gemma 4's assistant
+            draft = ("mtp_assistant", self._eagle3_path(spec))
         elif spec is not None and spec.method == "mtp":  # the target checkpoint's own mtp.* tensors
             draft = ("mtp", picklable_checkpoint(self.checkpoint))
         launch = CoreLaunch(
@@ -302,7 +304,11 @@ class LLM:
         if spec is None or spec.method not in ("draft_model", "mtp"):
             return
         try:
-            if spec.method == "mtp":
+            if spec.method == "mtp" and spec.model is not None:
+                from trtedge.runtime.speculative.gemma4_assistant import check_assistant, read_config
+
+                check_assistant(self.checkpoint.model_config, read_config(self._eagle3_path(spec)))
+            elif spec.method == "mtp":
                 from trtedge.runtime.speculative.mtp import check_mtp
 
                 check_mtp(self.checkpoint.model_config)
@@ -343,6 +349,13 @@ class LLM:
                 raise ConfigError(str(e)) from None
             except ValueError as e:
                 raise ConfigError(f"--speculative-config model: {e}") from None
+        if spec.method == "mtp" and spec.model is not None:
+            from trtedge.runtime.speculative.gemma4_assistant import load_assistant
+
+            try:
+                return load_assistant(self._eagle3_path(spec), self.model, self.config.max_kv_cache_capacity)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         if spec.method == "mtp":
             from trtedge.runtime.speculative.mtp import load_mtp
 

@@ -222,7 +222,7 @@ def test_dflash_token_trees_for_greedy_requests_chains_for_sampled_ones(paths, t
     assert all(d.is_chain for greedy, d in seen if not greedy) and any(not g for g, _ in seen)
     cache = eng.speculative.proposer.cache
     assert not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
-    with pytest.raises(SpeculativeConfigError, match="draft_top_k > 1 .* needs method eagle3 or dflash"):
+    with pytest.raises(SpeculativeConfigError, match="draft_top_k > 1 .* needs method eagle3, dflash or mtp"):
         SpeculativeConfig(method="ngram", draft_top_k=2)
 
 

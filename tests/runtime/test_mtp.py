@@ -177,11 +177,7 @@ def test_mtp_is_refused_naming_what_is_missing(tmp_path):
     model, tokenizer = load(nemotron)
     with pytest.raises(UnsupportedSpeculativeMethod, match="nemotron_h checkpoint has none"):
         Engine(model, tokenizer, EngineConfig(speculative=mtp_spec()))
-    with pytest.raises(
-        SpeculativeConfigError, match="--speculative-config model: method mtp .*leave model unset"
-    ):
-        SpeculativeConfig(method="mtp", model="assistant")
-    with pytest.raises(SpeculativeConfigError, match="draft_top_k > 1"):
+    with pytest.raises(SpeculativeConfigError, match="draft_top_k > 1 .*mtp needs model .*linear chains"):
         SpeculativeConfig(method="mtp", draft_top_k=2)
 
 

@@ -194,5 +194,7 @@ def test_tensor_parallel_refuses_a_prequantized_checkpoint(floats, tmp_path):
     from trtedge.config import ConfigError
 
     path, _ = write_prequantized(floats["llama"], tmp_path / "q", "gptq")
-    with pytest.raises(ConfigError, match=r"--tensor-parallel-size\) > 1 splits float weights.*pre-quantized"):
+    with pytest.raises(
+        ConfigError, match=r"--tensor-parallel-size\) > 1 splits float weights.*pre-quantized"
+    ):
         LLM(str(path), cache_dir=str(tmp_path / "cache"), tensor_parallel_size=2, device="cpu")

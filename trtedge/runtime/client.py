@@ -674,6 +674,10 @@ def _start_engine(launch: CoreLaunch):
         method, source = launch.draft
         if method == "draft_model":
             draft = load_model(source, **{k: v for k, v in launch.load.items() if k != "ple"})
+        elif method == "mtp_assistant":  # a Gemma 4 assistant's directory
+            from trtedge.runtime.speculative.gemma4_assistant import load_assistant
+
+            draft = load_assistant(source, model, launch.load["max_positions"])
         elif method == "mtp":  # the target checkpoint's own MTP layers
             from trtedge.runtime.speculative.mtp import load_mtp
 

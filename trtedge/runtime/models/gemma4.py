@@ -268,8 +268,13 @@ class PleModel:
             for i, w in enumerate(per_layer)
         ]
         self.make_top(top, weight_format)
-        self.rope = {kind: self._tables(cfg, text, kind, max_positions) for kind in set(text["layer_types"])}
+        self.rope = {
+            kind: rope_for(cfg, kind, max_positions, device, self.act_dtype)
+            for kind in set(text["layer_types"])
+        }
         self.aux_layers: tuple[int, ...] = ()
+        # Gemma 4's assistant drafter reads the final (normed) hidden states of every forward: aux_hidden
+        self.keep_hidden = False
         self.aux_hidden = None
 
     def make_mlp(self, index: int, w: dict, weight_format: str):
@@ -277,13 +282,6 @@ class PleModel:
 
     def make_top(self, top: dict, weight_format: str) -> None:
         """Family-specific model-level weights (Gemma 3n: the AltUp projections)."""
-
-    def _tables(self, cfg: ModelConfig, text: dict, kind: str, max_positions: int):
-        rope: RopeConfig = cfg.local_rope if kind == "sliding_attention" else cfg.rope
-        head_dim = next(d for (_, d), t in zip(text["_layer_shapes"], text["layer_types"]) if t == kind)
-        rotary = head_dim if rope.kind == "proportional" else int(head_dim * cfg.partial_rotary_factor)
-        cos, sin = rope_tables(rope, head_dim, rotary, max_positions)
-        return cos.to(self.device, self.act_dtype), sin.to(self.device, self.act_dtype)
 
     @property
     def graph_safe(self) -> bool:
@@ -294,20 +292,25 @@ class PleModel:
         if embeds is not None:
             raise ValueError(f"{self.cfg.model_type}: image, video and audio input is not supported yet")
         if self.ple is None or self.ple.capacity is None:
-            return self._forward(input_ids, positions, kv_caches, batch, None)
-        host_ids = self.ple.valid_ids(input_ids).tolist()
-        pieces = plan_pieces(host_ids, self.ple.capacity)
-        if len(pieces) == 1:
-            return self._forward(input_ids, positions, kv_caches, batch, host_ids)
-        self.ple.split_steps += 1
-        return torch.cat(
-            [
-                self._forward(
-                    input_ids[a:b], positions[a:b], kv_caches, split_batch(batch, a, b), host_ids[a:b]
+            out = self._forward(input_ids, positions, kv_caches, batch, None)
+        else:
+            host_ids = self.ple.valid_ids(input_ids).tolist()
+            pieces = plan_pieces(host_ids, self.ple.capacity)
+            if len(pieces) == 1:
+                out = self._forward(input_ids, positions, kv_caches, batch, host_ids)
+            else:
+                self.ple.split_steps += 1
+                out = torch.cat(
+                    [
+                        self._forward(
+                            input_ids[a:b], positions[a:b], kv_caches, split_batch(batch, a, b), host_ids[a:b]
+                        )
+                        for a, b in pieces
+                    ]
                 )
-                for a, b in pieces
-            ]
-        )
+        if self.keep_hidden:
+            self.aux_hidden = out
+        return out
 
     def _forward(self, input_ids, positions, kv_caches, batch, host_ids) -> torch.Tensor:
         x = (embedding(input_ids, self.embed) * self.embed_scale).to(self.act_dtype)
@@ -347,6 +350,19 @@ class PleModel:
     @property
     def weight_bytes(self) -> int:
         return sum(m.nbytes for m in [self.lm_head] + [m for layer in self.layers for m in layer.linears])
+
+
+def rope_for(
+    cfg: ModelConfig, kind: str, max_positions: int, device, dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) tables of the layers of ``kind`` (sliding or full attention): their head size, the
+    local or global rope, partial rotary unless proportional."""
+    text = cfg.text_config
+    rope: RopeConfig = cfg.local_rope if kind == "sliding_attention" else cfg.rope
+    head_dim = next(d for (_, d), t in zip(text["_layer_shapes"], text["layer_types"]) if t == kind)
+    rotary = head_dim if rope.kind == "proportional" else int(head_dim * cfg.partial_rotary_factor)
+    cos, sin = rope_tables(rope, head_dim, rotary, max_positions)
+    return cos.to(device, dtype), sin.to(device, dtype)
 
 
 def _pop(tables: dict, name: str, tensor) -> bool:

@@ -47,7 +47,8 @@ def build_decoder(
     config: SpeculativeConfig, draft, runner, blocks, max_num_batched_tokens: int, max_kv_cache_capacity: int
 ):
     """The engine's SpeculativeDecoder for ``config``; ``draft`` is the loaded draft model or head (the
-    MTP head for ``mtp``: ``mtp.load_mtp``; ``dflash.load_dflash`` for ``dflash``)."""
+    MTP head for ``mtp``: ``mtp.load_mtp``, or with a model ``gemma4_assistant.load_assistant``;
+    ``dflash.load_dflash`` for ``dflash``)."""
     from trtedge.runtime.speculative.decoder import SpeculativeDecoder
     from trtedge.runtime.speculative.ngram import NgramProposer
 
@@ -69,6 +70,10 @@ def build_decoder(
             max_blocks=-(-max_kv_cache_capacity // blocks.block_size),
             chain_depth=config.num_speculative_tokens - 1,
         )
+    elif config.method == "mtp" and config.model is not None:  # Gemma 4's assistant
+        from trtedge.runtime.speculative.gemma4_assistant import AssistantProposer
+
+        proposer = AssistantProposer(draft, runner, config)
     elif config.method == "mtp":
         from trtedge.runtime.speculative.mtp import MtpProposer, check_mtp
 

@@ -22,7 +22,7 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = {
     "dspark": 7,
     "domino": 4,
 }
-TREE_METHODS = ("eagle3", "dflash")  # draft_top_k > 1: a token tree
+TREE_METHODS = ("eagle3", "dflash", "mtp")  # draft_top_k > 1: a token tree (mtp: with a Gemma 4 assistant)
 FLAG = "--speculative-config"
 
 
@@ -35,8 +35,8 @@ class SpeculativeConfig:
     """``--speculative-config`` / ``LLM(speculative_config=...)``.
 
     ``num_speculative_tokens``: draft depth (tokens proposed per step along a path).
-    ``draft_top_k``: children kept per tree level (eagle3; dflash: candidates per block position; 1 = a
-    linear chain).
+    ``draft_top_k``: children kept per tree level (eagle3, mtp with a Gemma 4 assistant; dflash:
+    candidates per block position; 1 = a linear chain).
     ``verify_tokens``: most draft tokens the target scores in one step (tree size cap).
     ``prompt_lookup_min``/``prompt_lookup_max``: n-gram lengths the ngram method matches.
     """
@@ -58,13 +58,10 @@ class SpeculativeConfig:
             raise SpeculativeConfigError(f"{FLAG} method {self.method} needs model (the draft checkpoint)")
         if self.model is not None and not (isinstance(self.model, str) and self.model):
             raise SpeculativeConfigError(f"{FLAG} model must be a non-empty string, got {self.model!r}")
-        if self.method == "mtp" and self.model is not None:
+        if self.method not in (*MODEL_METHODS, "mtp", "domino") and self.model is not None:
             raise SpeculativeConfigError(
-                f"{FLAG} model: method mtp drafts with the target checkpoint's own multi-token-prediction "
-                "layers; leave model unset (a separate assistant checkpoint is not supported yet)"
+                f"{FLAG} model is only used by {', '.join(MODEL_METHODS)} and mtp (a Gemma 4 assistant)"
             )
-        if self.method not in (*MODEL_METHODS, "domino") and self.model is not None:
-            raise SpeculativeConfigError(f"{FLAG} model is only used by {', '.join(MODEL_METHODS)}")
         if self.num_speculative_tokens is None:
             object.__setattr__(self, "num_speculative_tokens", DEFAULT_NUM_SPECULATIVE_TOKENS[self.method])
         for name in ("num_speculative_tokens", "draft_top_k", "prompt_lookup_min", "prompt_lookup_max"):
@@ -78,9 +75,16 @@ class SpeculativeConfig:
                 f"{FLAG} verify_tokens ({self.verify_tokens}) must be at least num_speculative_tokens "
                 f"({self.num_speculative_tokens}) for a linear chain"
             )
+        if self.draft_top_k > 1 and self.method == "mtp" and self.model is None:
+            raise SpeculativeConfigError(
+                f"{FLAG} draft_top_k > 1 (tree drafting) with method mtp needs model (a Gemma 4 assistant): "
+                "the checkpoints with their own MTP layers (Qwen3.5, Qwen3-Next, Nemotron-H) are hybrid "
+                "models, which verify linear chains only"
+            )
         if self.draft_top_k > 1 and self.method not in TREE_METHODS:
             raise SpeculativeConfigError(
-                f"{FLAG} draft_top_k > 1 (tree drafting) needs method {' or '.join(TREE_METHODS)}"
+                f"{FLAG} draft_top_k > 1 (tree drafting) needs method eagle3, dflash or mtp (with a Gemma 4 "
+                "assistant model)"
             )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise SpeculativeConfigError(f"{FLAG} prompt_lookup_min must not exceed prompt_lookup_max")
