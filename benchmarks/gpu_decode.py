@@ -100,7 +100,7 @@ VARIANTS = {
     "fused": {"TRTEDGE_PDL": "1", "TRTEDGE_DECODE_FUSION": "1"},
     "fused-no-pdl": {"TRTEDGE_DECODE_FUSION": "1"},
     "moe-decode": {"TRTEDGE_MOE_DECODE": "1"},
-    "silu-epilogue": {"TRTEDGE_SILU_EPILOGUE": "1"},
+    "epilogues": {"TRTEDGE_DECODE_EPILOGUES": "1"},
 }
 
 
@@ -117,7 +117,7 @@ def main() -> None:
         "--variants",
         default="",
         help="also trtedge with: pdl (TRTEDGE_PDL=1), fused (TRTEDGE_DECODE_FUSION=1 TRTEDGE_PDL=1), "
-        "fused-no-pdl (TRTEDGE_DECODE_FUSION=1), moe-decode (TRTEDGE_MOE_DECODE=1), silu-epilogue (TRTEDGE_SILU_EPILOGUE=1), "
+        "fused-no-pdl (TRTEDGE_DECODE_FUSION=1), moe-decode (TRTEDGE_MOE_DECODE=1), epilogues (TRTEDGE_DECODE_EPILOGUES=1), "
         "comma-separated",
     )
     args = parser.parse_args()

@@ -6,7 +6,7 @@ when a target is missed.
 
 Each mode builds the engine again: ``default`` as configured, ``pdl`` with ``TRTEDGE_PDL=1``,
 ``fused`` with ``TRTEDGE_DECODE_FUSION=1 TRTEDGE_PDL=1``, ``fused-no-pdl`` with the fusions only,
-``silu-epilogue`` with ``TRTEDGE_SILU_EPILOGUE=1``, ``moe-decode`` with ``TRTEDGE_MOE_DECODE=1``.
+``epilogues`` with ``TRTEDGE_DECODE_EPILOGUES=1``, ``moe-decode`` with ``TRTEDGE_MOE_DECODE=1``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main() -> None:
             for key in (
                 "TRTEDGE_PDL",
                 "TRTEDGE_DECODE_FUSION",
-                "TRTEDGE_SILU_EPILOGUE",
+                "TRTEDGE_DECODE_EPILOGUES",
                 "TRTEDGE_MOE_DECODE",
             ):
                 os.environ.pop(key, None)
@@ -62,7 +62,7 @@ MODES = {
     "pdl": {"TRTEDGE_PDL": "1", "TRTEDGE_DECODE_FUSION": "0"},
     "fused": {"TRTEDGE_PDL": "1", "TRTEDGE_DECODE_FUSION": "1"},
     "fused-no-pdl": {"TRTEDGE_PDL": "0", "TRTEDGE_DECODE_FUSION": "1"},
-    "silu-epilogue": {"TRTEDGE_SILU_EPILOGUE": "1"},
+    "epilogues": {"TRTEDGE_DECODE_EPILOGUES": "1"},
     "moe-decode": {"TRTEDGE_MOE_DECODE": "1"},
 }
 

@@ -69,17 +69,11 @@ def tiny(request, tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp(request.param), request.param)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 16])
-def test_fused_decode_step_matches_unfused_step(tiny, rows, monkeypatch):
-    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
-    from trtedge.runtime.models import load_model
+def _decode_batch(model, rows: int):
+    """A decode step's operands for ``rows`` sequences of random lengths over a random KV cache:
+    (ids, positions, batch, kv)."""
     from trtedge.runtime.ops.attention import AttentionBatch
 
-    monkeypatch.setenv("TRTEDGE_DECODE_FUSION", "1")
-    model = load_model(
-        resolve_checkpoint(str(tiny)), dtype="bfloat16", device="cuda", weights="float", max_positions=256
-    )
-    assert model.fused_products
     cfg = model.cfg
     block_size = 4
     gen = torch.Generator().manual_seed(rows)
@@ -101,16 +95,71 @@ def test_fused_decode_step_matches_unfused_step(tiny, rows, monkeypatch):
     batch.context_lens_tensor = torch.tensor(context_lens, device="cuda")
     ids = torch.randint(3, 500, (rows,), generator=gen).cuda()
     pos = torch.tensor([c - 1 for c in context_lens], device="cuda")
+    return ids, pos, batch, kv
+
+
+def _step(model, ids, pos, batch, kv):
+    """(the step's output, the KV cache after it) on a copy of ``kv``."""
+    cache = kv.clone()
+    layers = range(model.cfg.num_layers)
+    return model.forward(ids, pos, [(cache[i, 0], cache[i, 1]) for i in layers], batch), cache
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_fused_decode_step_matches_unfused_step(tiny, rows, monkeypatch):
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+    from trtedge.runtime.models import load_model
+
+    monkeypatch.setenv("TRTEDGE_DECODE_FUSION", "1")
+    model = load_model(
+        resolve_checkpoint(str(tiny)), dtype="bfloat16", device="cuda", weights="float", max_positions=256
+    )
+    assert model.fused_products
+    operands = _decode_batch(model, rows)
     outs, caches = [], []
     for fused in (True, False):
         model.fused_products = fused
-        cache = kv.clone()
-        outs.append(
-            model.forward(ids, pos, [(cache[i, 0], cache[i, 1]) for i in range(cfg.num_layers)], batch)
-        )
+        out, cache = _step(model, *operands)
+        outs.append(out)
         caches.append(cache)
     assert _rel(outs[0], outs[1]) < 2e-2
     assert _rel(caches[0], caches[1]) < 2e-2
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_decode_epilogues_step_matches_plain_step(tiny, rows, monkeypatch):
+    """TRTEDGE_DECODE_EPILOGUES=1 with both epilogues forced (at start the timing may pick the
+    separate kernels at these tiny shapes): qkv's q/k-norm + RoPE + KV store and gate_up's SiLU-mul
+    give the plain step's output and cache."""
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+    from trtedge.runtime.models import load_model
+    from trtedge.runtime.models.layers import GatedMLP
+    from trtedge.runtime.ops import triton_gemv
+    from trtedge.runtime.ops.triton_gemv import Fusion, _bucket
+
+    monkeypatch.setenv("TRTEDGE_DECODE_EPILOGUES", "1")
+    model = load_model(
+        resolve_checkpoint(str(tiny)), dtype="bfloat16", device="cuda", weights="float", max_positions=256
+    )
+    assert model.decode_epilogues
+    cfg = model.cfg
+    heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    mlps = [layer.mlp for layer in model.layers if type(layer.mlp) is GatedMLP]
+    for layer in model.layers:
+        key = (*layer.qkv.weight.shape, _bucket(rows), Fusion(rope=heads))
+        monkeypatch.setitem(triton_gemv._plans, key, (cfg.head_dim, 32, 1))
+    for mlp in mlps:
+        assert mlp.silu_epilogue
+        key = (*mlp.gate_up.weight.shape, _bucket(rows), Fusion(silu_out=True))
+        monkeypatch.setitem(triton_gemv._plans, key, (32, 32, 1))
+    operands = _decode_batch(model, rows)
+    out, cache = _step(model, *operands)
+    model.decode_epilogues = False
+    for mlp in mlps:
+        mlp.silu_epilogue = False
+    ref, ref_cache = _step(model, *operands)
+    assert _rel(out, ref) < 2e-2
+    assert _rel(cache, ref_cache) < 2e-2
 
 
 @pytest.mark.parametrize(

@@ -108,9 +108,9 @@ class GatedMLP:
         self.act = act
         self.gate_up = make_linear(gate_up, gate_up_bias, weight_format)
         self.down = make_linear(down, down_bias, weight_format)
-        # TRTEDGE_SILU_EPILOGUE=1: a decode step's gate_up product applies SiLU-mul in its epilogue
+        # TRTEDGE_DECODE_EPILOGUES=1: a decode step's gate_up product applies SiLU-mul in its epilogue
         # where that times faster than the product and the SiLU-mul kernel (opt-in until measured)
-        self.silu_epilogue = os.environ.get("TRTEDGE_SILU_EPILOGUE", "0") == "1"
+        self.silu_epilogue = os.environ.get("TRTEDGE_DECODE_EPILOGUES", "0") == "1"
 
     @classmethod
     def from_layer(cls, w: dict[str, torch.Tensor], act: str, weight_format: str, prefix: str = "mlp."):

@@ -135,6 +135,12 @@ class LlamaModel:
         # CUDA, bf16/fp16 dense weights, at most 16 rows: the norms, SiLU-mul and residual adds can
         # run inside the products; only with TRTEDGE_DECODE_FUSION=1 for this family (on the H200
         # the fused products are slower per launch than the kernels they replace, so far).
+        # TRTEDGE_DECODE_EPILOGUES=1: in the unfused decode layer, the qkv product's epilogue norms,
+        # rotates and stores q, k, v (and the MLP's gate_up applies SiLU-mul) where each times faster
+        # at start than the product and the separate kernel (opt-in until the step measures faster)
+        self.decode_epilogues = (
+            device.type == "cuda" and os.environ.get("TRTEDGE_DECODE_EPILOGUES", "0") == "1"
+        )
         self.fused_products = (
             self.decode_kernels is not None
             and device.type == "cuda"
@@ -202,16 +208,30 @@ class LlamaModel:
         if self.fused_products and n <= triton_gemv.MAX_ROWS:
             return self._decode_fused_products(x, h, q, o, positions, kv_caches, batch, tables, context_lens)
         kernels.add_rms_norm(x, None, self.layers[0].input_norm, h, eps)
+        # (an fp8 cache's rows are E4M3 bytes and a scale: the unfused store writes them)
+        rope_epilogue = (
+            self.decode_epilogues
+            and n <= triton_gemv.MAX_ROWS
+            and triton_gemv.rope_fits(cfg.head_dim)
+            and not kv_fp8.is_fp8(kv_caches[0][0])
+        )
         taps = {}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             if i in self.aux_layers:
                 taps[i] = x.clone()  # the residual stream is updated in place
             cos, sin = self.rope[layer.rope]
-            qkv = layer.qkv(h)
-            kernels.qkv_rope_store(
-                qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, positions, cos, sin,
-                layer.q_norm, layer.k_norm, eps, batch.slot_mapping, k_cache, v_cache, q,
-            )  # fmt: skip
+            if rope_epilogue and type(layer.qkv) is DenseLinear and layer.qkv.skinny is not None:
+                store = triton_gemv.RopeStore(
+                    cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, positions, cos, sin, layer.q_norm,
+                    layer.k_norm, eps, batch.slot_mapping, k_cache, v_cache, q,
+                )  # fmt: skip
+                layer.qkv.skinny.rope_stored(h, store, kernels.rope_store)
+            else:
+                qkv = layer.qkv(h)
+                kernels.qkv_rope_store(
+                    qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, positions, cos, sin,
+                    layer.q_norm, layer.k_norm, eps, batch.slot_mapping, k_cache, v_cache, q,
+                )  # fmt: skip
             kernels.paged_decode_attention(
                 q,
                 k_cache,

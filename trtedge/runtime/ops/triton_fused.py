@@ -218,6 +218,14 @@ class TritonDecodeKernels:
             HAS_NORM=q_norm is not None,
         )
 
+    def rope_store(self, qkv, store) -> None:
+        """``qkv_rope_store`` with its operands from a ``triton_gemv.RopeStore``."""
+        r = store
+        self.qkv_rope_store(
+            qkv, r.num_heads, r.num_kv_heads, r.head_dim, r.positions, r.cos, r.sin, r.q_norm,
+            r.k_norm, r.eps, r.slots, r.k_cache, r.v_cache, r.q_out,
+        )  # fmt: skip
+
     def paged_decode_attention(
         self, q, k_cache, v_cache, tables, context_lens, block_size, scale, out, window: int = 0
     ) -> None:

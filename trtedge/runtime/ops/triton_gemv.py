@@ -540,15 +540,25 @@ class SkinnyLinear:
         """silu(gate) * up of this [gate; up] weight's product with at most ``MAX_ROWS`` contiguous
         rows: in the product's epilogue, or where that measured slower, the plain product and then
         ``silu_mul(gate_up, out)`` (the unfused kernel, whose roundings the epilogue's follow)."""
-        fusion = Fusion(silu_out=True)
-        self._silu_mul = silu_mul  # for the timing at the first call
-        plan = self.plan(rows.shape[0], fusion)
+        plan = self.plan(rows.shape[0], Fusion(silu_out=True), unfused=silu_mul)
         if plan is not None:
             return self.launch(rows, plan, silu_out=True)
         gate_up = self(rows)
         out = torch.empty(rows.shape[0], gate_up.shape[-1] // 2, dtype=rows.dtype, device=rows.device)
         silu_mul(gate_up, out)
         return out
+
+    def rope_stored(self, rows: torch.Tensor, rope: RopeStore, rope_store) -> None:
+        """A fused qkv product of at most ``MAX_ROWS`` contiguous (normed) rows whose epilogue norms,
+        rotates and stores its heads (``rope``), or where that measured slower, the plain product
+        and then ``rope_store(qkv, rope)`` (the unfused kernel, whose roundings the epilogue's
+        follow)."""
+        fusion = Fusion(rope=(rope.num_heads, rope.num_kv_heads, rope.head_dim))
+        plan = self.plan(rows.shape[0], fusion, unfused=rope_store)
+        if plan is not None:
+            self.launch(rows, plan, rope=rope)
+        else:
+            rope_store(self(rows), rope)
 
     def _unfused(self, rows, norm, eps: float, silu: bool, residual) -> torch.Tensor:
         """``fused`` through cuBLAS and torch, with the same roundings (HF's)."""
@@ -561,21 +571,24 @@ class SkinnyLinear:
         y = F.linear(rows, self.weight, self.bias)
         return y if residual is None else residual.add_(y)
 
-    def plan(self, rows: int, fusion: Fusion = PLAIN) -> Plan | None:
+    def plan(self, rows: int, fusion: Fusion = PLAIN, unfused=None) -> Plan | None:
+        """``unfused``: the separate kernel an epilogue fusion (``silu_out``, ``rope`` without
+        ``norm``) replaces, timed after the plain product against the fused plans."""
         n, k = self.weight.shape
         key = (n, k, _bucket(rows), fusion)
         if key not in _plans:
             if torch.cuda.is_current_stream_capturing():  # no timing inside a capture: a safe default
                 return (fusion.rope[2] if fusion.rope else 32, 128, 1)
-            _plans[key] = self._tune(key[2], fusion)
+            _plans[key] = self._tune(key[2], fusion, unfused)
         plan = _plans[key]
         if plan is not None:
             self._reserve(plan)
         return plan
 
-    def _tune(self, rows: int, fusion: Fusion) -> Plan | None:
+    def _tune(self, rows: int, fusion: Fusion, unfused=None) -> Plan | None:
         """The fastest plan; None where cuBLAS is faster (for a fused product: cuBLAS with the
-        neighbouring work as torch kernels; the qkv epilogue always runs here)."""
+        neighbouring work as torch kernels; for an epilogue fusion given ``unfused``: the plain
+        product and that kernel; the qkv epilogue after a norm always runs here)."""
         n, k = self.weight.shape
         like = dict(device=self.weight.device, dtype=self.weight.dtype)
         x = torch.randn(rows, 2 * k if fusion.silu else k, **like)
@@ -583,7 +596,7 @@ class SkinnyLinear:
         residual = torch.zeros(rows, n, **like) if fusion.residual else None
         rope = _scratch_rope(rows, *fusion.rope, like) if fusion.rope else None
         if fusion.silu_out:
-            return self._tune_silu_out(x)
+            return self._tune_silu_out(x, unfused)
         plans = candidates(n, k, fusion)
         if fusion != PLAIN and not fusion.rope:
             self.plan(rows)  # the plain product's tilings first
@@ -606,12 +619,16 @@ class SkinnyLinear:
         best = min(timed, key=timed.get) if timed else None
         if fusion == PLAIN and best is not None:
             _kernel_plans[(n, k, rows)] = best
-        if fusion.rope:
+        if fusion.rope and (unfused is None or fusion.norm):
             return best
-        unfused = _graph_time(lambda: self._unfused(x, norm, 1e-6, fusion.silu, residual))
-        return best if best is not None and timed[best] < unfused else None
+        if fusion.rope:  # the plain product (by its own plan), then the unfused kernel
+            self.plan(rows)
+            separate = _graph_time(lambda: unfused(self(x), rope))
+            return best if best is not None and timed[best] < separate else None
+        torch_time = _graph_time(lambda: self._unfused(x, norm, 1e-6, fusion.silu, residual))
+        return best if best is not None and timed[best] < torch_time else None
 
-    def _tune_silu_out(self, x: torch.Tensor) -> Plan | None:
+    def _tune_silu_out(self, x: torch.Tensor, silu_mul) -> Plan | None:
         """The fastest plan of the SiLU epilogue, or None where the plain product (by its own plan)
         and the unfused silu_mul kernel are faster."""
         n, k = self.weight.shape
@@ -621,9 +638,9 @@ class SkinnyLinear:
             timed[plan] = _graph_time(lambda plan=plan: self.launch(x, plan, silu_out=True))
         out = torch.empty(x.shape[0], n // 2, dtype=x.dtype, device=x.device)
         self.plan(x.shape[0])  # the plain product's own choice first
-        unfused = _graph_time(lambda: self._silu_mul(self(x), out))
+        separate = _graph_time(lambda: silu_mul(self(x), out))
         best = min(timed, key=timed.get) if timed else None
-        return best if best is not None and timed[best] < unfused else None
+        return best if best is not None and timed[best] < separate else None
 
     def _reserve(self, plan: Plan) -> None:
         n, split = self.weight.shape[0], plan[2]
