@@ -1,7 +1,9 @@
 """`trtedge serve` on a tiny random Qwen3-Omni with speech output, driven by the official openai SDK:
 ``audio.speech.create`` (a WAV that Python's ``wave`` module reads with the right rate and length, and
 that sox reads where it is installed) and ``with_streaming_response`` (the PCM stream = the WAV's
-samples); an unknown voice and an over-long input are 400s naming the field and hold nothing."""
+samples); an unknown voice and an over-long input are 400s naming the field and hold nothing, and the
+same checkpoint served without its speech components (``--components llm``) refuses speech naming
+``model`` and audio chat naming ``modalities``."""
 
 from __future__ import annotations
 
@@ -21,10 +23,14 @@ SPEAK = {"talker_temperature": 0, "max_audio_length": 1.2, "codec_chunk_frames":
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def checkpoint(tmp_path_factory):
     from tests.tiny_omni import make_tiny_qwen3_omni_speech
 
-    checkpoint = make_tiny_qwen3_omni_speech(tmp_path_factory.mktemp("tiny-omni"))
+    return make_tiny_qwen3_omni_speech(tmp_path_factory.mktemp("tiny-omni"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, checkpoint):
     args = [
         str(checkpoint),
         "--max-kv-cache-capacity",
@@ -77,3 +83,35 @@ def test_sdk_refusals_name_the_field(client, server):
     engine = server.health()["engine"]
     assert engine["running"] + engine["waiting"] == 0
     assert server.health()["active_requests"] == 0
+
+
+def test_served_without_a_talker_speech_is_refused_naming_the_model(tmp_path_factory, checkpoint):
+    args = [
+        str(checkpoint),
+        "--components",
+        "llm",
+        "--max-kv-cache-capacity",
+        "256",
+        "--log-level",
+        "warning",
+    ]
+    server = ServeProcess(tmp_path_factory, args)
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        model = client.models.list().data[0].id
+        assert server.health()["capabilities"]["speech_output"] is False
+        with pytest.raises(openai.BadRequestError) as e:
+            client.audio.speech.create(model=model, input="w5", voice="ethan")
+        assert e.value.body["param"] == "model" and "no speech output" in e.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "w5"}],
+                modalities=["text", "audio"],
+                audio={"voice": "ethan", "format": "wav"},
+                max_tokens=2,
+            )
+        assert e.value.body["param"] == "modalities"
+        assert client.with_options().get("/voices", cast_to=object)["data"] == []
+    finally:
+        server.stop()

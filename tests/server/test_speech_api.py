@@ -253,6 +253,37 @@ def test_chat_answers_with_audio_and_its_transcript(app, llm, chat_expected):
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus"])
+def test_chat_audio_in_each_format_decodes_to_the_answer_speech(app, llm, chat_expected, fmt):
+    import av
+
+    text, pcm, _ = chat_expected
+
+    async def fn(client, http):
+        return await client.chat.completions.create(
+            model=llm.model_name,
+            messages=MESSAGES,
+            modalities=["text", "audio"],
+            audio={"voice": "chelsie", "format": fmt},
+            extra_body=EXTRA,
+            **CHAT,
+        )
+
+    message = run(app, fn).choices[0].message
+    data = base64.b64decode(message.audio.data)
+    assert message.audio.transcript == text
+    if fmt == "wav":
+        with wave.open(io.BytesIO(data)) as w:
+            assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+            assert w.readframes(w.getnframes()) == pcm
+    else:
+        with av.open(io.BytesIO(data)) as f:
+            frames = list(f.decode(f.streams.audio[0]))
+        samples = sum(fr.samples for fr in frames) * 24000 / frames[0].sample_rate
+        assert abs(samples - len(pcm) / 2) <= 2400  # encoder delay and padding: < 0.1 s
+    assert app.state.admission.num_active == 0
+
+
 def test_streamed_chat_sends_transcript_and_audio_deltas(app, llm, chat_expected):
     """The Talker speaks while the text streams (audio deltas may come between transcript deltas); the
     audio is the speech of the whole text."""
