@@ -64,7 +64,8 @@ def test_api_key_from_environment(monkeypatch):
         (["--max-batch-size", "0"], "--max-batch-size"),
         (["--log-level", "shout"], "--log-level"),
         (["--context-cache-max-records", "-1"], "--context-cache-max-records"),
-        (["--speculative-config", '{"method": "mtp", "model": "m"}'], "--speculative-config model"),
+        (["--speculative-config", '{"method": "ngram", "model": "m"}'], "--speculative-config model"),
+        (["--speculative-config", '{"method": "mtp"}', "--draft-top-k", "2"], "--draft-top-k"),
         (["--speculative-config", "{bad json"], "--speculative-config"),
         (["--speculative-config", '{"method": "eagle3"}'], "needs model"),
         (
