@@ -2,7 +2,7 @@
 same shapes, one run.
 
     python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b,llama-1b,llama-8b,qwen3-30b-a3b]
-        [--new-tokens 256] [--no-hf] [--no-peer] [--variants pdl,fused] [--prefill-len 0]
+        [--new-tokens 256] [--no-hf] [--no-peer] [--variants pdl,fused] [--prefill-len 0] [--batches 8,16]
 
 Random bf16 weights (load_format="dummy") with Qwen3 / Llama shapes (``benchmarks/shapes.py``), a
 128-token prompt, greedy, EOS ignored. The peer is ``benchmarks/compiled_peer.py``: a gpt-fast-style
@@ -35,20 +35,33 @@ def emit(**row) -> None:
     print(json.dumps(row), flush=True)
 
 
-def trtedge_decode(directory: Path, prompt: list[int], new_tokens: int) -> tuple[float, int]:
+def trtedge_decode(
+    directory: Path, prompt: list[int], new_tokens: int, batches: tuple[int, ...] = ()
+) -> tuple[float, int, dict[int, float]]:
+    """(batch-1 decode tok/s, weight bytes, {batch: decode tok/s of all its sequences together})
+    in one engine: each larger batch decodes ``batch`` prompts (differing in their first token, so no
+    prefix is shared) submitted together."""
     with LLM(
         str(directory),
         load_format="dummy",
         dtype="bfloat16",
         device="cuda",
-        max_kv_cache_capacity=1024,
+        max_kv_cache_capacity=max(1, *batches) * (len(prompt) + new_tokens + 64),
         max_input_len=512,
+        **(dict(enable_in_flight_batching=True, max_batch_size=max(batches)) if batches else {}),
     ) as llm:
         params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
         llm.generate(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))  # warm-up
         metrics = []
         llm.generate(prompt, params, on_metrics=metrics.append)
-        return metrics[0].decode_tokens_per_second, llm.describe()["weight_bytes"]
+        batched = {}
+        for batch in batches:
+            prompts = [[10 + i] + prompt[1:] for i in range(batch)]
+            llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+            each = []
+            llm.generate(prompts, params, on_metrics=each.append)
+            batched[batch] = sum(m.decode_tokens_per_second for m in each)
+        return metrics[0].decode_tokens_per_second, llm.describe()["weight_bytes"], batched
 
 
 def trtedge_prefill(directory: Path, length: int) -> float:
@@ -120,13 +133,17 @@ def main() -> None:
         "fused-no-pdl (TRTEDGE_DECODE_FUSION=1), moe-decode (TRTEDGE_MOE_DECODE=1), epilogues (TRTEDGE_DECODE_EPILOGUES=1), "
         "comma-separated",
     )
+    parser.add_argument(
+        "--batches", default="", help="also decode these batch sizes in the same engines, e.g. 8,16"
+    )
     args = parser.parse_args()
+    batches = tuple(int(b) for b in args.batches.split(",") if b)
     prompt = torch.randint(10, 128000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
     device = torch.cuda.get_device_name(0)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.shapes.split(","):
             directory = write_shape(Path(tmp) / name, name)
-            tps, nbytes = trtedge_decode(directory, prompt, args.new_tokens)
+            tps, nbytes, batched = trtedge_decode(directory, prompt, args.new_tokens, batches)
             gbs = tps * nbytes / 1e9
             emit(
                 figure="batch1_decode",
@@ -138,14 +155,27 @@ def main() -> None:
                 achieved_gb_s=round(gbs, 1),
                 pct_of_peak=round(100 * gbs * 1e9 / PEAK_BYTES_PER_S, 1),
             )
+            for batch, total in batched.items():
+                emit(
+                    figure="batch_decode",
+                    engine="trtedge",
+                    shape=name,
+                    batch=batch,
+                    tokens_per_s=round(total, 1),
+                )
             for variant in filter(None, args.variants.split(",")):
                 engine, env = f"trtedge-{variant}", VARIANTS[variant]
                 os.environ.update(env)
                 try:
-                    other, _ = trtedge_decode(directory, prompt, args.new_tokens)
+                    other, _, other_batched = trtedge_decode(directory, prompt, args.new_tokens, batches)
                 finally:
                     for key in env:
                         del os.environ[key]
+                for batch, total in other_batched.items():
+                    emit(
+                        figure="batch_decode", engine=engine, shape=name, batch=batch,
+                        tokens_per_s=round(total, 1), speedup_vs_default=round(total / batched[batch], 2),
+                    )  # fmt: skip
                 emit(
                     figure="batch1_decode",
                     engine=engine,
