@@ -46,7 +46,7 @@ def trtedge_decode(
         load_format="dummy",
         dtype="bfloat16",
         device="cuda",
-        max_kv_cache_capacity=max(1024, max(1, *batches) * (len(prompt) + new_tokens + 64)),
+        max_kv_cache_capacity=max(1024, max((1, *batches)) * (len(prompt) + new_tokens + 64)),
         max_input_len=512,
         **(dict(enable_in_flight_batching=True, max_batch_size=max(batches)) if batches else {}),
     ) as llm:
