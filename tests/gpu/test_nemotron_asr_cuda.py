@@ -37,7 +37,16 @@ def test_float32_on_the_gpu_equals_transformers_and_bf16_tracks_it(tmp_path):
     with LLM(str(path), cache_dir=cache, dtype="float32", device="cuda") as llm:
         out = llm.generate(llm.audio.prompt(samples, "de"), params)
         frames32 = llm.engine.model.encode(llm.audio.features(samples), 1, 2)
-    assert out.token_ids == ref
+    if out.token_ids != ref:
+        step = next(
+            (k for k, (a, b) in enumerate(zip(out.token_ids, ref)) if a != b),
+            min(len(ref), len(out.token_ids)),
+        )
+        pytest.fail(
+            f"transcript tokens differ from HF from token {step} (trtedge {len(out.token_ids)}, HF {len(ref)} "
+            f"tokens): trtedge {out.token_ids[step : step + 8]}, HF {ref[step : step + 8]}",
+            pytrace=False,
+        )
     with LLM(str(path), cache_dir=cache, dtype="bfloat16", device="cuda") as llm:
         assert llm.describe()["dtype"] == "bfloat16"
         frames16 = llm.engine.model.encode(llm.audio.features(samples), 1, 2)
