@@ -149,8 +149,13 @@ def fused_experts(h, w_gate_up, w_down, weights, ids, act, scales=None) -> torch
 # reads only its selected experts' weights.
 DECODE_MAX_ROWS = 4  # more rows share experts: the grouped path reads each active expert once
 _DECODE_TILES = ((16, 256), (32, 128), (32, 256), (64, 128))  # (BLOCK_N, BLOCK_K)
-# the down kernel has a program per (row, column tile) only: narrower tiles give the SMs more of them
-_DOWN_TILES = (*_DECODE_TILES, (8, 256), (4, 512))
+# The down kernel's (BLOCK_N, BLOCK_K, a program per slot too): a program per (row, column tile)
+# alone gives the SMs few programs (128 at Qwen3-30B-A3B's 2,048 columns and BLOCK_N 16).
+_DOWN_TILES = (
+    *((bn, bk, False) for bn, bk in _DECODE_TILES), (8, 256, False), (4, 512, False),
+    (16, 256, True), (32, 256, True), (64, 128, True),
+)  # fmt: skip
+_scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # the slot-split's partials and counts
 _decode_plans: dict[tuple, tuple[int, int]] = {}
 
 if triton is not None:
@@ -228,14 +233,17 @@ if triton is not None:
 
     @triton.jit
     def _experts_down_kernel(
-        act_ptr, logits_ptr, w_ptr, x_ptr, out_ptr, H, INTER,
+        act_ptr, logits_ptr, w_ptr, x_ptr, out_ptr, part_ptr, count_ptr, H, INTER,
         NUM_EXPERTS: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
         NORMALIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-        RESIDUAL: tl.constexpr,
+        RESIDUAL: tl.constexpr, SPLIT_SLOTS: tl.constexpr,
     ):  # fmt: skip
         # One program per (row, column tile): x += sum over the row's slots of weight * down(act)
         # (RESIDUAL), else out = that sum. w: [E, H, INTER]. Roundings as fused_experts: each slot's
         # weighted rows in dt, summed in float32, the sum in dt, then the residual add.
+        # SPLIT_SLOTS: a program per (row, column tile, slot) instead (TOP_K times the programs);
+        # each stores its slot's weighted rows in part_ptr [rows, TOP_K, H] and the last of a tile's
+        # programs (an atomic count, which it resets) sums them in slot order.
         if PDL:
             tl.extra.cuda.gdc_wait()
         row = tl.program_id(0)
@@ -245,7 +253,13 @@ if triton is not None:
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         total = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for j in range(TOP_K):
+        if SPLIT_SLOTS:
+            first = tl.program_id(2)
+            slot_count = 1
+        else:
+            first = 0
+            slot_count = TOP_K
+        for j in range(first, first + slot_count):
             expert = tl.sum(tl.where(slots == j, ids, 0), 0).to(tl.int64)
             weight = tl.sum(tl.where(slots == j, weights, 0.0), 0)
             rows = w_ptr + expert * H * INTER + rn[:, None].to(tl.int64) * INTER
@@ -263,6 +277,17 @@ if triton is not None:
             total += (acc * weight).to(dt).to(tl.float32)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
+        if SPLIT_SLOTS:
+            tl.store(part_ptr + (row * TOP_K + first) * H + rn, total, mask=rn < H)
+            count_at = count_ptr + row * tl.num_programs(1) + tl.program_id(1)
+            if tl.atomic_add(count_at, 1) != TOP_K - 1:
+                return
+            total = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for j in range(TOP_K):
+                total += tl.load(
+                    part_ptr + (row * TOP_K + j) * H + rn, mask=rn < H, other=0.0, cache_modifier=".cg"
+                )
+            tl.atomic_xchg(count_at, 0)
         if RESIDUAL:
             at = x_ptr + row * H + rn
             residual = tl.load(at, mask=rn < H, other=0.0).to(tl.float32)
@@ -282,9 +307,10 @@ def decode_experts(
     t, h = x.shape
     num_experts, inter = w_down.shape[0], w_down.shape[2]
     act = torch.empty(t * top_k, inter, dtype=x.dtype, device=x.device)
-    (gn, gk), (dn, dk) = plans or _decode_plan(
+    (gn, gk), (dn, dk, split) = plans or _decode_plan(
         w_gate_up, w_down, t, top_k, normalize, norm is not None, out is not None
     )
+    parts, counts = _split_scratch(x.device, h, top_k) if split else (x, x)
     launch_pdl = pdl.enabled()
     common = dict(
         NUM_EXPERTS=num_experts,
@@ -299,10 +325,22 @@ def decode_experts(
         x, x if norm is None else norm, logits, w_gate_up, act, h, inter, eps, BLOCK_N=gn, BLOCK_K=gk,
         NORM_IN=norm is not None, **common,
     )  # fmt: skip
-    _experts_down_kernel[(t, triton.cdiv(h, dn))](
-        act, logits, w_down, x, x if out is None else out, h, inter, BLOCK_N=dn, BLOCK_K=dk,
-        RESIDUAL=out is None, **common,
+    _experts_down_kernel[(t, triton.cdiv(h, dn), top_k if split else 1)](
+        act, logits, w_down, x, x if out is None else out, parts, counts, h, inter, BLOCK_N=dn,
+        BLOCK_K=dk, RESIDUAL=out is None, SPLIT_SLOTS=split, **common,
     )  # fmt: skip
+
+
+def _split_scratch(device, h: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slot-split down kernel's float32 partials [DECODE_MAX_ROWS, top_k, h] and its zeroed
+    counts (one per row and column tile, reset by the kernel), kept per device and shape."""
+    key = (device, h, top_k)
+    if key not in _scratch:
+        _scratch[key] = (
+            torch.empty(DECODE_MAX_ROWS * top_k * h, dtype=torch.float32, device=device),
+            torch.zeros(DECODE_MAX_ROWS * h, dtype=torch.int32, device=device),
+        )
+    return _scratch[key]
 
 
 def _decode_plan(w_gate_up, w_down, rows: int, top_k: int, normalize: bool, norm_in: bool, into: bool):
@@ -315,7 +353,7 @@ def _decode_plan(w_gate_up, w_down, rows: int, top_k: int, normalize: bool, norm
     if key in _decode_plans:
         return _decode_plans[key]
     if torch.cuda.is_current_stream_capturing():
-        return _DECODE_TILES[0], _DECODE_TILES[0]
+        return _DECODE_TILES[0], _DOWN_TILES[0]
     h = w_down.shape[1]
     like = dict(device=w_down.device, dtype=w_down.dtype)
     x = torch.randn(rows, h, **like)
