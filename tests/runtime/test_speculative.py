@@ -42,7 +42,15 @@ def test_config_errors_name_the_key(value, match):
 
 def test_config_defaults_and_json():
     config = SpeculativeConfig.coerce('{"method": "eagle3", "model": "d", "draft_top_k": 4}')
-    assert (config.num_speculative_tokens, config.verify_tokens, config.is_tree) == (4, 16, True)
+    assert (config.num_speculative_tokens, config.verify_tokens, config.is_tree) == (
+        4,
+        60,
+        True,
+    )  # the reference's
+    dflash = SpeculativeConfig.coerce(
+        {"method": "dflash", "model": "d", "num_speculative_tokens": 4, "draft_top_k": 2}
+    )
+    assert dflash.verify_tokens == 8 and SpeculativeConfig("mtp", num_speculative_tokens=3).verify_tokens == 3
     assert SpeculativeConfig.coerce(None) is None
     assert config.replace(num_speculative_tokens=2, verify_tokens=None).num_speculative_tokens == 2
 

@@ -23,6 +23,9 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = {
     "domino": 4,
 }
 TREE_METHODS = ("eagle3", "dflash", "mtp")  # draft_top_k > 1: a token tree (mtp: with a Gemma 4 assistant)
+# a token tree's verify_tokens default: the reference server's 60 verification positions for EAGLE and
+# MTP trees (dflash: min(depth x top_k, 64), a block's candidates); a chain's is its depth
+TREE_VERIFY_TOKENS = {"eagle3": 60, "mtp": 60}
 FLAG = "--speculative-config"
 
 
@@ -68,7 +71,8 @@ class SpeculativeConfig:
             _positive(name, getattr(self, name))
         if self.verify_tokens is None:
             k, top = self.num_speculative_tokens, self.draft_top_k
-            object.__setattr__(self, "verify_tokens", k if top == 1 else min(k * top, 64))
+            tree = TREE_VERIFY_TOKENS.get(self.method, min(k * top, 64))
+            object.__setattr__(self, "verify_tokens", k if top == 1 else tree)
         _positive("verify_tokens", self.verify_tokens)
         if self.verify_tokens < self.num_speculative_tokens and self.draft_top_k == 1:
             raise SpeculativeConfigError(
