@@ -112,3 +112,32 @@ def test_wav_bytes_read_back():
 
     with wave.open(io.BytesIO(wav_bytes(AUDIO))) as w:
         assert w.getnframes() == AUDIO.shape[0] and w.getsampwidth() == 2
+
+
+def test_the_loop_speaks_and_saves_a_real_omni_answer(run, tmp_path, tmp_path_factory, monkeypatch):
+    """`trtedge chat` on the tiny Qwen3-Omni: /speak on plays the Talker's audio of the answer and
+    /save-audio writes those samples; Code2Wav's length (whole frames less its tail) shows it is speech."""
+    pytest.importorskip("transformers")
+    from tests.tiny_omni import make_tiny_qwen3_omni_speech
+    from trtedge import LLM, SamplingParams
+    from trtedge.runtime.speech.encode import pcm16
+
+    checkpoint = make_tiny_qwen3_omni_speech(tmp_path_factory.mktemp("omni"))
+    played = []
+    monkeypatch.setattr("trtedge.chat.tui.play", lambda audio: played.append(audio) and None)
+    path = tmp_path / "answer.wav"
+    with LLM(str(checkpoint), max_kv_cache_capacity=256, max_input_len=128, dtype="float32") as llm:
+        speak = llm.speech
+        llm.speech = lambda text, voice=None: speak(
+            text, voice=voice, max_audio_length=0.8
+        )  # 10 frames at most
+        backend = LocalBackend(llm)
+        session = ChatSession(SamplingParams(max_tokens=6, temperature=0), max_context=backend.max_context)
+        out = run(backend, f"/speak on\rw5 w6 w7\r/save-audio {path}\r/exit\r", session=session)
+        tail, per_frame = llm.speech_output.code2wav.tail, llm.speech_output.cfg.samples_per_frame
+    assert f"wrote {path}" in out and len(played) == 1
+    audio = played[0]
+    assert audio.dtype == np.float32 and audio.size > 0 and (audio.size + tail) % per_frame == 0
+    with wave.open(str(path)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+        assert w.readframes(w.getnframes()) == pcm16(audio)
