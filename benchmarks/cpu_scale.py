@@ -245,7 +245,9 @@ for line in sys.stdin:
     req = json.loads(line)
     metrics = []
     params = SamplingParams(max_tokens=req["n"], temperature=0, ignore_eos=True)
-    llm.generate(req["ids"], params, on_metrics=metrics.append)
+    out = llm.generate(req["ids"], params, on_metrics=metrics.append)
+    if not metrics:
+        sys.exit(f"no metrics for a request: finish_reason {out.finish_reason}, engine {llm.stats().engine_error}")
     print(json.dumps({"prefill_s": metrics[0].prefill_time, "decode": metrics[0].decode_tokens_per_second}),
           flush=True)
 llm.close()
