@@ -103,3 +103,24 @@ def test_a_dropped_stream_stops_its_talker(llm):
     while not _idle(llm) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _idle(llm)
+
+
+def test_a_failing_talker_step_fails_that_speech_only(llm, monkeypatch):
+    from trtedge.runtime.engine import EngineError
+
+    runner = llm.engine.speech
+    step = runner.step
+    calls = []
+
+    def broken(seq):
+        calls.append(seq.seq_id)
+        if len(calls) == 3:
+            raise RuntimeError("device fault")
+        return step(seq)
+
+    monkeypatch.setattr(runner, "step", broken)
+    with pytest.raises(EngineError, match="the Talker failed .*device fault"):
+        list(llm.speech_stream("w5 w6 w7", voice="chelsie", codec_chunk_frames=1, **GREEDY))
+    assert _idle(llm)
+    again = list(llm.speech_stream("w5 w6 w7", voice="chelsie", codec_chunk_frames=1, **GREEDY))
+    assert len(again) > 3  # the engine speaks on
