@@ -10,6 +10,7 @@ row bucket and keeps the fastest. ``F.linear`` is the oracle."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -397,6 +398,8 @@ _CANDIDATES = (
     (64, 128, 4),
     (128, 128, 4),
 )
+# The one-row kernel's candidates (batch-1 decode), as Tiling fields.
+_VECTOR_CANDIDATES: tuple[tuple, ...] = ()
 _MAX_SPLIT_TILES = 512  # wider weights have programs enough without split-K
 # The qkv product with RoPE in its epilogue takes one head per column tile: (BLOCK_K, SPLIT_K).
 _ROPE_TILINGS = ((64, 1), (128, 1), (128, 2), (128, 4), (64, 8))
@@ -435,8 +438,21 @@ class RopeStore:
     q_out: torch.Tensor
 
 
+class Tiling(NamedTuple):
+    """A product's launch: column tile, K tile, K splits, and the kernel's warps and pipeline stages;
+    ``vector``: the one-row kernel without tensor cores (``unroll``: its span's tiles unrolled)."""
+
+    block_n: int
+    block_k: int
+    split: int
+    num_warps: int = 4
+    num_stages: int = 3
+    vector: bool = False
+    unroll: bool = False
+
+
 PLAIN = Fusion()
-Plan = tuple[int, int, int]
+Plan = Tiling
 # (N, K, rows bucket, fusion) -> the fastest plan measured in this process, or None where cuBLAS won.
 _plans: dict[tuple, Plan | None] = {}
 # (N, K, rows bucket) -> the fastest Triton plan of the plain product: a fused variant of it takes
@@ -448,17 +464,19 @@ def _bucket(rows: int) -> int:
     return 1 if rows == 1 else 4 if rows <= 4 else MAX_ROWS
 
 
-def candidates(n: int, k: int, fusion: Fusion = PLAIN) -> list[Plan]:
+def candidates(n: int, k: int, fusion: Fusion = PLAIN, rows: int = 0) -> list[Plan]:
+    """The tilings timed for a product; ``rows`` 1 (a plain product): the one-row kernel's too."""
     if fusion.rope:
         head_dim = fusion.rope[2]
-        fitting = [(head_dim, bk, split) for bk, split in _ROPE_TILINGS if k // split >= bk]
-        return fitting or [(head_dim, 32, 1)]
+        fitting = [Tiling(head_dim, bk, split) for bk, split in _ROPE_TILINGS if k // split >= bk]
+        return fitting or [Tiling(head_dim, 32, 1)]
+    listed = _CANDIDATES + (_VECTOR_CANDIDATES if rows == 1 and fusion == PLAIN else ())
     plans = [
-        (bn, bk, split)
-        for bn, bk, split in _CANDIDATES
-        if k // split >= bk and (split == 1 or -(-n // bn) <= _MAX_SPLIT_TILES)
+        plan
+        for plan in (Tiling(*entry) for entry in listed)
+        if k // plan.split >= plan.block_k and (plan.split == 1 or -(-n // plan.block_n) <= _MAX_SPLIT_TILES)
     ]
-    return plans if plans or fusion == PLAIN else [(32, 32, 1)]
+    return plans if plans or fusion == PLAIN else [Tiling(32, 32, 1)]
 
 
 def rope_fits(head_dim: int) -> bool:
@@ -578,7 +596,7 @@ class SkinnyLinear:
         key = (n, k, _bucket(rows), fusion)
         if key not in _plans:
             if torch.cuda.is_current_stream_capturing():  # no timing inside a capture: a safe default
-                return (fusion.rope[2] if fusion.rope else 32, 128, 1)
+                return Tiling(fusion.rope[2] if fusion.rope else 32, 128, 1)
             _plans[key] = self._tune(key[2], fusion, unfused)
         plan = _plans[key]
         if plan is not None:
@@ -597,7 +615,7 @@ class SkinnyLinear:
         rope = _scratch_rope(rows, *fusion.rope, like) if fusion.rope else None
         if fusion.silu_out:
             return self._tune_silu_out(x, unfused)
-        plans = candidates(n, k, fusion)
+        plans = candidates(n, k, fusion, rows)
         if fusion != PLAIN and not fusion.rope:
             self.plan(rows)  # the plain product's tilings first
             plans = [_kernel_plans.get((n, k, rows), plans[0])]
@@ -617,8 +635,9 @@ class SkinnyLinear:
                 )
             )
         best = min(timed, key=timed.get) if timed else None
-        if fusion == PLAIN and best is not None:
-            _kernel_plans[(n, k, rows)] = best
+        kernel_plans = [plan for plan in timed if not plan.vector]  # the fused forms' kernel
+        if fusion == PLAIN and kernel_plans:
+            _kernel_plans[(n, k, rows)] = min(kernel_plans, key=timed.get)
         if fusion.rope and (unfused is None or fusion.norm):
             return best
         if fusion.rope:  # the plain product (by its own plan), then the unfused kernel
@@ -662,14 +681,20 @@ class SkinnyLinear:
         rope: RopeStore | None = None,
         late_norm: bool = False,
         silu_out: bool = False,
-        num_warps: int = 4,
-        num_stages: int = 3,
+        num_warps: int | None = None,
+        num_stages: int | None = None,
     ) -> torch.Tensor:
+        """The product by ``plan`` (its warps and stages unless given) with the folded-in work."""
+        plan = Tiling(*plan)
+        if plan.vector:
+            plain = norm is None and not silu and residual is None and rope is None and not silu_out
+            assert plain and rows.shape[0] == 1, "the one-row kernel runs plain products of one row"
+            return self.launch_vector(rows, plan, num_warps=num_warps, num_stages=num_stages)
         m = rows.shape[0]
         n, k = self.weight.shape
         if silu_out:  # the weight is [gate; up]: y has half its rows' columns
             n //= 2
-        block_n, block_k, split = plan
+        block_n, block_k, split = plan[:3]
         if rope is not None:
             y = rope.q_out
             eps = rope.eps
@@ -715,20 +740,22 @@ class SkinnyLinear:
             EARLY_TILE=(launch_pdl or (norm is not None and not late_norm)) and not silu_out,
             LATE_NORM=norm is not None and late_norm,
             SILU_OUT=silu_out,
-            num_warps=num_warps,
-            num_stages=num_stages,
+            num_warps=num_warps or plan.num_warps,
+            num_stages=num_stages or plan.num_stages,
             launch_pdl=launch_pdl,
         )
         return y
 
     def launch_vector(
-        self, rows: torch.Tensor, plan: Plan, *, unroll: bool = False, num_warps: int = 4,
-        num_stages: int = 3,
+        self, rows: torch.Tensor, plan: Plan, *, unroll: bool | None = None,
+        num_warps: int | None = None, num_stages: int | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        """One row's product through ``_vector_kernel`` (no tensor cores); ``unroll``: the span's
-        tiles unrolled (their loads issued before the first multiply)."""
+        """One row's product through ``_vector_kernel`` (no tensor cores); ``unroll`` (else the
+        plan's): the span's tiles unrolled (their loads issued before the first multiply)."""
+        plan = Tiling(*plan)
+        unroll = plan.unroll if unroll is None else unroll
         n, k = self.weight.shape
-        block_n, block_k, split = plan
+        block_n, block_k, split = plan[:3]
         span = -(-k // (split * block_k)) * block_k
         y = torch.empty(1, n, dtype=rows.dtype, device=rows.device)
         w = self.weight
@@ -748,8 +775,8 @@ class SkinnyLinear:
             SPLIT_K=split,
             STEPS=span // block_k if unroll else 0,
             EVEN=n % block_n == 0 and k % (split * block_k) == 0,
-            num_warps=num_warps,
-            num_stages=num_stages,
+            num_warps=num_warps or plan.num_warps,
+            num_stages=num_stages or plan.num_stages,
         )
         return y
 
