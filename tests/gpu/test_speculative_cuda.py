@@ -20,24 +20,34 @@ pytestmark = [
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
-def _outputs(path, **kw) -> list[list[int]]:
+def _outputs(path, batch: int = 8, **kw) -> list[list[int]]:
     with LLM(
         str(path),
         device="cuda",
         dtype="float32",
         max_kv_cache_capacity=256,
         max_input_len=128,
-        max_batch_size=8,
-        enable_in_flight_batching=True,
+        max_batch_size=batch,
+        enable_in_flight_batching=batch > 1,
+        engine_process=False,  # the test reads the engine's pools
         **kw,
     ) as llm:
         outs = llm.generate(repetitive_prompts(8, seed=11), GREEDY)
+        engine = llm.engine
+        assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
         if kw.get("speculative_config"):
             assert llm.speculative_metrics()["steps"] > 0
+            cache = getattr(engine.speculative.proposer, "cache", None)
+            assert cache is None or (
+                not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
+            )
         return [o.token_ids for o in outs]
 
 
-def test_speculative_greedy_on_cuda_matches_plain(tmp_path):
+@pytest.mark.parametrize("batch", [8, 1], ids=["batch-of-8", "alone"])
+def test_speculative_greedy_on_cuda_matches_plain(tmp_path, batch):
+    """ngram, draft_model and an EAGLE-3 tree: greedy equals plain decoding in float32, every KV block
+    and draft row freed."""
     target = make_tiny_checkpoint(tmp_path / "t", "qwen3")
     draft = make_tiny_checkpoint(tmp_path / "d", "qwen3", seed=5)
     head = make_eagle3_head(tmp_path / "e", 64, 512)
@@ -47,7 +57,7 @@ def test_speculative_greedy_on_cuda_matches_plain(tmp_path):
         {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3},
         {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3, "draft_top_k": 3},
     ):
-        assert _outputs(target, speculative_config=spec) == plain, spec
+        assert _outputs(target, batch, speculative_config=spec) == plain, spec
 
 
 def test_verify_and_draft_steps_replay_cuda_graphs(tmp_path):
