@@ -2,11 +2,14 @@
 predictor + Code2Wav at Qwen3-Omni-30B-A3B's shapes (transformers' default Qwen3OmniMoeConfig),
 random weights, greedy-free sampling (the reference's defaults) for a fixed number of frames.
 
-    python benchmarks/speech_rtf.py [cuda|cpu] [bfloat16|float32] [frames] [chunk_frames]
+    python benchmarks/speech_rtf.py [cuda|cpu] [bfloat16|float32] [frames] [chunk_frames] [--sequences=1,4]
     python benchmarks/speech_rtf.py cpu float32 20 5 --tiny      # the test suite's tiny shapes
 
 Prints the weights' size, the time to the first Code2Wav chunk, and audio seconds per wall second
-(above 1: faster than real time)."""
+(above 1: faster than real time): first for the pipeline called directly (one speech, its frames
+in a loop), then, in the same run, for the engine's speech sequences (``SpeechScheduler`` and
+``SpeechRunner`` stepped as ``Engine._speak`` steps them: one frame per running sequence a step) with
+each count of ``--sequences`` speaking at once (the figure is their audio together)."""
 
 import sys
 import time
@@ -24,6 +27,10 @@ device = torch.device(args[0] if args else "cuda")
 dtype = getattr(torch, args[1] if len(args) > 1 else "bfloat16")
 num_frames = int(args[2]) if len(args) > 2 else 125  # 10 s
 chunk = int(args[3]) if len(args) > 3 else 25
+counts = [1, 4]
+for a in sys.argv[1:]:
+    if a.startswith("--sequences="):
+        counts = [int(n) for n in a.removeprefix("--sequences=").split(",")]
 
 
 def config() -> dict:
@@ -95,5 +102,43 @@ for run in ("warm-up", "timed"):
 print(
     f"{device.type} {str(dtype).removeprefix('torch.')}: weights {size / 2**30:.2f} GiB; {num_frames} frames "
     f"({audio:.1f} s of audio) in {wall:.2f} s: first chunk ({chunk} frames) after {first * 1000:.0f} ms, "
-    f"real-time factor {audio / wall:.2f}x"
+    f"real-time factor {audio / wall:.2f}x (pipeline, direct)"
 )
+
+
+def speak_as_sequences(num_seqs: int, frames: int) -> tuple[float, float, float]:
+    """(audio seconds in all, wall seconds, seconds to the first chunk) of ``num_seqs`` speeches."""
+    from trtedge.runtime.core.speech import SpeechScheduler, SpeechSequence
+    from trtedge.runtime.speech.runner import SpeechRunner
+
+    voice = speech.default_voice
+    rows = len(prompt) - speech.check(prompt, voice) - 4 + 1  # the answer's text rows and tts_eos
+    runner, sched = SpeechRunner(speech), SpeechScheduler(num_seqs)
+    running = []
+    for i in range(num_seqs):
+        seq = SpeechSequence(prompt, voice, TalkerSampling(max_frames=frames, seed=i), chunk, rows, True)
+        sched.add(seq)
+        running.append(seq)
+    start = time.perf_counter()
+    first, samples = None, 0
+    while running:
+        for seq in sched.schedule():
+            ended, piece = runner.step(seq)  # a piece is on the host: the device has finished it
+            if piece is not None:
+                first = first or time.perf_counter() - start
+                samples += piece.shape[0]
+            if ended:
+                sched.finish(seq, "stop")
+                runner.release(seq)
+                running.remove(seq)
+    return samples / speech.sample_rate, time.perf_counter() - start, first
+
+
+for n in counts:
+    speak_as_sequences(n, min(num_frames, 2 * chunk))  # warm-up
+    audio, wall, first = speak_as_sequences(n, num_frames)
+    print(
+        f"  engine speech sequences x{n}: {n * num_frames} frames ({audio:.1f} s of audio) in {wall:.2f} s: "
+        f"first chunk after {first * 1000:.0f} ms, real-time factor {audio / wall:.2f}x in all, "
+        f"{audio / wall / n:.2f}x each"
+    )
