@@ -109,6 +109,36 @@ def test_an_int8_pool_takes_a_quarter_of_the_float32_bytes_and_continues_prompts
     assert whole[0] == plain[0]  # 8-bit keys and values: the float32 cache's answer here
 
 
+@pytest.mark.parametrize("kv", ["int8", "fp16"])
+def test_the_partial_block_pool_is_sized_and_reported_in_the_caches_bytes(tmp_path, kv):
+    from trtedge import LLM
+    from trtedge.runtime.engine import Engine, EngineConfig
+
+    tiny = make_tiny_checkpoint(tmp_path / "tiny", "llama")
+    with LLM(str(tiny), device="cpu", weights="int4", max_kv_cache_capacity=256, cache_dir=str(tmp_path / "c"),
+             engine_process=False) as llm:  # fmt: skip
+        pool = 1 << 20
+        config = EngineConfig(
+            kv_cache_dtype=kv,
+            max_kv_cache_capacity=256,
+            enable_context_reuse=True,
+            partial_kv_snapshot_pool_bytes=pool,
+        )
+        engine = Engine(llm.model, llm.tokenizer, config)
+        try:
+            held = engine.runner.partial_kv.nbytes
+            per_snapshot = engine.runner.partial_kv_bytes_per_snapshot
+            metrics = engine.context_cache_metrics()
+        finally:
+            engine.shutdown()
+    assert (
+        held
+        == metrics["partial_kv_snapshot_pool_bytes"]
+        == metrics["partial_kv_snapshot_capacity"] * per_snapshot
+    )
+    assert pool - per_snapshot < held <= pool  # as many snapshots as the budget holds in this dtype
+
+
 def test_int8_kv_greedy_follows_float32_on_the_embedded_model(tmp_path):
     """32 greedy tokens of SmolLM2 with the int8 KV cache = with the float32 one, except that at a
     near-tie of the float32 run (its top two within 0.01 nats) the int8 run may take the runner-up

@@ -1014,7 +1014,9 @@ def _num_partial_snapshots(model, config: EngineConfig) -> int:
     snapshots at block ends only)."""
     if not config.enable_context_reuse or isinstance(model, HybridCausalLM):
         return 0
-    return config.partial_kv_snapshot_pool_bytes // kv_block_bytes(model, config.block_size)
+    return config.partial_kv_snapshot_pool_bytes // kv_block_bytes(
+        model, config.block_size, config.kv_cache_dtype
+    )
 
 
 def _samples_on_device(seq: Sequence) -> bool:

@@ -33,13 +33,16 @@ class PromptScores:
     logprobs: list[TokenLogprobs]
 
 
-def kv_block_bytes(model, block_size: int) -> int:
-    """Bytes of one KV block of ``model``, all its (full-attention) layers."""
+def kv_block_bytes(model, block_size: int, kv_cache_dtype: str = "auto") -> int:
+    """Bytes of one KV block of ``model`` in ``kv_cache_dtype``, all its (full-attention) layers."""
     cfg = model.cfg
     traits = model_traits(model)
-    num_kv_layers, dtype = traits.num_kv_layers, traits.act_dtype
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return num_kv_layers * 2 * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
+    if kv_cache_dtype in kv_fp8.SCALED:  # a byte a value and each row's scale
+        row = kv_fp8.row_width(cfg.head_dim)
+    else:
+        dtype = torch.float16 if kv_cache_dtype == "fp16" else traits.act_dtype
+        row = cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+    return traits.num_kv_layers * 2 * block_size * cfg.num_kv_heads * row
 
 
 class ModelRunner:
@@ -100,7 +103,7 @@ class ModelRunner:
         self.kv_bytes = self.kv.numel() * self.kv.element_size()
         self.kv_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(num_kv_layers)]
         # Context reuse: copies of the last, partly filled block of published prefixes (see partial_blocks).
-        self.partial_kv_bytes_per_snapshot = kv_block_bytes(model, block_size)
+        self.partial_kv_bytes_per_snapshot = kv_block_bytes(model, block_size, kv_cache_dtype)
         self.partial_kv = torch.zeros(
             (*shape[:2], num_partial_snapshots, *shape[3:]), dtype=kv_dtype, device=model.device
         )
