@@ -9,6 +9,7 @@ row bucket and keeps the fastest. ``F.linear`` is the oracle."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -401,6 +402,9 @@ _CANDIDATES = (
 # The one-row kernel's candidates (batch-1 decode), as Tiling fields.
 _VECTOR_CANDIDATES: tuple[tuple, ...] = ()
 _MAX_SPLIT_TILES = 512  # wider weights have programs enough without split-K
+# Timing cycles through copies of a weight that together pass the 50 MB L2, as a decode step reads
+# each weight once: replaying one small weight would time it from the L2.
+_COLD_BYTES = 96 << 20
 # The qkv product with RoPE in its epilogue takes one head per column tile: (BLOCK_K, SPLIT_K).
 _ROPE_TILINGS = ((64, 1), (128, 1), (128, 2), (128, 4), (64, 8))
 
@@ -619,11 +623,14 @@ class SkinnyLinear:
         if fusion != PLAIN and not fusion.rope:
             self.plan(rows)  # the plain product's tilings first
             plans = [_kernel_plans.get((n, k, rows), plans[0])]
+        copies = self._timing_copies()
         timed = {}
         for plan in plans:
-            self._reserve(plan)
+            for lin in copies:
+                lin._reserve(plan)
+            turn = itertools.cycle(copies)
             timed[plan] = _graph_time(
-                lambda plan=plan: self.launch(
+                lambda plan=plan, turn=turn: next(turn).launch(
                     x,
                     plan,
                     norm=norm,
@@ -640,24 +647,35 @@ class SkinnyLinear:
             _kernel_plans[(n, k, rows)] = min(kernel_plans, key=timed.get)
         if fusion.rope and (unfused is None or fusion.norm):
             return best
+        turn = itertools.cycle(copies)
         if fusion.rope:  # the plain product (by its own plan), then the unfused kernel
             self.plan(rows)
-            separate = _graph_time(lambda: unfused(self(x), rope))
+            separate = _graph_time(lambda: unfused(next(turn)(x), rope))
             return best if best is not None and timed[best] < separate else None
-        torch_time = _graph_time(lambda: self._unfused(x, norm, 1e-6, fusion.silu, residual))
+        torch_time = _graph_time(lambda: next(turn)._unfused(x, norm, 1e-6, fusion.silu, residual))
         return best if best is not None and timed[best] < torch_time else None
+
+    def _timing_copies(self) -> list[SkinnyLinear]:
+        """This layer and layers of random copies of its weight, ``_COLD_BYTES`` in all (at most 20:
+        the calls of one timing)."""
+        count = min(20, -(-_COLD_BYTES // (self.weight.numel() * self.weight.element_size())))
+        return [self] + [SkinnyLinear(torch.randn_like(self.weight), self.bias) for _ in range(count - 1)]
 
     def _tune_silu_out(self, x: torch.Tensor, silu_mul) -> Plan | None:
         """The fastest plan of the SiLU epilogue, or None where the plain product (by its own plan)
         and the unfused silu_mul kernel are faster."""
         n, k = self.weight.shape
+        copies = self._timing_copies()
         timed = {}
         for plan in candidates(n // 2, k):
-            self._reserve(plan)
-            timed[plan] = _graph_time(lambda plan=plan: self.launch(x, plan, silu_out=True))
+            for lin in copies:
+                lin._reserve(plan)
+            turn = itertools.cycle(copies)
+            timed[plan] = _graph_time(lambda plan=plan, turn=turn: next(turn).launch(x, plan, silu_out=True))
         out = torch.empty(x.shape[0], n // 2, dtype=x.dtype, device=x.device)
         self.plan(x.shape[0])  # the plain product's own choice first
-        separate = _graph_time(lambda: silu_mul(self(x), out))
+        turn = itertools.cycle(copies)
+        separate = _graph_time(lambda: silu_mul(next(turn)(x), out))
         best = min(timed, key=timed.get) if timed else None
         return best if best is not None and timed[best] < separate else None
 
