@@ -204,3 +204,25 @@ def test_llm_drafts_with_an_assistant_directory(target, assistant, plain, engine
     other = make_tiny_checkpoint(tmp_path / "qwen3", "qwen3")
     with pytest.raises(ConfigError, match="model_type gemma4_assistant"):
         LLM(str(path), speculative_config={**config, "model": str(other)}, **kw)
+
+
+def test_assistant_with_context_reuse_drafts_over_a_reused_prefix(target, assistant):
+    """A prompt extending an earlier one reuses its cached blocks (the target computes only the rest):
+    the assistant reads the reused keys from the target's cache, and output equals a cold run."""
+    _, model, tokenizer = target
+    long = prompts(1, 40)[0]
+    config = EngineConfig(
+        max_kv_cache_capacity=256, enable_context_reuse=True, speculative=spec(assistant, 2)
+    )
+    engine = Engine(model, tokenizer, config, draft=load_assistant(assistant, model, 256))
+    try:
+        first = [t for d in engine.submit(long, GREEDY) for t in d.token_ids]
+        metrics = []
+        again = long + first[:3]
+        second = [t for d in engine.submit(again, GREEDY, on_metrics=metrics.append) for t in d.token_ids]
+        assert metrics[0].reused_tokens > 0 and metrics[0].spec_draft_tokens > 0
+    finally:
+        engine.shutdown()
+    assert_nothing_leaked(engine)
+    cold, _ = generate(model, tokenizer, [long, again], GREEDY, batch=1)
+    assert [first, second] == cold
