@@ -310,6 +310,21 @@ def test_metrics_once_per_stream_and_only_with_a_callback(tiny_path):
         assert llm.stats()["restarts"] == 1
 
 
+def test_metrics_reach_the_callback_before_the_reader_sees_the_end(tiny_path):
+    """The engine thread hands a request's metrics over before its final delta (or error), so a
+    reader whose stream has ended has them: generate() returning leaves no metrics still to come."""
+    with tiny_llm(tiny_path, engine_process=False) as llm:
+        returned, seen_late = threading.Event(), []
+
+        def slow(m):  # on the engine thread; a reader given the end first would return meanwhile
+            time.sleep(0.3)
+            seen_late.append(returned.is_set())
+
+        out = llm.generate([5, 6, 7], SamplingParams(max_tokens=2), on_metrics=slow)
+        returned.set()
+        assert seen_late == [False] and out.metrics is not None
+
+
 def test_preemption_under_a_tiny_pool_still_gets_every_answer_right(tiny_path):
     prompts = [list(range(10 + i, 30 + i)) for i in range(6)]  # 20 tokens + 40 generated: 4 blocks each
     sampled = SamplingParams(max_tokens=40, temperature=1.0, seed=77, ignore_eos=True)

@@ -947,7 +947,6 @@ class Engine:
             )
         if choice.index == 0 and request.finish_reason is None:
             request.finish_reason = reason
-        self._emit(request, delta)
         request.num_open -= 1
         if request.num_open == 0:
             self._requests.discard(request)
@@ -955,7 +954,8 @@ class Engine:
                 self.stats.cancelled += 1
             else:
                 self.stats.completed += 1
-            self._report_metrics(request)
+            self._report_metrics(request)  # before the final delta: a reader that sees the end has them
+        self._emit(request, delta)
 
     def _fail(self, request: _Request, error: BaseException) -> None:
         for choice in request.choices:
@@ -967,8 +967,8 @@ class Engine:
         self._requests.discard(request)
         request.finish_reason = "error"
         self.stats.failed += 1
+        self._report_metrics(request)  # before the error reaches the reader, as in _finish
         self._emit(request, error)
-        self._report_metrics(request)
 
     def _report_metrics(self, request: _Request) -> None:
         if request.on_metrics is None:
