@@ -134,11 +134,15 @@ def main() -> None:
                 dict(block_n=n, num_warps=w, num_stages=s, splits=p)
                 for n, w, s, p in itertools.product(args.block_n, args.warps, args.stages, args.splits)
             ]
+        if kv_dtype == "fp8":
+            configs = [dict(c, fp8_variant=f) if f else c for f in args.fp8_variants for c in configs]
+            split = (split_layout(k), split_layout(v))
         for cfg in configs:
             out = torch.empty_like(q)
+            kc, vc = split if cfg.get("fp8_variant", 0) in (2, 4) else (k, v)
             try:
                 us = graph_us(
-                    functools.partial(paged_decode_attention, q, k, v, tables, lens, scale, out, **cfg)
+                    functools.partial(paged_decode_attention, q, kc, vc, tables, lens, scale, out, **cfg)
                 )
             except Exception as exc:  # an over-large tiling: out of shared memory or registers
                 print(json.dumps(dict(base, **cfg, error=str(exc).splitlines()[0][:120])), flush=True)

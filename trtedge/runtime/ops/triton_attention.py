@@ -230,13 +230,23 @@ def num_splits(batch: int, kv_heads: int) -> int:
     return min(16, 1 << (target.bit_length() - 1))
 
 
-SPLIT_TOKENS = 0  # > 0: at batch sizes where num_splits gives 1, split contexts every this many tokens
-
-
-def split_tokens_for(batch: int, kv_heads: int) -> int:
-    """Fixed-length context splits for a large batch (0: none): a step's programs then take about
-    the same time whatever the spread of the batch's context lengths."""
-    return SPLIT_TOKENS if num_splits(batch, kv_heads) == 1 else 0
+def default_tiling(batch: int, kv_heads: int, head_dim: int, fp8: bool) -> tuple[int, int, int]:
+    """(equal splits, fixed split length in tokens or 0, BLOCK_N) for a launch of ``batch`` rows,
+    from the sweeps of ``benchmarks/gpu_decode_attention.py`` on the H200 (Qwen3-0.6B's 8 KV heads
+    of 128, the KV lengths of nano-vllm's workload): up to 127 programs (batch x KV heads), equal
+    splits toward 128 programs; up to 511, fixed splits of 256 tokens, so that the long contexts of
+    a batch no longer set the launch's time alone (batch 16: 49.7 -> 22.8 us); up to 2,047, two
+    equal splits of 128-key tiles (batch 128: 128.2 -> 115.0 us); past that, no split and 128-key
+    tiles (batch 256: 227.9 -> 214.8 us). Wider heads and the fp8 cache keep 64-key tiles."""
+    programs = batch * kv_heads
+    wide_tiles = 128 if head_dim <= 128 and not fp8 else 64
+    if programs < 128:
+        return num_splits(batch, kv_heads), 0, 64
+    if programs < 512:
+        return 0, 256, 64
+    if programs < 2048:
+        return (2, 0, wide_tiles) if not fp8 else (1, 0, 64)
+    return 1, 0, wide_tiles
 
 
 def paged_decode_attention(
@@ -251,7 +261,7 @@ def paged_decode_attention(
     softcap: float | None = None,
     *,
     splits: int | None = None,
-    block_n: int = 64,
+    block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
     fp8_variant: int = 0,
@@ -265,15 +275,17 @@ def paged_decode_attention(
     group = h // hkv
     fp8 = kv_fp8.is_fp8(k_cache)
     out = torch.empty_like(q) if out is None else out
-    if splits is not None and splits < 0:  # -N: fixed splits of N tokens (the benchmark's sweep)
+    split_tokens = 0
+    if splits is None:
+        splits, split_tokens, default_n = default_tiling(b, hkv, d, fp8)
+        block_n = default_n if block_n is None else block_n
+    elif splits < 0:  # -N: fixed splits of N tokens (the benchmark's sweep)
         split_tokens = -splits
-    else:
-        split_tokens = split_tokens_for(b, hkv) if splits is None else 0
+    block_n = 64 if block_n is None else block_n
     if split_tokens:
         reach = tables.shape[1] * block_size  # the longest context the tables can hold
         splits = triton.next_power_of_2(-(-min(reach, window or reach) // split_tokens))
         split_tokens = split_tokens if splits > 1 else 0
-    splits = num_splits(b, hkv) if splits is None else splits
     launch_pdl = pdl.enabled()
     if splits > 1:
         part_m = torch.empty(b * h * splits, dtype=torch.float32, device=q.device)
