@@ -98,3 +98,22 @@ def test_assistant_drafts_on_cuda_match_transformers_and_graph_steps_hand_the_ea
         expected, expected_logits = reference.drafts(ids[0], len(drafts[0]))
         assert drafts[0].tokens == expected
         torch.testing.assert_close(torch.stack([x[0] for x in logits]), expected_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_assistant_trees_on_cuda_equal_the_cpu_ones(paths):
+    """The tree's levels run several rows of one sequence through the Triton decode kernel: each row
+    must read the sequence's own table and length (the CPU torch path is the reference)."""
+    target, assistant = paths
+    spec = {"method": "mtp", "model": str(assistant), "num_speculative_tokens": 3, "draft_top_k": 2}
+    trees = {}
+    for device in ("cpu", "cuda"):
+        with LLM(str(target), device=device, dtype="float32", max_kv_cache_capacity=256, max_input_len=128,
+                 engine_process=False, speculative_config=spec) as llm:  # fmt: skip
+            proposer, seen = llm.engine.speculative.proposer, []
+            propose = proposer.propose
+            proposer.propose = lambda seqs, limits, seen=seen, propose=propose: (
+                seen.append(propose(seqs, limits)) or seen[-1]
+            )
+            llm.generate(prompts(1)[0], GREEDY)
+            trees[device] = [(d.tokens, d.parents) for drafts in seen for d in drafts if d is not None]
+    assert trees["cuda"] and trees["cuda"] == trees["cpu"]

@@ -300,17 +300,11 @@ class AssistantProposer:
         hidden = self.rows[seq.seq_id][1].unsqueeze(0)
         positions, caches, tables, (lens, lens_t) = self._batch([seq])
         for level in range(depth):
-            n = len(frontier)
-            logits, out = head.step(
-                inputs,
-                hidden,
-                positions.expand(n),
-                caches,
-                tables.expand(n, -1),
-                (lens * n, lens_t.expand(n)),
-            )
+            n = len(frontier)  # rows of one sequence: the kernels read contiguous tables and lengths
+            rows = (positions.repeat(n), caches, tables.repeat(n, 1), (lens * n, lens_t.repeat(n)))
+            logits, out = head.step(inputs, hidden, *rows)
             logp, top = torch.log_softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1)
-            children, rows = [], []
+            children, parent_rows = [], []
             for r, (values, ids) in enumerate(zip(logp.tolist(), top.tolist())):
                 for value, token in zip(values, ids):
                     tokens.append(token)
@@ -318,13 +312,13 @@ class AssistantProposer:
                     scores.append(scores[frontier[r]] + value)
                     depths.append(level + 1)
                     children.append(len(tokens) - 1)
-                    rows.append(r)
+                    parent_rows.append(r)
             if level + 1 == depth:
                 break
             best = sorted(range(len(children)), key=lambda c: -scores[children[c]])[:k]
             frontier = [children[c] for c in best]
-            pick = torch.tensor([rows[c] for c in best], device=head.device)
-            inputs = torch.tensor([tokens[n] for n in frontier], dtype=torch.long, device=head.device)
+            pick = torch.tensor([parent_rows[c] for c in best], device=head.device)
+            inputs = torch.tensor([tokens[c] for c in frontier], dtype=torch.long, device=head.device)
             hidden = out.index_select(0, pick)
         order = sorted(range(1, len(tokens)), key=lambda n: (-scores[n], depths[n], n))
         chosen: set[int] = set()
