@@ -31,7 +31,15 @@ def test_paged_decode_tilings_match_reference(splits, block_n):
     check_paged_decode_kernel(torch.bfloat16, 16, 8, 128, 16, splits=splits, block_n=block_n)
 
 
-def check_paged_decode_kernel(dtype, heads, kv_heads, head_dim, block_size, **tiling):
+def _query(gen, rows: int, heads: int, kv_heads: int, head_dim: int, dtype, strided: bool) -> torch.Tensor:
+    """[rows, heads, head_dim] on CUDA: contiguous, or (``strided``) the q part of a fused qkv row, as
+    a model without RoPE (Nemotron-H) hands it over."""
+    width = (heads + 2 * kv_heads if strided else heads) * head_dim
+    fused = torch.randn(rows, width, generator=gen).to("cuda", dtype)
+    return fused[:, : heads * head_dim].view(rows, heads, head_dim)
+
+
+def check_paged_decode_kernel(dtype, heads, kv_heads, head_dim, block_size, strided=False, **tiling):
     from trtedge.runtime.ops.attention import TorchAttention
     from trtedge.runtime.ops.triton_attention import paged_decode_attention
 
@@ -41,7 +49,7 @@ def check_paged_decode_kernel(dtype, heads, kv_heads, head_dim, block_size, **ti
     v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to("cuda", dtype)
     context_lens = [1, 7, 64, 129, 1000, 33]
     tables = [torch.randperm(num_blocks, generator=gen)[: -(-c // block_size)].cuda() for c in context_lens]
-    q = torch.randn(len(context_lens), heads, head_dim, generator=gen).to("cuda", dtype)
+    q = _query(gen, len(context_lens), heads, kv_heads, head_dim, dtype, strided)
     ref_backend = TorchAttention(head_dim**-0.5)
     ref = torch.stack(
         [
@@ -238,6 +246,20 @@ def test_silu_epilogue_matches_product_then_silu_mul(rows, inter, k, bias):
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (14, 2, 64), (8, 8, 64), (32, 4, 128)])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_paged_prefill_kernel_matches_reference(dtype, heads, kv_heads, head_dim, block_size):
+    check_paged_prefill_kernel(dtype, heads, kv_heads, head_dim, block_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (14, 2, 64)])
+def test_attention_kernels_read_a_query_that_is_a_view_of_a_fused_qkv(dtype, heads, kv_heads, head_dim):
+    """Nemotron-H's attention has no RoPE: its q is a strided view of the qkv projection. The kernels
+    once addressed it as dense [T, H, D] (reading other rows' q, k and v), which the flat attention of
+    a tiny random model hid within 1e-3 of the logprobs."""
+    check_paged_decode_kernel(dtype, heads, kv_heads, head_dim, 16, strided=True)
+    check_paged_prefill_kernel(dtype, heads, kv_heads, head_dim, 16, strided=True)
+
+
+def check_paged_prefill_kernel(dtype, heads, kv_heads, head_dim, block_size, strided=False):
     from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
     from trtedge.runtime.ops.triton_prefill import paged_prefill_attention, plan_tiles
 
@@ -253,7 +275,7 @@ def test_paged_prefill_kernel_matches_reference(dtype, heads, kv_heads, head_dim
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to("cuda", dtype)
     v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to("cuda", dtype)
     total = sum(query_lens)
-    q = torch.randn(total, heads, head_dim, generator=gen).to("cuda", dtype)
+    q = _query(gen, total, heads, kv_heads, head_dim, dtype, strided)
     k = torch.randn(total, kv_heads, head_dim, generator=gen).to("cuda", dtype)
     v = torch.randn(total, kv_heads, head_dim, generator=gen).to("cuda", dtype)
     slots = [

@@ -270,6 +270,7 @@ def paged_decode_attention(
     ``splits`` (-N: fixed splits of N tokens), ``block_n``, ``num_warps``, ``num_stages``: the
     launch's tiling (None: the default for the shape; ``benchmarks/gpu_decode_attention.py`` sweeps
     them); ``fp8_variant`` (the benchmark's): 1 + layout + 2 * conversion of ``_load_kv_variant``."""
+    q = q.contiguous()  # the kernel addresses [B, H, D] densely (Nemotron-H's q is a view of its qkv)
     b, h, d = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     group = h // hkv

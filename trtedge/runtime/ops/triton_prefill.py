@@ -139,7 +139,9 @@ def paged_prefill_attention(
     window: int = 0,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """``window`` > 0: each row sees its ``window`` most recent keys; ``softcap``: tanh-capped scores."""
+    """``window`` > 0: each row sees its ``window`` most recent keys; ``softcap``: tanh-capped scores.
+    ``q`` may be a strided view (a split of a fused qkv projection): the kernel reads a contiguous copy."""
+    q = q.contiguous()  # the kernel addresses [T, H, D] densely (Nemotron-H's q is a view of its qkv)
     t, h, d = q.shape
     out = torch.empty_like(q)
     _paged_prefill_kernel[(tiles.shape[0], h)](
