@@ -37,21 +37,23 @@ def emit(**row) -> None:
     print(json.dumps(row), flush=True)
 
 
-# --quick-tune: the tilings each quantized weight times for batch-1 decode (the default tables'
-# split-K, one-row and wide ones), so that a short lease compiles a few kernels per format
+# --quick-tune: the tilings each quantized weight times, so that a short lease compiles a few kernels
+# per format: for batch-1 decode the one-row products that won on the 8B shapes in
+# benchmarks/gpu_quant_gemv.py (variant 3 = GEMV, 4 = GEMV_FMA), and two of the tensor-core tilings
+# for the graphs of several rows
 QUICK_W8 = (
+    (64, 256, 1, 4, 3),
+    (64, 256, 4, 4, 3),
+    (32, 256, 4, 4, 4),
     (32, 256, 4, 4, 0),
     (64, 256, 1, 4, 0),
-    (32, 128, 8, 4, 0),
-    (32, 256, 1, 4, 2),
-    (32, 256, 4, 4, 2),
 )
 QUICK_INT4 = (
-    (32, 256, 4, 4, 1),
-    (64, 512, 1, 8, 1),
+    (64, 256, 1, 4, 3),
+    (64, 256, 4, 4, 3),
+    (32, 256, 4, 4, 3),
     (32, 256, 8, 4, 0),
-    (32, 256, 1, 4, 2),
-    (64, 256, 4, 4, 2),
+    (32, 256, 4, 4, 1),
 )
 
 

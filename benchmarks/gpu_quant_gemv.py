@@ -175,10 +175,8 @@ def _sweep_shape(name: str, deadline: float) -> None:
     gb = (n * k + 4 * n) / 1e9
     for plan in (p for p in QUICK_W8 if p in tq.candidates(QUICK_W8, n, k)):
         emit("fp8_old", lambda q, p=plan: tq.w8_product(x, q, None, p, ws), fp8, gb, ref, plan=plan)
-    for mode in (0, 2, 1):
+    for mode in (0, 1):
         for bn, bk, warps in GEMV_TILES:
-            if mode == 2 and bn < 64:  # the weight tile is the M side of the fp8 product
-                continue
             for split in _splits(n, k, bn, bk):
                 plan = (bn, bk, split, warps)
                 gemv = lambda q, p=plan, m=mode: tg.w8_gemv(x, q, None, p, ws, m)  # noqa: E731
@@ -190,12 +188,12 @@ def _sweep_shape(name: str, deadline: float) -> None:
     gb = (n * k // 2 + 4 * n * k // 32) / 1e9
     for plan in (p for p in QUICK_INT4 if p in tq.candidates(QUICK_INT4, n, k)):
         emit("int4_old", lambda q, p=plan: tq.int4_product(x, q, None, p, ws), int4, gb, ref, plan=plan)
-    for mode, convert in ((0, 1), (1, 1)):
+    for convert in (True, False):
         for bn, bk, warps in GEMV_TILES:
             for split in _splits(n, k, bn, bk):
                 plan = (bn, bk, split, warps)
-                gemv = lambda q, p=plan, m=mode, c=convert: tg.int4_gemv(x, q, None, p, ws, m, c)  # noqa: E731
-                emit(f"int4_gemv{mode}{'asm' if convert else 'cast'}", gemv, int4, gb, ref, plan=plan)
+                gemv = lambda q, p=plan, c=convert: tg.int4_gemv(x, q, None, p, ws, c)  # noqa: E731
+                emit(f"int4_gemv_{'asm' if convert else 'cast'}", gemv, int4, gb, ref, plan=plan)
 
 
 def main() -> None:

@@ -366,7 +366,7 @@ def w8_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace) -
         if groups == 1:
             from trtedge.runtime.ops.triton_quant_gemv import w8_gemv
 
-            return w8_gemv(x, q, bias, plan, ws)
+            return w8_gemv(x, q, bias, plan, ws, mode=variant - GEMV)
         variant = ONE_ROW  # block scales: the one-row kernel of the same tiling
     _w8_kernel[(-(-m // MAX_ROWS), -(-n // block_n), split)](
         x, q.data.view(torch.uint8) if fp8 else q.data, q.scale, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
@@ -386,10 +386,10 @@ def int4_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     assert split == 1 or m <= MAX_ROWS, "split-K partials hold one row tile"
     assert after < ONE_ROW or m == 1, "a one-row plan takes one row"
-    if after >= GEMV:
+    if after == GEMV:
         from trtedge.runtime.ops.triton_quant_gemv import int4_gemv
 
-        return int4_gemv(x, q, bias, plan, ws, mode=after - GEMV)
+        return int4_gemv(x, q, bias, plan, ws)
     _int4_kernel[(-(-m // MAX_ROWS), -(-n // block_n), split)](
         x, q.data, q.scale, q.min, bias if bias is not None else q.scale, y, ws.partials, ws.counts,
         m, n, k, x.stride(0), y.stride(0),
@@ -427,21 +427,25 @@ def int4_dequantize(q: QuantizedTensor, dtype: torch.dtype, out: torch.Tensor | 
 # bucket is kept (``quant_linear``). An 8-bit weight moves BLOCK_K bytes a row per step, an int4 one
 # BLOCK_K / 2; int4 variant 1 scales the products of the codes (``SCALE_AFTER``); variant ONE_ROW
 # (batch-1 decode only) sums in registers without the tensor cores; GEMV (batch 1) runs the one-row
-# products of ``triton_quant_gemv`` (whole tiles on fp16 tensor cores), and int4's GEMV_SCALED
-# that module's codes-then-scales product.
+# products of ``triton_quant_gemv`` (whole tiles on fp16 tensor cores; the fastest at batch 1 on
+# every Qwen3-8B shape on the H200, ``benchmarks/gpu_quant_gemv.py``), and 8-bit GEMV_FMA that
+# module's float32 register-tile product (the fastest fp8 one on the 4096 x 4096 o_proj).
 ONE_ROW = 2
 GEMV = 3
-GEMV_SCALED = 4
+GEMV_FMA = 4
 W8_CANDIDATES = (
     (32, 128, 1, 4, 0), (64, 128, 1, 4, 0), (32, 256, 1, 4, 0), (64, 256, 1, 4, 0), (128, 256, 1, 8, 0),
     (32, 256, 4, 4, 0), (64, 256, 4, 4, 0), (32, 512, 2, 4, 0), (32, 128, 8, 4, 0),
     (32, 256, 1, 4, 2), (64, 256, 1, 8, 2), (32, 512, 1, 8, 2), (32, 256, 4, 4, 2),
+    (64, 256, 1, 4, 3), (32, 256, 1, 4, 3), (64, 256, 4, 4, 3), (32, 256, 2, 4, 3),
+    (32, 256, 4, 4, 4), (32, 256, 2, 4, 4),
 )  # fmt: skip
 INT4_CANDIDATES = (
     (32, 128, 1, 4, 0), (64, 256, 1, 4, 0), (32, 512, 1, 4, 0), (64, 512, 1, 8, 0), (128, 256, 1, 8, 0),
     (32, 256, 4, 4, 0), (64, 256, 4, 8, 0), (32, 512, 4, 4, 0), (32, 256, 8, 4, 0),
     (32, 256, 1, 4, 1), (64, 256, 1, 4, 1), (64, 512, 1, 8, 1), (32, 256, 4, 4, 1), (64, 256, 4, 4, 1),
     (32, 256, 1, 4, 2), (64, 512, 1, 4, 2), (32, 512, 4, 4, 2), (64, 256, 4, 4, 2),
+    (64, 256, 1, 4, 3), (64, 256, 4, 4, 3), (32, 256, 4, 4, 3),
 )  # fmt: skip
 DEFAULT_PLAN = (32, 128, 1, 4, 0)  # a capture that reaches an untimed shape uses it
 

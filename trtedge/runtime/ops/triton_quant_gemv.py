@@ -9,7 +9,7 @@ against the activation row (rows 1..15 of the 16-row tile repeat it and are neve
 per-row scale multiplies the fp32 sums once, in the epilogue. The activation goes to fp16 times
 2^-4 (bf16 values keep their bits up to 2^20), undone in the epilogue.
 
-int4 (``CONVERT`` = 1) unpacks its nibbles with inline PTX: four bytes -> eight fp16 codes in ten
+int4 (``CONVERT`` = 1) unpacks its nibbles with inline PTX: four bytes -> eight fp16 codes in a dozen
 integer / half2 instructions (magic-number conversion, no int -> float conversion instructions),
 then each group's scale and min make the fp16 weight (``w = scale * q + min``, one rounding).
 """
@@ -46,8 +46,7 @@ if triton is not None:
     ):  # fmt: skip
         """8-bit weights [N, K] (E4M3 bytes as uint8, or int8), one float32 scale per row. MODE 0:
         fp16 tensor-core products; MODE 1: float32 products summed in a [BLOCK_N, BLOCK_K] register
-        tile, reduced once at the end; MODE 2 (fp8 only): the activation quantized to E4M3 with a
-        scale per row (as the FP8 prefill does), E4M3 products on the tensor cores."""
+        tile, reduced once at the end."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rm = tl.arange(0, 16)
@@ -60,15 +59,6 @@ if triton is not None:
         w_rows = w_ptr + rn[:, None] * stride_w
         acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        acc_t = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-        x_scale = 1.0
-        if MODE == 2:  # the activation row to E4M3 with its own scale (largest magnitude -> 448)
-            rx = tl.arange(0, 1024)
-            amax = tl.zeros((1024,), dtype=tl.float32)
-            for k0 in range(0, K, 1024):
-                xa = tl.load(x_ptr + k0 + rx, mask=k0 + rx < K, other=0.0).to(tl.float32)
-                amax = tl.maximum(amax, tl.abs(xa))
-            x_scale = tl.maximum(tl.max(amax, axis=0), 1e-12) / 448.0
         for t in range(t0, t1):
             ks = t * BLOCK_K + rk
             if EVEN:
@@ -84,13 +74,6 @@ if triton is not None:
                 w = w.to(tl.float8e4nv, bitcast=True)
             if MODE == 0:
                 acc += tl.dot(_x_row(x_ptr, ks, K, EVEN), tl.trans(w.to(tl.float16)))
-            elif MODE == 2:  # E4M3 x E4M3 on the tensor cores, the weight tile as the M side
-                if EVEN:
-                    x = tl.load(x_ptr + ks).to(tl.float32)
-                else:
-                    x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-                xq = tl.clamp(x / x_scale, -448.0, 448.0).to(tl.float8e4nv)
-                acc_t += tl.dot(w, tl.broadcast_to(xq[:, None], (BLOCK_K, 16)))
             else:
                 if EVEN:
                     x = tl.load(x_ptr + ks).to(tl.float32)
@@ -100,8 +83,6 @@ if triton is not None:
         scale = tl.load(s_ptr + rn, mask=rn < N, other=0.0)
         if MODE == 0:
             acc = acc * (scale * 16.0)[None, :]  # 16 = 1 / X_SCALE
-        elif MODE == 2:
-            acc = tl.trans(acc_t) * (scale * x_scale)[None, :]
         else:
             acc = tl.broadcast_to((tl.sum(acc2, axis=1) * scale)[None, :], (16, BLOCK_N))
         _finish(
@@ -150,13 +131,12 @@ if triton is not None:
     @triton.jit
     def _int4_gemv_kernel(
         x_ptr, w_ptr, s_ptr, m_ptr, b_ptr, y_ptr, part_ptr, count_ptr, N, K,
-        HAS_BIAS: tl.constexpr, MODE: tl.constexpr, CONVERT: tl.constexpr, EVEN: tl.constexpr,
+        HAS_BIAS: tl.constexpr, CONVERT: tl.constexpr, EVEN: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ):  # fmt: skip
-        """GPU-layout int4 (bytes [N, K / 2], scale / min float16 [N, K / 32]). MODE 0: the tile's
-        fp16 weights (scale * code + min) on the tensor cores, one [BLOCK_N, BLOCK_K / 2] byte
-        tile per step; MODE 1: the codes on the tensor cores a span at a time, each group's scale
-        and min applied to the float32 sums."""
+        """GPU-layout int4 (bytes [N, K / 2], scale / min float16 [N, K / 32]): per step one
+        [BLOCK_N, BLOCK_K / 2] byte tile, its fp16 weights (scale * code + min) on the tensor cores.
+        CONVERT: the nibbles through inline PTX (else Triton casts, which the interpreter runs)."""
         HALF: tl.constexpr = BLOCK_K // 2
         SPANS: tl.constexpr = BLOCK_K // 64
         pid_n = tl.program_id(0)
@@ -164,7 +144,6 @@ if triton is not None:
         rm = tl.arange(0, 16)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rb = tl.arange(0, HALF)
-        rj = tl.arange(0, 32)
         rg = tl.arange(0, 2 * SPANS)
         groups = K // 32
         tiles = tl.cdiv(K, BLOCK_K)
@@ -176,59 +155,34 @@ if triton is not None:
         g_rows = rn[:, None] * groups
         acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
         for t in range(t0, t1):
-            if MODE == 0:
-                bs = t * HALF + rb
-                if EVEN:
-                    packed = tl.load(w_rows + bs[None, :], eviction_policy="evict_first")
-                else:
-                    packed = tl.load(
-                        w_rows + bs[None, :],
-                        mask=n_ok[:, None] & (bs[None, :] < K // 2),
-                        other=0,
-                        eviction_policy="evict_first",
-                    )
-                gs = t * (2 * SPANS) + rg
-                g_mask = n_ok[:, None] & (gs[None, :] < groups)
-                sc = tl.load(s_ptr + g_rows + gs[None, :], mask=g_mask, other=0.0)
-                mn = tl.load(m_ptr + g_rows + gs[None, :], mask=g_mask, other=0.0)
-                s_lo, s_hi = tl.split(tl.reshape(sc, (BLOCK_N, SPANS, 2)))
-                m_lo, m_hi = tl.split(tl.reshape(mn, (BLOCK_N, SPANS, 2)))
-                lo, hi = _int4_codes(packed, CONVERT)
-                w_lo = tl.reshape(
-                    tl.reshape(lo, (BLOCK_N, SPANS, 32)) * s_lo[:, :, None] + m_lo[:, :, None],
-                    (BLOCK_N, HALF),
-                )
-                w_hi = tl.reshape(
-                    tl.reshape(hi, (BLOCK_N, SPANS, 32)) * s_hi[:, :, None] + m_hi[:, :, None],
-                    (BLOCK_N, HALF),
-                )
-                k_lo = t * BLOCK_K + (rb // 32) * 64 + rb % 32  # the input of each byte's low nibble
-                acc += tl.dot(_x_row(x_ptr, k_lo, K, EVEN), tl.trans(w_lo.to(tl.float16)))
-                acc += tl.dot(_x_row(x_ptr, k_lo + 32, K, EVEN), tl.trans(w_hi.to(tl.float16)))
+            bs = t * HALF + rb
+            if EVEN:
+                packed = tl.load(w_rows + bs[None, :], eviction_policy="evict_first")
             else:
-                for s in tl.static_range(SPANS):
-                    kb = t * BLOCK_K + 64 * s
-                    bs = kb // 2 + rj
-                    ok = n_ok & (kb < K)
-                    if EVEN:
-                        packed = tl.load(w_rows + bs[None, :], eviction_policy="evict_first")
-                    else:
-                        packed = tl.load(w_rows + bs[None, :], mask=ok[:, None], other=0,
-                                         eviction_policy="evict_first")  # fmt: skip
-                    g = rn * groups + kb // 32
-                    s_lo = tl.load(s_ptr + g, mask=ok, other=0.0).to(tl.float32)
-                    s_hi = tl.load(s_ptr + g + 1, mask=ok, other=0.0).to(tl.float32)
-                    m_lo = tl.load(m_ptr + g, mask=ok, other=0.0).to(tl.float32)
-                    m_hi = tl.load(m_ptr + g + 1, mask=ok, other=0.0).to(tl.float32)
-                    lo, hi = _int4_codes(packed, CONVERT)
-                    x_lo = _x_row(x_ptr, kb + rj, K, EVEN)
-                    x_hi = _x_row(x_ptr, kb + 32 + rj, K, EVEN)
-                    d_lo = tl.dot(x_lo, tl.trans(lo))
-                    d_hi = tl.dot(x_hi, tl.trans(hi))
-                    sum_lo = tl.sum(x_lo.to(tl.float32), axis=1)
-                    sum_hi = tl.sum(x_hi.to(tl.float32), axis=1)
-                    acc += d_lo * s_lo[None, :] + sum_lo[:, None] * m_lo[None, :]
-                    acc += d_hi * s_hi[None, :] + sum_hi[:, None] * m_hi[None, :]
+                packed = tl.load(
+                    w_rows + bs[None, :],
+                    mask=n_ok[:, None] & (bs[None, :] < K // 2),
+                    other=0,
+                    eviction_policy="evict_first",
+                )
+            gs = t * (2 * SPANS) + rg
+            g_mask = n_ok[:, None] & (gs[None, :] < groups)
+            sc = tl.load(s_ptr + g_rows + gs[None, :], mask=g_mask, other=0.0)
+            mn = tl.load(m_ptr + g_rows + gs[None, :], mask=g_mask, other=0.0)
+            s_lo, s_hi = tl.split(tl.reshape(sc, (BLOCK_N, SPANS, 2)))
+            m_lo, m_hi = tl.split(tl.reshape(mn, (BLOCK_N, SPANS, 2)))
+            lo, hi = _int4_codes(packed, CONVERT)
+            w_lo = tl.reshape(
+                tl.reshape(lo, (BLOCK_N, SPANS, 32)) * s_lo[:, :, None] + m_lo[:, :, None],
+                (BLOCK_N, HALF),
+            )
+            w_hi = tl.reshape(
+                tl.reshape(hi, (BLOCK_N, SPANS, 32)) * s_hi[:, :, None] + m_hi[:, :, None],
+                (BLOCK_N, HALF),
+            )
+            k_lo = t * BLOCK_K + (rb // 32) * 64 + rb % 32  # the input of each byte's low nibble
+            acc += tl.dot(_x_row(x_ptr, k_lo, K, EVEN), tl.trans(w_lo.to(tl.float16)))
+            acc += tl.dot(_x_row(x_ptr, k_lo + 32, K, EVEN), tl.trans(w_hi.to(tl.float16)))
         acc = acc * 16.0  # 1 / X_SCALE
         _finish(
             acc, rm, rn, 1, N, b_ptr, y_ptr, 0, part_ptr, count_ptr, pid_n, pid_k,
@@ -259,7 +213,7 @@ def w8_gemv(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws, mode: int = 0) 
     return y
 
 
-def int4_gemv(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws, mode: int = 0, convert: int = 1):
+def int4_gemv(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws, convert: bool = True):
     """x [1, K] times GPU-layout int4 ``q`` [N, K] -> [1, N] (``plan`` as ``w8_gemv``)."""
     k = x.shape[1]
     n = q.data.shape[0]
@@ -268,7 +222,7 @@ def int4_gemv(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws, mode: int = 0
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     _int4_gemv_kernel[(-(-n // block_n), split)](
         x, q.data, q.scale, q.min, bias if bias is not None else q.scale, y, ws.partials, ws.counts, n, k,
-        HAS_BIAS=bias is not None, MODE=mode, CONVERT=convert, EVEN=_even(n, k, block_n, block_k),
+        HAS_BIAS=bias is not None, CONVERT=convert, EVEN=_even(n, k, block_n, block_k),
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, num_warps=warps, num_stages=3,
     )  # fmt: skip
     return y
