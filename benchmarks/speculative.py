@@ -276,10 +276,25 @@ def oracle_rows(path, load: dict, prompt, args) -> list[tuple[str, dict]]:
             install(llm.engine, oracle)
             params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
             runs = settle(llm, prompt, params, oracle)
-            learn = lambda out, oracle=oracle: oracle.remember(out.prompt_token_ids, out.token_ids)  # noqa: E731
-            name = f"oracle, {k} tokens ({f'settled in {runs} runs' if runs else 'NOT settled'})"
-            rows.append((name, run(llm, prompt, args.tokens, args.repeats, learn)))
+            kept = []  # per timed run: how many of its tokens follow the answer it drafted from
+
+            def learn(out, oracle=oracle, kept=kept):
+                known = oracle.answers.get(tuple(out.prompt_token_ids), [])
+                kept.append(_common_prefix(out.token_ids, known))
+                oracle.remember(out.prompt_token_ids, out.token_ids)
+
+            row = run(llm, prompt, args.tokens, args.repeats, learn)
+            state = (
+                f"settled in {runs} runs"
+                if runs
+                else f"not settled: kept its answer {min(kept)}/{args.tokens}"
+            )
+            rows.append((f"oracle, {k} tokens ({state})", row))
     return rows
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def write_eagle3_head(directory: Path, target: dict, draft_vocab: int = 32000) -> Path:
