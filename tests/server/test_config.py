@@ -135,3 +135,17 @@ def test_cli_help_lists_every_flag():
         "--max-spec-verify-tokens",
     ):
         assert flag in result.output, flag
+
+
+def test_speculative_flags_override_the_json_keys():
+    """--draft-top-k, --max-spec-draft-tokens (--spec-draft-step, --spec-proposal-tokens, --draft-step)
+    and --max-spec-verify-tokens (--spec-verify-tokens, --verify-tree-size) set draft_top_k,
+    num_speculative_tokens and verify_tokens; a tree left without verify_tokens gets its default."""
+    from trtedge.config import speculative_from_flags
+
+    head = '{"method": "eagle3", "model": "head", "num_speculative_tokens": 4}'
+    config = speculative_from_flags(head, draft_top_k=3, max_spec_draft_tokens=5, max_spec_verify_tokens=7)
+    assert (config.draft_top_k, config.num_speculative_tokens, config.verify_tokens) == (3, 5, 7)
+    assert speculative_from_flags(head, draft_top_k=3).verify_tokens == 60  # the reference's tree size
+    assert speculative_from_flags(head, max_spec_draft_tokens=6).verify_tokens == 6  # a chain: its depth
+    assert speculative_from_flags(None) is None
