@@ -225,7 +225,7 @@ def test_random_weight_loads_draft_with_random_mtp_layers(tmp_path, prompts):
 def test_nemotron_h_mtp_module_drafts_as_its_reference_and_greedy_equals_plain(tmp_path, prompts):
     """Nemotron-H's MTP module (attention then MoE block, eh_proj fusion, final_layernorm): the chain
     drafted after the prefill equals the reference's, logits included; greedy output equals plain
-    decoding in a batch of 8, every block, slot and draft row freed."""
+    decoding alone and in a batch of 8, every block, slot and draft row freed."""
     path = make_tiny_nemotron_h_checkpoint(tmp_path / "m")
     tensors = add_nemotron_mtp_layers(path)
     model, tokenizer = load(path)
@@ -254,6 +254,11 @@ def test_nemotron_h_mtp_module_drafts_as_its_reference_and_greedy_equals_plain(t
         model, tokenizer, prompts, GREEDY, speculative=mtp_spec(2), draft=head_for(path, model), batch=8
     )
     assert outs == plain and engine.speculative.stats.draft_tokens > 0
+    assert_nothing_leaked(engine)
+    alone, engine = generate(
+        model, tokenizer, prompts[:3], GREEDY, speculative=mtp_spec(2), draft=head_for(path, model), batch=1
+    )
+    assert alone == plain[:3]
     assert_nothing_leaked(engine)
 
 
