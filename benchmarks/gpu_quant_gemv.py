@@ -54,7 +54,7 @@ def time_graph(fn) -> float:
 
 L2_BYTES = 256 << 20  # the copies of a weight one timing cycles through: past the H200's 50 MB L2
 # (BLOCK_N, BLOCK_K, num_warps) of the one-row kernels; each with the splits that fit the shape
-GEMV_TILES = ((32, 256, 4), (64, 256, 4), (64, 512, 8), (128, 256, 8))
+GEMV_TILES = ((32, 256, 4), (64, 256, 4), (64, 512, 8), (128, 256, 8), (64, 128, 4), (32, 128, 4))
 SPLITS = (1, 2, 4, 8)
 
 

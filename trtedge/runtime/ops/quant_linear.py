@@ -88,7 +88,10 @@ class _QuantLinear:
         # A decode step reads each weight once, from HBM: before each timed call a write of more
         # than the L2 evicts the weight (the same cost for every plan, so the fastest stays fastest),
         # else a weight that fits the L2 would pick the plan fastest at L2 speed.
-        flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=x.device)
+        try:
+            flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=x.device)
+        except torch.OutOfMemoryError:  # a full device: time the plans without it
+            flush = torch.empty(0, dtype=torch.uint8, device=x.device)
         times = {}
         for plan in plans:
             try:
