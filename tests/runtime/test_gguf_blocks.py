@@ -75,3 +75,34 @@ def test_greedy_from_kept_blocks_equals_the_file_dequantized_to_float32(tmp_path
             outs[weights] = llm.generate([[5, 6, 7, 8], list(range(40, 110))], params)
     for kept, ref in zip(outs["auto"], outs["fp32"]):
         assert kept.outputs[0].token_ids == ref.outputs[0].token_ids
+
+
+def test_a_prefill_product_dequantizes_its_weight_in_tiles(monkeypatch):
+    """Past the kernels' rows the weight is dequantized a tile of rows at a time (an 8B gate_up is
+    0.44 GiB of floats): the same product as the whole layer dequantized, for every format."""
+    from trtedge.runtime.ops import linear
+    from trtedge.runtime.ops.linear import make_linear
+
+    a, b = (
+        _quantized(np.random.default_rng(0), "Q4_K", 7, 256),
+        _quantized(np.random.default_rng(1), "Q6_K", 6, 256),
+    )
+    mixed = QuantizedTensor.cat([gguf_blocks(a, "Q4_K", 7, 256), gguf_blocks(b, "Q6_K", 6, 256)])
+    weight, bias, x = torch.randn(13, 256) * 0.1, torch.randn(13), torch.randn(300, 256)
+    layers = [
+        GgufLinear(mixed, bias, lib),
+        make_linear(weight, bias, "int4"),
+        make_linear(weight, bias, "int8"),
+    ]
+    whole = [layer(x) for layer in layers]  # 300 rows: past every kernel's, one dequantized layer
+    monkeypatch.setattr(linear, "DEQUANTIZED_TILE_BYTES", 4 * 256 * 4)  # 4 rows: the Q4_K / Q6_K runs split
+    tiles = []
+    plain, native = QuantizedTensor.dequantize, cpu_kernels.int4_dequantize
+    monkeypatch.setattr(QuantizedTensor, "dequantize", lambda q, *a: tiles.append(q.shape[0]) or plain(q, *a))
+    monkeypatch.setattr(
+        cpu_kernels, "int4_dequantize", lambda lib, q: tiles.append(q.shape[0]) or native(lib, q)
+    )
+    for layer, expected in zip(layers, whole):
+        tiles.clear()
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+        assert tiles == [4, 4, 4, 1], type(layer).__name__

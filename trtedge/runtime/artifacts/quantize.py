@@ -114,6 +114,14 @@ class QuantizedTensor:
             self.format, self.data[index], self.scale[index], None if self.min is None else self.min[index]
         )
 
+    def row_slice(self, lo: int, hi: int) -> QuantizedTensor:
+        """Rows lo .. hi - 1 (views of the bytes, except a gguf tensor's, copied into one run list)."""
+        if self.format == "gguf":
+            return _gguf_row_slice(self, lo, hi)
+        return QuantizedTensor(
+            self.format, self.data[lo:hi], self.scale[lo:hi], None if self.min is None else self.min[lo:hi]
+        )
+
     def stored(self, name: str) -> dict[str, torch.Tensor]:
         tensors = (self.data, self.scale, self.min)
         return {f"{name}.{suffix}": t.contiguous() for suffix, t in zip(_PARTS[self.format], tensors)}
@@ -298,6 +306,16 @@ def _gguf_select_rows(q: QuantizedTensor, index: torch.Tensor) -> QuantizedTenso
         start, (rows, type_id, cols, row_bytes, data) = next((b, r) for b, r in bounds if n < b + r[0])
         picked.append((1, type_id, cols, row_bytes, data[n - start]))
     return _gguf_segments(picked)
+
+
+def _gguf_row_slice(q: QuantizedTensor, lo: int, hi: int) -> QuantizedTensor:
+    parts, first = [], 0
+    for rows, type_id, cols, row_bytes, data in _gguf_runs(q):
+        a, b = max(lo, first), min(hi, first + rows)
+        if a < b:
+            parts.append((b - a, type_id, cols, row_bytes, data[a - first : b - first]))
+        first += rows
+    return _gguf_segments(parts)
 
 
 def gguf_dequantize(q: QuantizedTensor) -> torch.Tensor:

@@ -3,7 +3,8 @@ CUDA (``quant_linear``: fp8, int8, int4).
 
 Quantized weights come as ``QuantizedTensor`` (see ``runtime.quantize``); activations stay
 float32. Small batches (decode) run native kernels that read the packed bytes directly; larger ones
-(prefill) dequantize the layer and use the dense product.
+(prefill) dequantize the layer, at most ``DEQUANTIZED_TILE_BYTES`` of it at a time, and use the dense
+product.
 """
 
 from __future__ import annotations
@@ -17,6 +18,24 @@ from trtedge.runtime.ops import cpu_kernels, quant_linear, triton_gemv
 _KERNEL_MAX_ROWS = 256  # above this, dequantizing once for the BLAS product is faster (int8)
 _INT4_KERNEL_MAX_ROWS = 64
 _BF16_KERNEL_MAX_ROWS = 64
+# A prefill product dequantizes at most this much of its weight (float32) at a time: an 8B model's
+# gate_up is 0.44 GiB of floats, held whole beside the model for each product; in tiles this large
+# each tile is still one large BLAS product (a 1B model's layers are one tile).
+DEQUANTIZED_TILE_BYTES = 128 * 2**20
+
+
+def dequantized_linear(rows: torch.Tensor, q: QuantizedTensor, bias, dequantize) -> torch.Tensor:
+    """rows [M, K] @ dequantize(q).T + bias, dequantizing at most DEQUANTIZED_TILE_BYTES at a time."""
+    n, k = q.shape
+    step = max(1, DEQUANTIZED_TILE_BYTES // (4 * k))
+    if n <= step:
+        return F.linear(rows, dequantize(q), bias)
+    out = torch.empty(rows.shape[0], n, dtype=torch.float32, device=rows.device)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        part = None if bias is None else bias[lo:hi]
+        out[:, lo:hi] = F.linear(rows, dequantize(q.row_slice(lo, hi)), part)
+    return out
 
 
 class DenseLinear:
@@ -68,7 +87,7 @@ class Int8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] > _KERNEL_MAX_ROWS or self.lib is None:
-            out = F.linear(rows, self.dequantized(), self.bias)
+            out = dequantized_linear(rows, self.quantized, self.bias, QuantizedTensor.dequantize)
         else:
             out = cpu_kernels.int8_linear(self.lib, rows.contiguous(), self.qweight, self.scale, self.bias)
         return out.view(*x.shape[:-1], out.shape[-1])
@@ -92,15 +111,16 @@ class Int4Linear:
         self._kernel = None if lib is None else lib.int4_linear
 
     def dequantized(self) -> torch.Tensor:
-        if self.lib is None:
-            return self.quantized.dequantize()
-        return cpu_kernels.int4_dequantize(self.lib, self.quantized)
+        return self._dequantize(self.quantized)
+
+    def _dequantize(self, q: QuantizedTensor) -> torch.Tensor:
+        return q.dequantize() if self.lib is None else cpu_kernels.int4_dequantize(self.lib, q)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         m = rows.shape[0]
         if m > _INT4_KERNEL_MAX_ROWS or self._kernel is None:
-            out = F.linear(rows, self.dequantized(), self.bias)
+            out = dequantized_linear(rows, self.quantized, self.bias, self._dequantize)
         else:
             if rows.dtype != torch.float32 or not rows.is_contiguous():
                 rows = rows.float().contiguous()
@@ -130,7 +150,7 @@ class GgufLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] > _INT4_KERNEL_MAX_ROWS or self.lib is None:
-            out = F.linear(rows.float(), self.dequantized(), self.bias)
+            out = dequantized_linear(rows.float(), self.quantized, self.bias, QuantizedTensor.dequantize)
         else:
             out = cpu_kernels.gguf_linear(self.lib, rows.float().contiguous(), self.quantized, self.bias)
         return out.view(*x.shape[:-1], self.out_features)
