@@ -153,8 +153,8 @@ class LLM:
         # the image / video processor when the model has a vision encoder loaded (see runtime.multimodal)
         self.vision: VisionProcessor | None = None
         self.audio: AudioProcessor | None = None
-        self.engine_process = self._wants_engine_process(engine_process, device)
         try:
+            self.engine_process = self._wants_engine_process(engine_process, device)
             # speech output (Qwen3-Omni's Talker, code predictor and Code2Wav) when the bundle holds them
             if self.bundle is not None:
                 self.speech_output = load_speech_output(self.bundle, dtype, device)

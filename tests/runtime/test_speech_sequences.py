@@ -17,10 +17,14 @@ pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory):
+def checkpoint(tmp_path_factory):
+    return make_tiny_qwen3_omni_speech(tmp_path_factory.mktemp("qwen3_omni_speech"))
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint):
     from trtedge import LLM
 
-    checkpoint = make_tiny_qwen3_omni_speech(tmp_path_factory.mktemp("qwen3_omni_speech"))
     with LLM(
         str(checkpoint),
         max_kv_cache_capacity=256,
@@ -124,3 +128,12 @@ def test_a_failing_talker_step_fails_that_speech_only(llm, monkeypatch):
     assert _idle(llm)
     again = list(llm.speech_stream("w5 w6 w7", voice="chelsie", codec_chunk_frames=1, **GREEDY))
     assert len(again) > 3  # the engine speaks on
+
+
+def test_a_model_that_speaks_keeps_its_engine_core_in_this_process(llm, checkpoint):
+    from trtedge import LLM
+    from trtedge.config import ConfigError
+
+    assert not llm.engine_process and llm.engine.speech is not None
+    with pytest.raises(ConfigError, match="engine_process is not supported with .*speech output"):
+        LLM(str(checkpoint), max_kv_cache_capacity=256, dtype="float32", engine_process=True)
