@@ -45,7 +45,7 @@ from benchmarks.shapes import (  # noqa: E402
     write_shape,
 )
 from trtedge import LLM, SamplingParams  # noqa: E402
-from trtedge.runtime.speculative.oracle import OracleProposer, install, settle  # noqa: E402
+from trtedge.runtime.speculative.oracle import OracleProposer, common_prefix, install, settle  # noqa: E402
 
 CODE = """def moving_average(values, window):
     if window <= 0:
@@ -280,7 +280,7 @@ def oracle_rows(path, load: dict, prompt, args) -> list[tuple[str, dict]]:
 
             def learn(out, oracle=oracle, kept=kept):
                 known = oracle.answers.get(tuple(out.prompt_token_ids), [])
-                kept.append(_common_prefix(out.token_ids, known))
+                kept.append(common_prefix(out.token_ids, known))
                 oracle.remember(out.prompt_token_ids, out.token_ids)
 
             row = run(llm, prompt, args.tokens, args.repeats, learn)
@@ -291,10 +291,6 @@ def oracle_rows(path, load: dict, prompt, args) -> list[tuple[str, dict]]:
             )
             rows.append((f"oracle, {k} tokens ({state})", row))
     return rows
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def write_eagle3_head(directory: Path, target: dict, draft_vocab: int = 32000) -> Path:

@@ -8,7 +8,7 @@ import pytest
 from tests.runtime.spec_helpers import repetitive_prompts
 from tests.tiny import VOCAB, make_tiny_checkpoint
 from trtedge import LLM, SamplingParams
-from trtedge.runtime.speculative.oracle import OracleProposer, install, settle
+from trtedge.runtime.speculative.oracle import OracleProposer, common_prefix, install, settle
 
 GREEDY = SamplingParams(max_tokens=13, temperature=0, ignore_eos=True)
 
@@ -74,3 +74,20 @@ def test_settle_runs_until_the_output_is_the_answer_the_oracle_drafts_from(tmp_p
         assert settle(llm, prompt, GREEDY, oracle, max_runs=1) == 1
         oracle.remember(prompt, [])  # an answer no run repeats within max_runs
         assert settle(llm, prompt, GREEDY, oracle, max_runs=1) == 0
+
+
+def test_settle_gives_up_when_a_run_agrees_no_further_than_the_one_before():
+    """Deterministic runs agree further with their answer every run; runs that do not (here an engine
+    alternating between two outputs) cannot settle, and settle stops instead of running them all."""
+    from types import SimpleNamespace
+
+    class Alternating:
+        runs = 0
+
+        def generate(self, prompt_ids, params):
+            self.runs += 1
+            return SimpleNamespace(token_ids=[1, 2, 3] if self.runs % 2 else [1, 2, 4])
+
+    llm = Alternating()
+    assert settle(llm, [9], GREEDY, OracleProposer()) == 0 and llm.runs == 3
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2 and common_prefix([1], [1, 5]) == 1

@@ -49,15 +49,26 @@ def install(engine, proposer) -> None:
     spec.proposer = proposer
 
 
-def settle(llm, prompt_ids: list[int], params, oracle: OracleProposer, max_runs: int = 40) -> int:
+def settle(llm, prompt_ids: list[int], params, oracle: OracleProposer, max_runs: int = 100) -> int:
     """Generate ``prompt_ids`` greedily with the oracle drafting until the output is the answer it
     drafted from (a fixed point: every later run accepts every draft). Each run learns its output, and
-    a run agrees with the one before it at least up to where that one parted from its answer, so the
-    agreeing prefix grows. Returns the runs taken, or 0 when ``max_runs`` did not settle it."""
+    a deterministic run agrees with the one before it past where that one parted from its answer, so
+    the agreeing prefix grows every run. Returns the runs taken, or 0 when ``max_runs`` did not settle
+    it or a run's agreement did not grow (the runs are not deterministic)."""
+    kept = -1
     for runs in range(1, max_runs + 1):
-        known = oracle.answers.get(tuple(prompt_ids))
+        known = oracle.answers.get(tuple(prompt_ids)) or []
         out = llm.generate(prompt_ids, params)
         oracle.remember(prompt_ids, out.token_ids)
         if out.token_ids == known:
             return runs
+        agreed = common_prefix(out.token_ids, known)
+        if agreed <= kept:
+            return 0
+        kept = agreed
     return 0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
