@@ -114,9 +114,10 @@ class QuantizedTensor:
             self.format, self.data[index], self.scale[index], None if self.min is None else self.min[index]
         )
 
-    def row_slice(self, lo: int, hi: int) -> QuantizedTensor:
-        """Rows lo .. hi - 1 (views of the bytes, except a gguf tensor's, copied into one run list)."""
+    def row_slice(self, lo: int | None, hi: int | None) -> QuantizedTensor:
+        """Rows lo .. hi - 1, as ``[lo:hi]`` (views of the bytes, except a gguf tensor's: copied)."""
         if self.format == "gguf":
+            lo, hi, _ = slice(lo, hi).indices(self.shape[0])
             return _gguf_row_slice(self, lo, hi)
         return QuantizedTensor(
             self.format, self.data[lo:hi], self.scale[lo:hi], None if self.min is None else self.min[lo:hi]

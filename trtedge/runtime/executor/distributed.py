@@ -186,7 +186,7 @@ class _QuantizedView:
     def __getitem__(self, key) -> QuantizedTensor:
         q = self.q
         if not isinstance(key, tuple):
-            return q.select_rows(key) if not isinstance(key, slice) else _row_slice(q, key)
+            return q.select_rows(key) if not isinstance(key, slice) else q.row_slice(key.start, key.stop)
         start, stop = key[1].start, key[1].stop
         if q.format == "int8":  # one scale per row: every rank's columns keep it
             return QuantizedTensor("int8", q.data[:, start:stop].contiguous(), q.scale)
@@ -200,10 +200,6 @@ class _QuantizedView:
             f"tensor_parallel_size (--tensor-parallel-size): a rank's {stop - start} input columns of an "
             f"{q.format} weight do not split its groups of {GROUP}; use int8 weights or another size"
         )
-
-
-def _row_slice(q: QuantizedTensor, rows: slice) -> QuantizedTensor:
-    return QuantizedTensor(q.format, q.data[rows], q.scale[rows], None if q.min is None else q.min[rows])
 
 
 def _pad_rows(part, rows: int):
