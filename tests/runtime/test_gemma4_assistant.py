@@ -226,3 +226,21 @@ def test_assistant_with_context_reuse_drafts_over_a_reused_prefix(target, assist
     assert_nothing_leaked(engine)
     cold, _ = generate(model, tokenizer, [long, again], GREEDY, batch=1)
     assert [first, second] == cold
+
+
+def test_the_token_ordering_stays_exact_in_a_bf16_head(target, tmp_path):
+    """The centroid table's token ids are integers: a bf16 head (CUDA's activations) must not round
+    them (bf16 holds integers exactly only up to 256)."""
+    from safetensors import safe_open
+
+    _, model, _ = target
+    ordered = make_tiny_assistant(tmp_path / "a", ordered=True)
+    with safe_open(str(ordered / "model.safetensors"), "pt") as f:
+        expected = f.get_tensor("masked_embedding.token_ordering")
+    act_dtype = model.act_dtype
+    model.act_dtype = torch.bfloat16  # what a CUDA bf16 target runs in
+    try:
+        head = load_assistant(ordered, model, 256)
+    finally:
+        model.act_dtype = act_dtype
+    assert head.ordering.dtype == torch.long and torch.equal(head.ordering, expected)

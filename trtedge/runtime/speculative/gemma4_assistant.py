@@ -40,6 +40,7 @@ from trtedge.runtime.speculative.tree import Draft
 
 ASSISTANT_MODEL_TYPE = "gemma4_assistant"
 KEY = "--speculative-config model"
+ORDERING = "masked_embedding.token_ordering"
 
 
 def read_config(path: str | Path) -> dict:
@@ -91,7 +92,16 @@ class AssistantHead:
         cfg = self.cfg = ModelConfig.from_hf(text, "the assistant's config.json")
         self.target = target
         self.dtype, self.device, self.act_dtype = target.dtype, target.device, target.act_dtype
-        per_layer, top = group_by_layer(tensors, cfg.num_layers, self.dtype, self.device, self.act_dtype)
+        ids: dict[str, torch.Tensor] = {}  # token ids stay integers (group_by_layer casts to float dtypes)
+
+        def floats():
+            for name, tensor in tensors:
+                if name == ORDERING:
+                    ids[name] = tensor
+                else:
+                    yield name, tensor
+
+        per_layer, top = group_by_layer(floats(), cfg.num_layers, self.dtype, self.device, self.act_dtype)
         self.layers = [
             Gemma4Layer(cfg, i, w, "float", True, GatedMLP.from_layer(w, cfg.hidden_act, "float"))
             for i, w in enumerate(per_layer)
@@ -109,7 +119,7 @@ class AssistantHead:
         self.centroids = self.ordering = None
         if config.get("use_ordered_embeddings"):
             self.centroids = require(top, "masked_embedding.centroids.weight").to(self.act_dtype)
-            self.ordering = require(top, "masked_embedding.token_ordering").long()
+            self.ordering = require(ids, ORDERING).to(device=self.device, dtype=torch.long)
             self.top_centroids = int(config.get("centroid_intermediate_top_k") or 32)
         types, shapes = cfg.text_config["layer_types"], cfg.text_config["_layer_shapes"]
         ttext = target.cfg.text_config
