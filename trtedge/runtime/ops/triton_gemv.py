@@ -399,8 +399,19 @@ _CANDIDATES = (
     (64, 128, 4),
     (128, 128, 4),
 )
-# The one-row kernel's candidates (batch-1 decode), as Tiling fields.
-_VECTOR_CANDIDATES: tuple[tuple, ...] = ()
+# More candidates at one row (batch-1 decode), as Tiling fields: the fastest of `benchmarks/gpu_gemv.py
+# --sweep` (110 tilings, L2-cold) on the H200 at the Qwen3-8B shapes. The one-row vector kernel at
+# (16, 512, 1) came within 3% of each shape's best (qkv 14.64 us against 16.0 for the plan the
+# L2-warm timing had picked, and cuBLAS 14.68).
+_ONE_ROW_CANDIDATES: tuple[tuple, ...] = (
+    (16, 512, 1, 4, 3, True),
+    (16, 256, 2, 4, 2, True),
+    (16, 256, 1, 4, 3, True),
+    (32, 256, 1, 8, 3, True),
+    (64, 256, 1, 4, 4),
+    (128, 128, 4, 4, 4),
+    (32, 128, 4, 2, 3),
+)
 _MAX_SPLIT_TILES = 512  # wider weights have programs enough without split-K
 # Timing cycles through copies of a weight that together pass the 50 MB L2, as a decode step reads
 # each weight once: replaying one small weight would time it from the L2.
@@ -474,7 +485,7 @@ def candidates(n: int, k: int, fusion: Fusion = PLAIN, rows: int = 0) -> list[Pl
         head_dim = fusion.rope[2]
         fitting = [Tiling(head_dim, bk, split) for bk, split in _ROPE_TILINGS if k // split >= bk]
         return fitting or [Tiling(head_dim, 32, 1)]
-    listed = _CANDIDATES + (_VECTOR_CANDIDATES if rows == 1 and fusion == PLAIN else ())
+    listed = _CANDIDATES + (_ONE_ROW_CANDIDATES if rows == 1 and fusion == PLAIN else ())
     plans = [
         plan
         for plan in (Tiling(*entry) for entry in listed)
