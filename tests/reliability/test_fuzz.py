@@ -21,7 +21,7 @@ def test_the_request_strategy_draws_only_through_hypothesis():
 
     drawn = []
 
-    @settings(max_examples=60, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=200, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(fuzz.cases(openapi_schema(), "served-model"))
     def draw(case):
         drawn.append(case)
