@@ -404,8 +404,11 @@ def fp8_rows(x: torch.Tensor, rows: int | None = None) -> tuple[torch.Tensor, to
     ``rows`` >= M pads with zero rows of scale 1 (the FP8 product wants multiples of 16)."""
     m, k = x.shape
     rows = rows or m
-    q = torch.zeros(rows, k, dtype=torch.uint8, device=x.device)
-    scale = torch.ones(rows, 1, dtype=torch.float32, device=x.device)
+    q = torch.empty(rows, k, dtype=torch.uint8, device=x.device)  # the kernel writes rows < m
+    scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
+    if rows > m:
+        q[m:].zero_()
+        scale[m:].fill_(1.0)
     _fp8_rows_kernel[(m,)](x, q, scale, k, x.stride(0), BLOCK=1024)
     return q.view(torch.float8_e4m3fn), scale
 
