@@ -363,3 +363,19 @@ def test_n_choices_cancel_together_and_free_the_pool(tiny_path):
                 stream.cancel()
         assert wait_until(lambda: llm.stats()["kv_blocks_free"] == total and llm.stats()["running"] == 0)
         assert llm.stats()["cancelled"] == 1
+
+
+def test_a_request_id_in_flight_is_refused_until_its_request_ends(tiny_path):
+    with tiny_llm(tiny_path, enable_in_flight_batching=True, max_batch_size=4) as llm:
+        params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+        first = llm.generate_stream([5, 6, 7], params, request_id="job-1")
+        with pytest.raises(ValueError, match=r"request_id 'job-1' is already in use"):
+            llm.generate_stream([8, 9], params, request_id="job-1")
+        first.cancel()
+        for _ in first:  # drains to its end: the engine has finished it
+            pass
+        again = llm.generate(
+            [8, 9], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), request_id="job-1"
+        )
+        assert len(again.token_ids) == 3
+        assert llm.engine.num_active == 0

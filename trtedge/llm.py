@@ -561,7 +561,13 @@ class LLM:
     ) -> RequestOutput | list[RequestOutput]:
         """Generate for a prompt (text or token ids), or a list of them (submitted together)."""
         if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
-            streams = [self._collect_start(p, params, options) for p in prompt]
+            rid = options.get("request_id")  # prompt i: request_id.i (an id is one request's)
+            streams = [
+                self._collect_start(
+                    p, params, options if rid is None else {**options, "request_id": f"{rid}.{i}"}
+                )
+                for i, p in enumerate(prompt)
+            ]
             return [self._collect(*s) for s in streams]
         return self._collect(*self._collect_start(prompt, params, options))
 

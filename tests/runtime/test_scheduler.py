@@ -452,3 +452,120 @@ def test_scheduler_output_reports_preemption_resumption_and_finishes_once():
     assert out.finished == (a.request_id,) and out.resumed == (b.request_id,) and out.new == ()
     assert out.num_scheduled_tokens[b.request_id] == b.num_tokens  # the prompt and its outputs so far
     assert sched.schedule().output.finished == ()  # reported once
+
+
+# ---- update_from_output: the step's bookkeeping on plain data ---------------------------------------
+def run_step(sched: Scheduler, sample) -> tuple:
+    """Schedule; the "runner" advances computed tokens (as ModelRunner.execute does) and samples
+    ``sample(seq)`` for each sequence that caught up; the scheduler keeps them."""
+    from trtedge.runtime.core.outputs import ModelRunnerOutput
+
+    batch = sched.schedule()
+    sampled = {}
+    for seq, n in zip(batch.seqs, batch.num_tokens):
+        seq.num_computed_tokens += n
+        if seq.num_computed_tokens >= seq.num_tokens:
+            sampled[seq.request_id] = tuple(sample(seq))
+    return batch.output, sched.update_from_output(ModelRunnerOutput(sampled))
+
+
+def test_update_from_output_keeps_tokens_and_stops_at_eos_stop_ids_and_length():
+    blocks = BlockManager(64, BLOCK)
+    sched = Scheduler(
+        SchedulerConfig(4, 64, enable_in_flight_batching=True, eos_token_ids=frozenset({2})), blocks
+    )
+    eos, stop_id, length, ignoring = (
+        Sequence([5] * 6, SamplingParams(max_tokens=10)),
+        Sequence([5] * 6, SamplingParams(max_tokens=10, stop_token_ids=[9])),
+        Sequence([5] * 6, SamplingParams(max_tokens=2)),
+        Sequence([5] * 6, SamplingParams(max_tokens=2, ignore_eos=True)),
+    )
+    for seq in (eos, stop_id, length, ignoring):
+        sched.add(seq)
+    picks = {
+        eos.request_id: [7, 2],
+        stop_id.request_id: [9],
+        length.request_id: [7, 7],
+        ignoring.request_id: [2, 2],
+    }
+    _, first = run_step(sched, lambda s: [picks[s.request_id].pop(0)])
+    assert [(u.new_token_ids, u.finish_reason, u.stop_token) for u in first] == [
+        ((7,), None, False),
+        ((9,), "stop", True),
+        ((7,), None, False),
+        ((2,), None, False),  # EOS ignored
+    ]
+    assert stop_id.output_ids == [9] and not stop_id.is_finished  # the caller finishes it
+    sched.finish(stop_id, "stop")
+    _, second = run_step(sched, lambda s: [picks[s.request_id].pop(0)])
+    assert {u.request_id: (u.finish_reason, u.stop_token) for u in second} == {
+        eos.request_id: ("stop", True),
+        length.request_id: ("length", False),
+        ignoring.request_id: ("length", False),
+    }
+
+
+def test_update_from_output_verifies_a_draft_and_frees_the_rejected_positions():
+    sched = create_scheduler(num_blocks=16, max_num_batched_tokens=64)
+    (seq,) = create_requests(1, prompt_len=6, max_tokens=20)
+    sched.add(seq)
+    run_step(sched, lambda s: [30])  # prefill, then a 5-token jump-forward draft after the sample
+    seq.token_ids += [31, 32, 33, 34, 35]
+    seq.num_draft_tokens = 5
+    out, (update,) = run_step(sched, lambda s: [31, 32, 99, 40, 41, 42])  # agrees with 2 of 5
+    assert out.num_scheduled_tokens == {seq.request_id: 6} and out.num_draft_tokens == {seq.request_id: 5}
+    assert update.new_token_ids == (31, 32, 99) and update.num_accepted_draft == 2 and update.rolled_back
+    assert seq.output_ids == [30, 31, 32, 99] and seq.num_draft_tokens == 0
+    assert seq.num_computed_tokens == 9  # the prompt, 30, 31, 32: 99 is the next input
+    assert len(seq.block_table) == sched.blocks.blocks_needed(9)  # the rejected positions' block went back
+    assert update.finish_reason is None
+
+
+def test_update_from_output_applies_the_guide_and_skips_finished_requests():
+    class Matcher:  # accepts tokens below 100 and ends after token 50
+        def __init__(self):
+            self.done = False
+
+        def accept_token(self, token):
+            self.done = token == 50
+            return token < 100
+
+        def is_terminated(self):
+            return self.done
+
+    sched = create_scheduler()
+    a, b, c = create_requests(3, prompt_len=5, max_tokens=10)
+    a.matcher, b.matcher = Matcher(), Matcher()
+    for seq in (a, b, c):
+        sched.add(seq)
+    picks = {a.request_id: 150, b.request_id: 50, c.request_id: 7}
+    _, updates = run_step(sched, lambda s: [picks[s.request_id]])
+    by_id = {u.request_id: u for u in updates}
+    assert by_id[a.request_id].rejected == 150 and by_id[a.request_id].new_token_ids == ()
+    assert by_id[a.request_id].finish_reason == "stop" and a.num_output_tokens == 0
+    assert by_id[b.request_id].finish_reason == "stop" and by_id[b.request_id].stop_token
+    sched.finish(c, "cancelled")  # cancelled while its next step ran: its samples are dropped
+    from trtedge.runtime.core.outputs import ModelRunnerOutput
+
+    assert sched.update_from_output(ModelRunnerOutput({c.request_id: (8,)})) == []
+    assert c.output_ids == [7] and sched.get(c.request_id) is None
+
+
+def test_a_request_id_in_flight_is_refused_and_free_again_once_finished():
+    sched = create_scheduler()
+    (a,) = create_requests(1)
+    twin = Sequence([1, 2, 3], SamplingParams(), request_id=a.request_id)
+    sched.add(a)
+    with pytest.raises(ValueError, match="request_id .* already in use"):
+        sched.add(twin)
+    sched.finish(a, "stop")
+    sched.add(twin)
+    assert sched.get(a.request_id) is twin
+
+
+def test_model_runner_output_groups_a_requests_rows():
+    from trtedge.runtime.core.outputs import ModelRunnerOutput
+
+    out = ModelRunnerOutput.from_rows(["a", "b", "b", "b"], [1, 2, 3, 4], [None, "x", None, "y"])
+    assert out.sampled_token_ids == {"a": (1,), "b": (2, 3, 4)}
+    assert out.logprobs == {"b": ("x", None, "y")}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from trtedge.runtime.core.block_manager import BlockManager
 from trtedge.runtime.core.hybrid_state import HybridStateCache
+from trtedge.runtime.core.outputs import EngineCoreOutput, ModelRunnerOutput
 from trtedge.runtime.core.partial_blocks import PartialBlockCache
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -179,6 +180,7 @@ class Engine:
             enable_in_flight_batching=config.enable_in_flight_batching,
             whole_drafts=self.blocks.state is not None,
             max_seq_len=config.max_kv_cache_capacity,
+            eos_token_ids=frozenset(tokenizer.eos_token_ids),
         )
         self.scheduler = Scheduler(sched, self.blocks)
         self.guides = GuidedDecoding(tokenizer, model.cfg.vocab_size)
@@ -238,9 +240,10 @@ class Engine:
         self.stats = EngineStats()
         self.error: BaseException | None = None  # set when the engine gave up: new requests are refused
         self._faults = FaultInjector.from_env()
-        self._submit_lock = threading.Lock()  # a submit never slips past the engine's final drain
+        self._submit_lock = threading.RLock()  # a submit never slips past the engine's final drain
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: set[_Request] = set()  # guarded by the engine thread
+        self._request_ids: set[str] = set()  # of the requests in flight (their choices'); _submit_lock
         self._choices: dict[int, _Choice] = {}  # seq_id -> choice, for sequences in the scheduler
         self._batchers: set[LoopBatcher] = set()  # event loops with deltas of this step to hand over
         self._wake = threading.Event()
@@ -298,11 +301,16 @@ class Engine:
                 text = TextStream(self.tokenizer, prompt_ids, params.skip_special_tokens, params.stop)
             request.choices.append(_Choice(seq, request, index, text))
         request.num_open = params.n
+        ids = {choice.seq.request_id for choice in request.choices}
         with self._submit_lock:
             if self.error is not None:
                 raise EngineUnavailableError(f"engine failed: {self.error}")
             if self._stopped:
                 raise EngineUnavailableError("the engine is shut down")
+            taken = sorted(ids & self._request_ids)
+            if taken:  # the scheduler and its outputs are keyed by request id
+                raise ValueError(f"request_id {taken[0]!r} is already in use by a request in flight")
+            self._request_ids |= ids
             self._inbox.put(("add", request))
         self._wake.set()
         if channel is not None:
@@ -574,7 +582,7 @@ class Engine:
         blocks.grow(probe, 1)
         self.runner.run(ScheduledBatch([probe], [1]))  # the device still computes
         blocks.release(probe)
-        scheduler.waiting = waiting
+        scheduler.adopt(waiting)
         self.blocks, self.scheduler = blocks, scheduler
         self.stats.restarts += 1
         log.warning(
@@ -714,20 +722,11 @@ class Engine:
                 self._record_prompt_logprobs(scored)
             if self.speculative is not None:
                 self.speculative.observe(part)
-            i = 0
-            while i < len(seqs):
-                seq, n = seqs[i], 1
-                while i + n < len(seqs) and seqs[i + n] is seq:
-                    n += 1
-                choice = self._choices[seq.seq_id]
-                if seq.num_draft_tokens:
-                    self._verify(choice, tokens[i : i + n], infos[i : i + n])
-                else:
-                    self._append(choice, tokens[i], infos[i])
+            self._process(ModelRunnerOutput.from_rows([s.request_id for s in seqs], tokens, infos))
+            for seq in dict.fromkeys(seqs):  # a draft's rows are one sequence's
                 guide = seq.params.guided_decoding
                 if guide is not None and guide.jump_forward and not seq.is_finished:
                     self.guides.propose(seq)
-                i += n
         return True
 
     def _can_overlap(self) -> bool:
@@ -761,11 +760,10 @@ class Engine:
         launched, self._inflight = self._inflight, []
         for seqs, result in launched:
             tokens, infos = result.host()
-            for seq, token, info in zip(seqs, tokens, infos):
+            for seq in seqs:
                 seq.num_inflight -= 1
-                choice = self._choices.get(seq.seq_id)
-                if choice is not None and not seq.is_finished:
-                    self._append(choice, token, info)
+            # a request finished (or cancelled) while its step ran is skipped by the scheduler
+            self._process(ModelRunnerOutput.from_rows([s.request_id for s in seqs], tokens, infos))
         return bool(launched)
 
     def _record_prompt_logprobs(self, scored: PromptScores) -> None:
@@ -806,91 +804,70 @@ class Engine:
         results, rest = self.speculative.step(batch)
         if results:
             self.profiler.count(generation_runs=1)
-        for seq, tokens in results:
-            choice = self._choices[seq.seq_id]
-            for token in tokens:
-                if seq.is_finished:
-                    break
-                self._append(choice, token, None)
+            self._process(ModelRunnerOutput({seq.request_id: tuple(tokens) for seq, tokens in results}))
         return rest
 
-    def _verify(self, choice: _Choice, tokens: list[int], infos: list) -> None:
-        """Keep the sampled tokens of a jump-forward draft's positions up to the first that differs from
-        the draft: exactly the tokens decoding one by one would have produced."""
-        seq = choice.seq
-        k = seq.num_draft_tokens
-        draft = seq.token_ids[len(seq.token_ids) - k :]
-        del seq.token_ids[len(seq.token_ids) - k :]
-        seq.num_draft_tokens = 0
-        seq.num_computed_tokens = len(seq.token_ids)
-        if len(tokens) != k + 1:  # split across steps (never on hybrid models): drop it, decode on
-            seq.num_computed_tokens -= 1
-        else:
-            for j, (token, info) in enumerate(zip(tokens, infos)):
-                seq.num_computed_tokens = len(seq.token_ids)  # the KV of every token before this one is valid
-                agreed = j < k and token == draft[j]
-                choice.request.num_jump_forward_tokens += agreed
-                self._append(choice, token, info)
-                if not agreed or seq.is_finished:
-                    break
-        if not seq.is_finished:  # rejected draft positions: free their blocks and any unpaged state
-            self.blocks.truncate(seq, seq.num_computed_tokens)
-            seq.num_computed_tokens = self.runner.rollback(seq, seq.num_computed_tokens)
+    def _process(self, output: ModelRunnerOutput) -> None:
+        """A step's samples: the scheduler's bookkeeping, then each request's deltas."""
+        for update in self.scheduler.update_from_output(output):
+            seq = self.scheduler.get(update.request_id)
+            choice = self._choices.get(seq.seq_id) if seq is not None else None
+            if choice is not None:
+                self._deliver(choice, update)
 
-    def _append(self, choice: _Choice, token: int, info: TokenLogprobs | None) -> None:
+    def _deliver(self, choice: _Choice, update: EngineCoreOutput) -> None:
+        """One request's kept tokens as deltas, one a token (text, stop strings, logprobs); finish it
+        where the scheduler or a stop string says so, dropping any token kept past a stop string."""
         seq, request = choice.seq, choice.request
-        params = seq.params
-        if seq.matcher is not None and not seq.matcher.accept_token(token):
-            # only a token the mask allowed can be sampled; a rejection means the guide had no way on
-            log.warning("request %s: guide rejected token %d; finishing", seq.request_id, token)
-            self._finish(choice, "stop")
-            return
-        first = choice.first_token is None
-        if first:
-            choice.first_token = time.monotonic()
-            if request.first_token is None:
-                request.first_token = choice.first_token
-            self._publish(seq)
-            if choice.index == 0:
-                self._fork(request)
-        seq.token_ids.append(token)
-        self.profiler.count(generated_tokens=1)
-        if info is not None:
-            choice.logprobs.append(info)
-        reason = None
-        stop_token = (
-            not params.ignore_eos
-            and token in self.tokenizer.eos_token_ids
-            or token in params.stop_token_ids
-            or (seq.matcher is not None and seq.matcher.is_terminated())
-        )
-        if stop_token:
-            reason = "stop"
-        elif (
-            seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_kv_cache_capacity
-        ):
-            reason = "length"
-        text = ""
-        if choice.text is not None:
-            text, stop_hit = choice.text.step(token, not stop_token, final=reason is not None)
-            if stop_hit:
-                reason = "stop"
-        delta = StreamDelta(
-            text,
-            [token],
-            reason,
-            [info] if info is not None else None,
-            seq.num_prompt_tokens,
-            seq.num_output_tokens,
-            choice.index,
-            seq.num_cached_tokens,
-            request.prompt_logprobs if first else None,
-            stop_token,
-        )
-        if reason is None:
-            self._emit(request, delta)
-        else:
+        if update.rolled_back:  # rejected draft positions: any unpaged state goes back with them
+            seq.num_computed_tokens = self.runner.rollback(seq, seq.num_computed_tokens)
+        request.num_jump_forward_tokens += update.num_accepted_draft
+        ids = update.new_token_ids
+        final_reason = None if update.rejected is not None else update.finish_reason
+        for j, token in enumerate(ids):
+            after = len(ids) - 1 - j  # tokens kept after this one
+            info = update.logprobs[j] if update.logprobs else None
+            first = choice.first_token is None
+            if first:
+                choice.first_token = time.monotonic()
+                if request.first_token is None:
+                    request.first_token = choice.first_token
+                self._publish(seq)
+                if choice.index == 0:
+                    self._fork(request)
+            self.profiler.count(generated_tokens=1)
+            if info is not None:
+                choice.logprobs.append(info)
+            reason = final_reason if after == 0 else None
+            stop_token = update.stop_token and after == 0
+            text = ""
+            if choice.text is not None:
+                text, stop_hit = choice.text.step(token, not stop_token, final=reason is not None)
+                if stop_hit:
+                    reason = "stop"
+            delta = StreamDelta(
+                text,
+                [token],
+                reason,
+                [info] if info is not None else None,
+                seq.num_prompt_tokens,
+                seq.num_output_tokens - after,
+                choice.index,
+                seq.num_cached_tokens,
+                request.prompt_logprobs if first else None,
+                stop_token,
+            )
+            if reason is None:
+                self._emit(request, delta)
+                continue
+            if after:  # a stop string ended the text before the last kept token: drop the rest
+                del seq.token_ids[len(seq.token_ids) - after :]
+                seq.num_computed_tokens = min(seq.num_computed_tokens, len(seq.token_ids))
             self._finish(choice, reason, delta)
+            return
+        if update.rejected is not None:
+            log.warning("request %s: guide rejected token %d; finishing", seq.request_id, update.rejected)
+            self._finish(choice, "stop")
 
     def _emit(self, request: _Request, item) -> None:
         request.channel.put(item)
@@ -950,6 +927,7 @@ class Engine:
         request.num_open -= 1
         if request.num_open == 0:
             self._requests.discard(request)
+            self._release_ids(request)
             if request.finish_reason == "cancelled":
                 self.stats.cancelled += 1
             else:
@@ -965,10 +943,15 @@ class Engine:
                 self.speculative.release(choice.seq)
             self._choices.pop(choice.seq.seq_id, None)
         self._requests.discard(request)
+        self._release_ids(request)
         request.finish_reason = "error"
         self.stats.failed += 1
         self._report_metrics(request)  # before the error reaches the reader, as in _finish
         self._emit(request, error)
+
+    def _release_ids(self, request: _Request) -> None:
+        with self._submit_lock:
+            self._request_ids.difference_update(c.seq.request_id for c in request.choices)
 
     def _report_metrics(self, request: _Request) -> None:
         if request.on_metrics is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trtedge.runtime.core.block_manager import BlockManager
+from trtedge.runtime.core.outputs import EngineCoreOutput, ModelRunnerOutput
 from trtedge.runtime.core.request import Sequence, Status
 
 
@@ -19,13 +20,15 @@ class SchedulerConfig:
     enable_in_flight_batching: bool = False
     whole_drafts: bool = False  # hybrid models: a jump-forward draft is never split across steps
     max_seq_len: int | None = None  # tokens a sequence may reach (max_kv_cache_capacity)
+    eos_token_ids: frozenset[int] = frozenset()  # stop a request (unless it ignores EOS)
 
 
 @dataclass(frozen=True)
 class SchedulerOutput:
     """A step's schedule as plain data, keyed by request id: what a runner in another process, a
     tensor-parallel rank or a test reads (no live objects). The engine's runner still takes the
-    step's sequences (``ScheduledBatch.seqs``); this is the description they are moving to."""
+    step's sequences (``ScheduledBatch.seqs``); this is the description they are moving to. Its
+    results come back as a ``ModelRunnerOutput`` to ``Scheduler.update_from_output``."""
 
     num_scheduled_tokens: dict[str, int]  # tokens to compute this step, jump-forward drafts included
     num_draft_tokens: dict[str, int]  # of those, draft tokens (only requests that have some)
@@ -59,10 +62,96 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._finished: list[str] = []  # request ids finished since the last schedule
+        self._live: dict[str, Sequence] = {}  # request id -> every sequence not finished
 
     def add(self, seq: Sequence) -> None:
+        if self._live.get(seq.request_id, seq) is not seq:
+            raise ValueError(f"request_id {seq.request_id!r} is already in use by a request in flight")
         seq.status = Status.WAITING
         self.waiting.append(seq)
+        self._live[seq.request_id] = seq
+
+    def adopt(self, waiting: list[Sequence]) -> None:
+        """Take over another scheduler's waiting sequences (an engine restart keeps its queue)."""
+        for seq in waiting:
+            self.add(seq)
+
+    def get(self, request_id: str) -> Sequence | None:
+        """The sequence of a request that has not finished."""
+        return self._live.get(request_id)
+
+    def update_from_output(self, output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """A step's bookkeeping: each request keeps its sampled tokens, a jump-forward draft's up to
+        the first one the model did not agree with (the rejected positions cut from the KV cache), a
+        guided request's as far as its guide accepts them, and stops at EOS, a stop token id, the
+        guide's end or its length limit. A request that finished while its step ran is skipped.
+        Returns what each request kept and why it stops; the caller finishes those that stop (its
+        text may stop one earlier, at a stop string)."""
+        updates = []
+        for request_id, ids in output.sampled_token_ids.items():
+            seq = self._live.get(request_id)
+            if seq is None or seq.is_finished:
+                continue
+            updates.append(self._keep(seq, ids, output.logprobs.get(request_id, ())))
+        return updates
+
+    def _keep(self, seq: Sequence, ids: tuple[int, ...], infos: tuple) -> EngineCoreOutput:
+        k = seq.num_draft_tokens
+        draft: list[int] = []
+        if k:  # the samples of a draft's k positions and the one after them
+            draft = seq.token_ids[len(seq.token_ids) - k :]
+            del seq.token_ids[len(seq.token_ids) - k :]
+            seq.num_draft_tokens = 0
+            seq.num_computed_tokens = len(seq.token_ids)
+            if len(ids) != k + 1:  # split across steps (never on hybrid models): drop it, decode on
+                seq.num_computed_tokens -= 1
+                ids = ()
+        kept: list[int] = []
+        reason, stop_token, rejected, agreed_count = None, False, None, 0
+        for j, token in enumerate(ids):
+            if k:
+                seq.num_computed_tokens = len(seq.token_ids)  # the KV of every token before this one holds
+            if seq.matcher is not None and not seq.matcher.accept_token(token):
+                rejected, reason = (
+                    token,
+                    "stop",
+                )  # only an allowed token can be sampled: the guide had no way on
+                break
+            seq.token_ids.append(token)
+            kept.append(token)
+            reason, stop_token = self._stop_reason(seq, token)
+            agreed = bool(k) and j < k and token == draft[j]
+            agreed_count += agreed
+            if reason is not None or (k and not agreed):
+                break
+        rolled_back = bool(k) and reason is None
+        if rolled_back:  # the rejected draft positions: their blocks go back
+            self.blocks.truncate(seq, seq.num_computed_tokens)
+        return EngineCoreOutput(
+            seq.request_id,
+            tuple(kept),
+            tuple(infos[: len(kept)]),
+            reason,
+            stop_token,
+            rejected,
+            agreed_count,
+            rolled_back,
+        )
+
+    def _stop_reason(self, seq: Sequence, token: int) -> tuple[str | None, bool]:
+        """(finish reason or None, whether ``token`` stopped it as a stop token) after ``token``."""
+        params = seq.params
+        if (
+            not params.ignore_eos
+            and token in self.config.eos_token_ids
+            or token in params.stop_token_ids
+            or (seq.matcher is not None and seq.matcher.is_terminated())
+        ):
+            return "stop", True
+        limit = self.config.max_seq_len
+        if seq.num_output_tokens >= params.max_tokens or (limit is not None and seq.num_tokens >= limit):
+            return "length", False
+        return None, False
 
     @property
     def has_work(self) -> bool:
@@ -176,3 +265,5 @@ class Scheduler:
             seq.status = Status.FINISHED
             self.blocks.release(seq)
             self._finished.append(seq.request_id)
+        if self._live.get(seq.request_id) is seq:
+            del self._live[seq.request_id]
