@@ -6,7 +6,7 @@ of the same bytes (the bandwidth roof), on the KV lengths of nano-vllm's workloa
 One layer of the Qwen3-0.6B shape (16 query heads, 8 KV heads, head_dim 128, 16-token blocks). Each
 sequence's context is its prompt (uniform in [100, 1024]) plus a uniform share of its output (uniform
 in [100, 1024]): the lengths a step of the workload's steady state sees. The block tables are a
-random permutation of the pool, as after a while of serving. Each figure times 20 calls captured in
+random permutation of the pool, as after a while of serving. Each figure times 100 calls captured in
 one CUDA graph and prints a JSON line: microseconds a call, the KV bytes it reads and the achieved
 GB/s, next to the copy of as many bytes.
 """
@@ -25,39 +25,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gpu_quant_gemv import time_graph  # noqa: E402
 from trtedge.runtime.ops import kv_fp8  # noqa: E402
 from trtedge.runtime.ops.triton_attention import num_splits, paged_decode_attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 8, 128, 16
-CALLS = 20
-
-
-def graph_us(fn) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / CALLS)
-    return best
 
 
 def copy_time(nbytes: int) -> float:
     """Microseconds to copy ``nbytes`` (half read, half written: as many bytes moved as read)."""
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    return graph_us(functools.partial(dst.copy_, src))
+    return time_graph(functools.partial(dst.copy_, src))
 
 
 def split_layout(cache: torch.Tensor) -> torch.Tensor:
@@ -106,7 +85,7 @@ def main() -> None:
         type=int,
         nargs="+",
         default=[0],
-        help="fp8 cache reads: 0 as served; 1 + layout (0 interleaved, 1 split per block) + 2 * conversion",
+        help="fp8 cache reads: 0 as served; 1 + layout (0 interleaved, 1 split per block)",
     )
     parser.add_argument("--sweep", action="store_true", help="every tiling below, not only the default")
     parser.add_argument("--block-n", type=int, nargs="+", default=[32, 64, 128])
@@ -139,9 +118,9 @@ def main() -> None:
             split = (split_layout(k), split_layout(v))
         for cfg in configs:
             out = torch.empty_like(q)
-            kc, vc = split if cfg.get("fp8_variant", 0) in (2, 4) else (k, v)
+            kc, vc = split if cfg.get("fp8_variant", 0) == 2 else (k, v)
             try:
-                us = graph_us(
+                us = time_graph(
                     functools.partial(paged_decode_attention, q, kc, vc, tables, lens, scale, out, **cfg)
                 )
             except Exception as exc:  # an over-large tiling: out of shared memory or registers

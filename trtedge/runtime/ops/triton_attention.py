@@ -45,21 +45,9 @@ if triton is not None:
         return k, v, k_scale, v_scale
 
     @triton.jit
-    def _fp8_to(x, dtype: tl.constexpr, CVT: tl.constexpr):
-        """E4M3 bytes to ``dtype``: CVT 0 by the conversion instruction; 1 by moving the bits into a
-        bfloat16 (the value times 2**-120, exact for normal and subnormal E4M3; the caller's scale
-        carries the 2**120)."""
-        if CVT == 0:
-            return x.to(tl.float8e4nv, bitcast=True).to(dtype)
-        else:
-            b = x.to(tl.uint16)
-            bits = (((b & 0x80) << 8) | ((b & 0x7F) << 4)).to(tl.uint16)
-            return bits.to(tl.bfloat16, bitcast=True).to(dtype)
-
-    @triton.jit
     def _load_kv_variant(
         k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, rows, valid, offs_d, dtype: tl.constexpr,
-        HEAD_DIM: tl.constexpr, LAYOUT: tl.constexpr, CVT: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr,
+        HEAD_DIM: tl.constexpr, LAYOUT: tl.constexpr, ROWS_PER_BLOCK: tl.constexpr,
     ):  # fmt: skip
         """The fp8 cache read of the benchmark's variants: LAYOUT 0 as kv_fp8 (each row's bytes then its
         scale); 1 each block's values first, then its scales (rows aligned to 16 bytes)."""
@@ -74,13 +62,10 @@ if triton is not None:
             base = tl.multiple_of(blk * (ROWS_PER_BLOCK * width) + i * HEAD_DIM, 16)
             offs = base[:, None] + offs_d[None, :]
             at = blk * (ROWS_PER_BLOCK * width // 4) + ROWS_PER_BLOCK * HEAD_DIM // 4 + i
-        k = _fp8_to(tl.load(k_ptr + offs, mask=valid[:, None], other=0), dtype, CVT)
-        v = _fp8_to(tl.load(v_ptr + offs, mask=valid[:, None], other=0), dtype, CVT)
+        k = tl.load(k_ptr + offs, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(dtype)
+        v = tl.load(v_ptr + offs, mask=valid[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(dtype)
         k_scale = tl.load(k_scale_ptr + at, mask=valid, other=0.0)
         v_scale = tl.load(v_scale_ptr + at, mask=valid, other=0.0)
-        if CVT == 1:
-            k_scale = k_scale * 1.329227995784916e36  # 2**120
-            v_scale = v_scale * 1.329227995784916e36
         return k, v, k_scale, v_scale
 
     @triton.jit
@@ -151,8 +136,7 @@ if triton is not None:
             if FP8_VARIANT > 0:
                 k, v, k_scale, v_scale = _load_kv_variant(
                     k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot * NUM_KV_HEADS + kv_head,
-                    valid, offs_d, q.dtype, HEAD_DIM, (FP8_VARIANT - 1) % 2, (FP8_VARIANT - 1) // 2,
-                    ROWS_PER_BLOCK,
+                    valid, offs_d, q.dtype, HEAD_DIM, FP8_VARIANT - 1, ROWS_PER_BLOCK,
                 )  # fmt: skip
             else:
                 k, v, k_scale, v_scale = _load_kv(
@@ -269,7 +253,7 @@ def paged_decode_attention(
     """``window`` > 0: attend to the last ``window`` keys only; ``softcap``: tanh-capped scores.
     ``splits`` (-N: fixed splits of N tokens), ``block_n``, ``num_warps``, ``num_stages``: the
     launch's tiling (None: the default for the shape; ``benchmarks/gpu_decode_attention.py`` sweeps
-    them); ``fp8_variant`` (the benchmark's): 1 + layout + 2 * conversion of ``_load_kv_variant``."""
+    them); ``fp8_variant`` (the benchmark's): 1 + the layout of ``_load_kv_variant``."""
     q = q.contiguous()  # the kernel addresses [B, H, D] densely (Nemotron-H's q is a view of its qkv)
     b, h, d = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
