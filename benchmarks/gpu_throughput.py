@@ -42,6 +42,7 @@ def run_trtedge(
     busy: bool = False,
     process: bool | None = None,
     kv_cache_dtype: str = "auto",
+    top: int = 12,
 ) -> dict:
     with LLM(
         str(directory),
@@ -78,7 +79,7 @@ def run_trtedge(
     extra = {}
     if profiler is not None:
         profiler.__exit__(None, None, None)
-        extra = gpu_busy(profiler, elapsed)
+        extra = gpu_busy(profiler, elapsed, top)
     return dict(
         **extra,
         output_tokens=produced,
@@ -91,7 +92,7 @@ def run_trtedge(
     )
 
 
-def gpu_busy(profiler, wall: float) -> dict:
+def gpu_busy(profiler, wall: float, top: int = 12) -> dict:
     """The share of the run's wall time in which some kernel ran: the union of the kernels' intervals
     (CUPTI timestamps) over the wall time, and over the span from the first kernel to the last."""
     spans = sorted(
@@ -100,7 +101,13 @@ def gpu_busy(profiler, wall: float) -> dict:
         if e.device_type == torch.autograd.DeviceType.CUDA
     )
     busy, end, first = 0, None, spans[0][0] if spans else 0
+    gaps = {"<10us": [0, 0], "10-100us": [0, 0], "100us-1ms": [0, 0], ">=1ms": [0, 0]}
     for a, b in spans:
+        if end is not None and a > end:
+            gap = a - end
+            key = "<10us" if gap < 10 else "10-100us" if gap < 100 else "100us-1ms" if gap < 1000 else ">=1ms"
+            gaps[key][0] += 1
+            gaps[key][1] += gap
         if end is None or a > end:
             busy += b - a
             end = b
@@ -108,9 +115,10 @@ def gpu_busy(profiler, wall: float) -> dict:
             busy += b - end
             end = b
     span = (end - first) if spans else 0
-    kernels = sorted(profiler.key_averages(), key=lambda a: -a.device_time_total)[:12]
+    kernels = sorted(profiler.key_averages(), key=lambda a: -a.device_time_total)[:top]
     return dict(
-        top_kernels_ms=[[a.key[:60], round(a.device_time_total / 1e3, 1), a.count] for a in kernels],
+        top_kernels_ms=[[a.key[:90], round(a.device_time_total / 1e3, 1), a.count] for a in kernels],
+        idle_gaps_count_ms={k: [n, round(us / 1e3, 1)] for k, (n, us) in gaps.items()},
         gpu_busy_us=round(busy),
         gpu_busy_of_wall=round(busy / 1e6 / wall, 3),
         gpu_busy_of_kernel_span=round(busy / span, 3) if span else 0.0,
@@ -168,7 +176,10 @@ def main() -> None:
         help="comma-separated: each in the same run (auto: the model's dtype; fp8: E4M3 with row scales)",
     )
     parser.add_argument(
-        "--gpu-busy", action="store_true", help="also a profiled run: the share of the time a kernel ran"
+        "--gpu-busy", action="store_true", help="also a profiled run: the share of the time a kernel ran",
+    )
+    parser.add_argument(
+        "--top", type=int, default=12, help="--gpu-busy: how many kernels the profiled run lists"
     )
     args = parser.parse_args()
     requests = workload(args.requests)
@@ -180,7 +191,7 @@ def main() -> None:
         runs = [(m, False, p, kv) for kv in kv_dtypes for m in modes for p in procs]
         runs += [(modes[-1], True, False, kv) for kv in kv_dtypes] if args.gpu_busy else []
         for overlap, busy, process, kv in runs:
-            row = run_trtedge(directory, requests, args.max_batch_size, overlap, busy, process, kv)
+            row = run_trtedge(directory, requests, args.max_batch_size, overlap, busy, process, kv, args.top)
             print(
                 json.dumps(
                     dict(
