@@ -126,6 +126,68 @@ def test_fused_decode_step_matches_unfused_step(tiny, rows, monkeypatch):
     assert _rel(caches[0], caches[1]) < 2e-2
 
 
+def _prefill_batch(model, shape: list[tuple[int, int]]):
+    """A prefill (or mixed) step's operands for sequences of (query rows, context length) over a random
+    KV cache, with the varlen attention planned as the runner plans it: (ids, positions, batch, kv)."""
+    from trtedge.runtime.ops import triton_prefill
+    from trtedge.runtime.ops.attention import AttentionBatch
+
+    cfg = model.cfg
+    block_size = 4
+    gen = torch.Generator().manual_seed(len(shape))
+    kv = torch.randn(cfg.num_layers, 2, 128, block_size, cfg.num_kv_heads, cfg.head_dim, generator=gen)
+    kv = kv.to("cuda", model.dtype)
+    perm = (torch.randperm(127, generator=gen) + 1).tolist()
+    tables, slots, positions, used = [], [], [], 0
+    for q, c in shape:
+        blocks = -(-c // block_size)
+        table = perm[used : used + blocks]
+        used += blocks
+        tables.append(table)
+        for p in range(c - q, c):
+            slots.append(table[p // block_size] * block_size + p % block_size)
+            positions.append(p)
+    width = max(len(t) for t in tables)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], device="cuda")
+    query_lens, context_lens = [q for q, _ in shape], [c for _, c in shape]
+    batch = AttentionBatch(
+        torch.tensor(slots, device="cuda"), query_lens, context_lens,
+        [padded[i, : len(t)] for i, t in enumerate(tables)], block_size,
+    )  # fmt: skip
+    tiles, seqs = triton_prefill.plan_tiles(query_lens, context_lens)
+    tiles_t = torch.tensor(tiles, dtype=torch.int32, device="cuda").view(-1, 2)
+    batch.prefill_plan = (padded, tiles_t, torch.tensor(seqs, dtype=torch.int32, device="cuda").view(-1, 3))
+    ids = torch.randint(3, 500, (len(slots),), generator=gen).cuda()
+    return ids, torch.tensor(positions, device="cuda"), batch, kv
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [[(7, 7)], [(5, 5), (3, 11), (1, 9), (40, 40)]],
+    ids=["one-prompt", "prompts-chunks-and-a-decode-row"],
+)
+def test_fused_prefill_step_matches_unfused_step(tiny, shape):
+    """The CUDA prefill step through the fused norm / rope-store / SiLU-mul kernels equals the torch
+    layer path (its reference): hidden states and the keys and values it stores."""
+    from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+    from trtedge.runtime.models import load_model
+
+    model = load_model(
+        resolve_checkpoint(str(tiny)), dtype="bfloat16", device="cuda", weights="float", max_positions=256
+    )
+    operands = _prefill_batch(model, shape)
+    assert model._prefill_fuses(operands[2], operands[1], None)
+    outs, caches = [], []
+    for fused in (True, False):
+        model._plain_layers = fused
+        out, cache = _step(model, *operands)
+        outs.append(out)
+        caches.append(cache)
+    assert _rel(outs[0], outs[1]) < 2e-2
+    assert _rel(caches[0], caches[1]) < 2e-2
+    assert not torch.equal(caches[0], operands[3])  # the step stored its keys and values
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 def test_decode_epilogues_step_matches_plain_step(tiny, rows, monkeypatch):
     """TRTEDGE_DECODE_EPILOGUES=1 with both epilogues forced (at start the timing may pick the

@@ -24,6 +24,7 @@ from trtedge.runtime.ops import cpu_kernels as kernels
 from trtedge.runtime.ops import kv_fp8, triton_attention, triton_gemv
 from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import DenseLinear, embedding, make_linear
+from trtedge.runtime.ops.triton_prefill import paged_prefill_attention
 
 
 class LlamaLayer:
@@ -149,6 +150,7 @@ class LlamaModel:
         )
         # Layers whose input hidden states a draft head reads (EAGLE-3); the last forward's are kept
         # in aux_hidden, concatenated along the feature dimension (index num_layers: the final state).
+        self._plain_layers: bool | None = None  # see _prefill_fuses
         self.aux_layers: tuple[int, ...] = ()
         self.aux_hidden: torch.Tensor | None = None
 
@@ -177,6 +179,8 @@ class LlamaModel:
             return self.native_step(input_ids, positions, kv_caches, batch)
         if self.decode_kernels is not None and plain_decode:
             return self._decode_fused(input_ids, positions, kv_caches, batch)
+        if self._prefill_fuses(batch, positions, embeds):
+            return self._prefill_fused(input_ids, positions, kv_caches, batch)
         x = self.embed_tokens(input_ids).to(self.act_dtype)
         width = x.shape[-1]
         if embeds is not None:
@@ -243,6 +247,55 @@ class LlamaModel:
                 o,
                 layer.window,
             )
+            kernels.add_rms_norm(x, layer.o(o.view(n, -1)), layer.post_norm, h, eps)
+            following = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
+            kernels.add_rms_norm(x, layer.mlp(h, kernels), following, h, eps)
+        self._keep_taps(taps, x)
+        return h
+
+    def _prefill_fuses(self, batch: AttentionBatch, positions, embeds) -> bool:
+        """Whether a prefill (or mixed) step on CUDA can run the decode step's fused kernels around its
+        products: the llama layer as it is (no override of its attention, norms or rope), text only,
+        with the varlen attention planned."""
+        if self.decode_kernels is None or self.device.type != "cuda" or embeds is not None:
+            return False
+        if batch.prefill_plan is None or not isinstance(positions, torch.Tensor) or positions.dim() != 1:
+            return False
+        if self._plain_layers is None:
+            cls, head_dim = type(self), self.cfg.head_dim
+            self._plain_layers = cls.rope_for is LlamaModel.rope_for and all(
+                type(layer).__call__ is LlamaLayer.__call__
+                and type(layer).attend is LlamaLayer.attend
+                and type(layer).norm is LlamaLayer.norm
+                and (layer.q_norm is None or layer.q_norm.numel() == head_dim)
+                and type(layer.attention) is CudaAttention
+                for layer in self.layers
+            )
+        return self._plain_layers
+
+    def _prefill_fused(self, input_ids, positions, kv_caches, batch: AttentionBatch) -> torch.Tensor:
+        """A prefill step through the decode step's kernels: add + RMSNorm in one kernel, q/k-norm +
+        RoPE + the KV store in one, SiLU-mul in one, around the products and the varlen attention
+        (instead of ~20 torch elementwise kernels a layer; the roundings are the same)."""
+        cfg, kernels = self.cfg, self.decode_kernels
+        n, eps = input_ids.shape[0], cfg.rms_norm_eps
+        x = self.embed_tokens(input_ids).to(self.act_dtype).contiguous()  # the residual stream, in place
+        h = torch.empty_like(x)
+        q = torch.empty(n, cfg.num_heads, cfg.head_dim, dtype=x.dtype, device=x.device)
+        kernels.add_rms_norm(x, None, self.layers[0].input_norm, h, eps)
+        taps = {}
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            if i in self.aux_layers:
+                taps[i] = x.clone()
+            cos, sin = self.rope[layer.rope]
+            kernels.qkv_rope_store(
+                layer.qkv(h), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, positions, cos, sin,
+                layer.q_norm, layer.k_norm, eps, batch.slot_mapping, k_cache, v_cache, q,
+            )  # fmt: skip
+            o = paged_prefill_attention(
+                q, k_cache, v_cache, *batch.prefill_plan, layer.attention.scale, layer.window,
+                layer.attention.softcap,
+            )  # fmt: skip
             kernels.add_rms_norm(x, layer.o(o.view(n, -1)), layer.post_norm, h, eps)
             following = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else self.norm
             kernels.add_rms_norm(x, layer.mlp(h, kernels), following, h, eps)
