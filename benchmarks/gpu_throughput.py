@@ -176,7 +176,9 @@ def main() -> None:
         help="comma-separated: each in the same run (auto: the model's dtype; fp8: E4M3 with row scales)",
     )
     parser.add_argument(
-        "--gpu-busy", action="store_true", help="also a profiled run: the share of the time a kernel ran",
+        "--gpu-busy",
+        action="store_true",
+        help="also a profiled run: the share of the time a kernel ran",
     )
     parser.add_argument(
         "--top", type=int, default=12, help="--gpu-busy: how many kernels the profiled run lists"

@@ -75,3 +75,13 @@ def test_the_race_over_logits_draws_from_the_tempered_distribution(temperature):
     assert counts[3] == 0
     for got, share in zip(counts[:3], want[:3]):
         assert abs(got / 20000 - share) < 0.02
+
+
+def test_to_device_gives_each_dtype_and_shape_back():
+    from trtedge.runtime.executor.sampler import to_device
+
+    device = torch.device("cuda")
+    assert to_device([[1, 2], [3, 4]], torch.long, device).tolist() == [[1, 2], [3, 4]]
+    assert to_device([0.5, 1.5], torch.float32, device).tolist() == [0.5, 1.5]
+    assert to_device([7, 8, 9], torch.int32, device).dtype == torch.int32
+    assert to_device([], torch.long, device).numel() == 0

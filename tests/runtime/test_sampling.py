@@ -282,3 +282,34 @@ def test_a_range_has_one_rule_and_one_message(field, values, message):
         with pytest.raises(ValueError, match=message + re.escape(repr(value))):
             SamplingParams(**{field: value})
     SamplingParams(**{field: 1.0})
+
+
+def test_mix_seeds_equals_mix_seed_on_every_row():
+    import random
+
+    from trtedge.runtime.executor.sampler import mix_seeds
+
+    rng = random.Random(0)
+    seeds = [rng.randrange(2**64) for _ in range(500)] + [0, 1, 2**63 - 1, 2**63, 2**64 - 1, -5, 2**70 + 3]
+    positions = [rng.randrange(-10, 10**7) for _ in seeds]
+    keys = [k & (2**64 - 1) for k in mix_seeds(seeds, positions).tolist()]
+    assert keys == [mix_seed(s, p) for s, p in zip(seeds, positions)]
+
+
+def test_race_inputs_hold_the_key_halves_then_the_temperature_bits():
+    from trtedge.runtime.executor.sampler import race_inputs, split_keys
+
+    seeds, positions, temperatures = [3, 2**64 - 7], [10, 0], [0.6, 1.5]
+    host = race_inputs(seeds, positions, temperatures)
+    assert host[:4].view(2, 2).tolist() == split_keys([mix_seed(s, p) for s, p in zip(seeds, positions)])
+    bits = host[4:].to(torch.int32).view(torch.float32)
+    assert bits.tolist() == torch.tensor(temperatures, dtype=torch.float32).tolist()
+
+
+def test_host_tensor_matches_torch_tensor():
+    from trtedge.runtime.executor.sampler import host_tensor
+
+    for values, dtype in [([1, 2, 3], torch.long), ([], torch.long), ([[1, 2], [3, 4]], torch.long),
+                          ([0.5, 2], torch.float32), ([7, -8], torch.int32), ([True, False], torch.long)]:  # fmt: skip
+        got, want = host_tensor(values, dtype), torch.tensor(values, dtype=dtype)
+        assert got.dtype == want.dtype and torch.equal(got, want)

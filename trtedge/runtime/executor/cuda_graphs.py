@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from trtedge.runtime.executor.sampler import to_device
+from trtedge.runtime.executor.sampler import host_tensor, to_device
 from trtedge.runtime.executor.state_pool import RecurrentBatch, RecurrentStatePool
 from trtedge.runtime.models.protocol import CausalLM
 from trtedge.runtime.ops.attention import AttentionBatch
@@ -24,16 +24,23 @@ def graph_batch_sizes(max_batch_size: int) -> list[int]:
     return sorted(set(sizes + [max_batch_size]))
 
 
-def stage_rows(columns: list[tuple[list[int], int]], size: int) -> torch.Tensor:
-    """The step's inputs as one host tensor [len(columns), size] (pinned on CUDA hosts, so that its copy
-    to the device does not wait for the device's queue): each column's values, then its padding value
-    up to ``size``. A column given no values is all padding."""
-    host = torch.tensor(
-        [values + [pad] * (size - len(values)) for values, pad in columns],
-        dtype=torch.long,
-        pin_memory=torch.cuda.is_available(),
-    )
-    return host
+def stage_rows(
+    columns: list[tuple[list[int], int]], size: int, tail: list[int] | None = None
+) -> torch.Tensor:
+    """The step's inputs as one host tensor (pinned on CUDA hosts, so that its copy to the device does
+    not wait for the device's queue): each column's values, then its padding value up to ``size``
+    ([len(columns), size]; a column given no values is all padding). With ``tail``: flat, the columns
+    row after row and then ``tail``."""
+    flat: list[int] = []
+    for values, pad in columns:
+        flat += values
+        flat += [pad] * (size - len(values))
+    if tail is not None:
+        flat += tail
+    host = host_tensor(flat, torch.long) if flat else torch.empty(0, dtype=torch.long)
+    if torch.cuda.is_available():
+        host = host.pin_memory()
+    return host if tail is not None else host.view(len(columns), size)
 
 
 class BlockTableRows:
@@ -52,6 +59,13 @@ class BlockTableRows:
 
     def seats(self, seq_ids: list[int], tables: list[list[int]], size: int) -> torch.Tensor:
         """The seats of the step's rows (``size`` with padding) on the device, their rows up to date."""
+        seats, update = self.plan(seq_ids, tables, size)
+        self.apply(to_device(update, torch.long, self.device))
+        return to_device(seats, torch.long, self.device)
+
+    def plan(self, seq_ids: list[int], tables: list[list[int]], size: int) -> tuple[list[int], list[int]]:
+        """On the host: the seats of the step's rows (``size`` with padding) and the writes that bring
+        their rows up to date, flat (rows, then columns, then values), for ``apply`` on the device."""
         seats, rows, cols, values = [], [], [], []
         for sid, table in zip(seq_ids, tables):
             seat = self._seat.get(sid)
@@ -74,10 +88,13 @@ class BlockTableRows:
                 self._written[sid] = table
             seats.append(seat)
         seats += [self.pad_seat] * (size - len(seats))
-        if values:
-            update = to_device([rows, cols, values], torch.long, self.device)
+        return seats, rows + cols + values
+
+    def apply(self, update: torch.Tensor) -> None:
+        """The writes ``plan`` listed, on the device ([3 * n] long)."""
+        if update.numel():
+            update = update.view(3, -1)
             self.rows.index_put_((update[0], update[1]), update[2].to(torch.int32))
-        return to_device(seats, torch.long, self.device)
 
     def _evict(self, keep: set[int]) -> None:
         for sid in [s for s in self._seat if s not in keep]:
@@ -109,13 +126,14 @@ class DecodeGraphs:
         self.scratch_block = scratch_block
         self.sizes = graph_batch_sizes(max_batch_size)
         n = self.sizes[-1]
-        self.ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.positions = torch.zeros(n, dtype=torch.long, device=device)
-        self.slots = torch.full((n,), scratch_block * block_size, dtype=torch.long, device=device)
+        self.pad_state = states.pad_row if states is not None else 0
+        # ids, positions, KV slots and state rows: rows of one buffer, which a step fills in one copy
+        self.inputs = torch.zeros(4, n, dtype=torch.long, device=device)
+        self.ids, self.positions, self.slots, self.state_rows = self.inputs.unbind(0)
+        self.slots.fill_(scratch_block * block_size)
+        self.state_rows.fill_(self.pad_state)
         self.tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=device)
         self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
-        self.pad_state = states.pad_row if states is not None else 0
-        self.state_rows = torch.full((n,), self.pad_state, dtype=torch.long, device=device)
         self.table_rows = BlockTableRows(2 * n, max_blocks, scratch_block, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -220,12 +238,13 @@ class DecodeGraphs:
         slots: list[int],
         tables: list[list[int]],
         context_lens: list[int],
-        fill: tuple[torch.Tensor, torch.Tensor] | None,
+        fill,
         seq_ids: list[int],
         state_rows: list[int] | None = None,
     ) -> torch.Tensor:
-        """Logits [len(ids), vocab] for one decode token per row. ``fill`` (rows, ids): input ids still
-        on the device (the last step's samples), written over the placeholders of ``ids``.
+        """Logits [len(ids), vocab] for one decode token per row. ``fill``: input ids still on the
+        device (the last step's samples), written over the placeholders of ``ids``: (rows, ids) device
+        tensors, or a ``runner.PendingFill`` (its host lists go with the step's other inputs).
         ``seq_ids``: the rows' sequences, whose block tables stay on the device between steps.
         ``state_rows``: with a state pool, each row's live state row (one row per sequence)."""
         size = self._stage(ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows)
@@ -253,23 +272,30 @@ class DecodeGraphs:
             raise RuntimeError(
                 "internal error: state rows are given exactly when the graphs hold a state pool"
             )
-        staged = stage_rows(
-            [
-                (ids, 0),
-                (positions, 0),
-                (slots, self.scratch_block * self.block_size),
-                (context_lens, 1),
-                (state_rows or [], self.pad_state),
-            ],
-            size,
-        ).to(self.ids.device, non_blocking=True)
-        self.ids[:size].copy_(staged[0])
-        if fill is not None:
+        # everything the step needs from the host in one copy: the input rows, the block-table seats,
+        # the last step's samples to take (fill), and the block-table writes
+        seats, update = self.table_rows.plan(seq_ids, tables, size)
+        pending = fill is not None and not isinstance(fill, tuple)
+        fill_rows, fill_src = (fill.rows, fill.src) if pending else ([], [])
+        columns = [
+            (ids, 0),
+            (positions, 0),
+            (slots, self.scratch_block * self.block_size),
+            (state_rows or [], self.pad_state),
+            (context_lens, 1),
+            (seats, self.table_rows.pad_seat),
+            (fill_rows, 0),
+            (fill_src, 0),
+        ]
+        staged = stage_rows(columns, size, update).to(self.ids.device, non_blocking=True)
+        rows = staged[: len(columns) * size].view(len(columns), size)
+        self.inputs[:, :size].copy_(rows[:4])
+        if pending:
+            k = len(fill_rows)
+            self.ids.index_copy_(0, rows[6, :k], fill.tokens.index_select(0, rows[7, :k]))
+        elif fill is not None:
             self.ids.index_copy_(0, *fill)
-        self.positions[:size].copy_(staged[1])
-        self.slots[:size].copy_(staged[2])
-        self.context_lens[:size].copy_(staged[3])
-        self.state_rows[:size].copy_(staged[4])
-        seats = self.table_rows.seats(seq_ids, tables, size)
-        torch.index_select(self.table_rows.rows, 0, seats, out=self.tables[:size])
+        self.context_lens[:size].copy_(rows[4])
+        self.table_rows.apply(staged[len(columns) * size :])
+        torch.index_select(self.table_rows.rows, 0, rows[5], out=self.tables[:size])
         return size

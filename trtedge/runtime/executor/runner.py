@@ -327,11 +327,7 @@ class ModelRunner:
                 k = seq.num_draft_tokens if seq.num_draft_tokens < n else 0
                 last_rows.extend(range(len(ids) - 1 - k, len(ids)))
                 sampled.extend([seq] * (k + 1))
-        fill = None
-        if fill_rows:
-            device = self.model.device
-            rows, src = _to_device(fill_rows, device), _to_device(fill_src, device)
-            fill = (rows, self._last_tokens.index_select(0, src))
+        fill = PendingFill(fill_rows, fill_src, self._last_tokens) if fill_rows else None
         embeds = None
         if any(seq.mm is not None for seq in batch.seqs):
             positions, embeds = media_inputs(self.media, batch, positions, self.model.device)
@@ -431,7 +427,7 @@ class ModelRunner:
         attn = self._attention_batch(slots, query_lens, context_lens, tables, decode)
         input_ids = _to_device(ids, device)
         if fill is not None:
-            input_ids.index_copy_(0, *fill)
+            input_ids.index_copy_(0, *fill.on_device())
         if isinstance(positions, torch.Tensor):  # (3, T) multimodal positions
             pos = positions.to(device)
         else:
@@ -534,6 +530,21 @@ class ModelRunner:
             f"internal error: request {seq.request_id} rolls its recurrent state back to {num_computed} "
             f"tokens, but {kept}"
         )
+
+
+@dataclass
+class PendingFill:
+    """Input ids still on the device: the last step's samples. Row ``rows[i]`` of the step's ids takes
+    ``tokens[src[i]]``; the decode graphs stage ``rows`` and ``src`` with their other inputs."""
+
+    rows: list[int]
+    src: list[int]
+    tokens: torch.Tensor
+
+    def on_device(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, ids) on the device, for ``index_copy_``."""
+        staged = to_device([self.rows, self.src], torch.long, self.tokens.device)
+        return staged[0], self.tokens.index_select(0, staged[1])
 
 
 def _trim(infos: list[TokenLogprobs], seq: Sequence) -> list[TokenLogprobs]:

@@ -6,6 +6,7 @@ request's tokens do not depend on the rest of the batch.
 
 from __future__ import annotations
 
+import array
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,34 @@ def mix_seed(seed: int, position: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     return z ^ (z >> 31)
+
+
+_HALF = 1 << 63
+_C1, _C2, _C3 = (c - (1 << 64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _lsr(z: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int64 values read as unsigned 64-bit."""
+    return (z >> n) & ((1 << (64 - n)) - 1)
+
+
+def mix_seeds(seeds: list[int], positions: list[int]) -> torch.Tensor:
+    """``mix_seed`` of every (seed, position) at once, on the host: [n] int64 holding the 64-bit keys
+    (two's complement). int64 products wrap modulo 2**64 as the masked Python ones do."""
+    signed = [s if 0 <= s < _HALF else (s & _MASK64) - ((s & _MASK64) >= _HALF) * (1 << 64) for s in seeds]
+    z = host_tensor(signed, torch.long) + (host_tensor(positions, torch.long) + 1) * _C1
+    z = (z ^ _lsr(z, 30)) * _C2
+    z = (z ^ _lsr(z, 27)) * _C3
+    return z ^ _lsr(z, 31)
+
+
+def race_inputs(seeds: list[int], positions: list[int], temperatures: list[float]) -> torch.Tensor:
+    """The race's per-row inputs in one host tensor for one copy: the keys' (low, high) 32-bit halves,
+    row after row, then each temperature's float32 bits ([3 * n] int64)."""
+    keys = mix_seeds(seeds, positions)
+    halves = torch.stack([keys & 0xFFFFFFFF, _lsr(keys, 32)], dim=1).flatten()
+    bits = host_tensor(temperatures, torch.float32).view(torch.int32).long()
+    return torch.cat([halves, bits])
 
 
 @dataclass
@@ -132,7 +161,23 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
     for every kernel queued before it)."""
     if device.type == "cpu":
         return torch.tensor(values, dtype=dtype)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+    return host_tensor(values, dtype).pin_memory().to(device, non_blocking=True)
+
+
+_TYPECODES = {torch.long: "q", torch.int32: "i", torch.float32: "f", torch.float64: "d"}
+
+
+def host_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+    """A flat host list as a tensor: through ``array`` where the dtype maps to one (several times
+    faster than ``torch.tensor`` reading a list element by element, which costs ~0.1 us a value: the
+    engine stages thousands a step); nested or unusual lists as ``torch.tensor`` takes them."""
+    code = _TYPECODES.get(dtype)
+    if code is not None and values and not isinstance(values[0], (list, tuple)):
+        try:
+            return torch.frombuffer(array.array(code, values), dtype=dtype)
+        except (TypeError, OverflowError):
+            pass
+    return torch.tensor(values, dtype=dtype)
 
 
 def is_plain(p) -> bool:
@@ -170,12 +215,15 @@ def _adjust(row: torch.Tensor, seq: Sequence) -> None:
 
 def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], positions: list[int]) -> torch.Tensor:
     """Batched temperature / top-k / top-p / min-p sampling; returns one token id per row."""
-    keys = [mix_seed(s.seed, pos) for s, pos in zip(seqs, positions)]
     if triton_sampling.supported(logits) and all(temperature_only(s.params) for s in seqs):
-        # the race straight from the logits: no softmax pass and no probability tensor
-        temperature = to_device([s.params.temperature for s in seqs], torch.float32, logits.device)
-        keys_tensor = to_device(split_keys(keys), torch.long, logits.device)
-        return triton_sampling.race_logits(logits, temperature, keys_tensor)
+        # the race straight from the logits: no softmax pass and no probability tensor; its inputs
+        # (keys and temperatures) go to the device in one copy
+        n = len(seqs)
+        host = race_inputs([s.seed for s in seqs], positions, [s.params.temperature for s in seqs])
+        staged = host.pin_memory().to(logits.device, non_blocking=True)
+        temperature = staged[2 * n :].to(torch.int32).view(torch.float32)
+        return triton_sampling.race_logits(logits, temperature, staged[: 2 * n].view(n, 2))
+    keys = [mix_seed(s.seed, pos) for s, pos in zip(seqs, positions)]
     probs = sampling_probs(logits, seqs)
     if triton_sampling.supported(probs):  # the same race in one pass (the torch lines are its reference)
         return triton_sampling.race(probs, to_device(split_keys(keys), torch.long, probs.device))
