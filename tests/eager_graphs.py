@@ -13,7 +13,7 @@ class EagerGraphs:
     def fits(self, num_seqs: int) -> bool:
         return True
 
-    def run(self, ids, positions, slots, tables, context_lens, fill=None, seq_ids=None, rows=None):
+    def run(self, ids, positions, slots, tables, context_lens, fill=None, seq_ids=None, rows=None, raw=False):
         assert isinstance(positions, list), "decode graphs got multimodal (3, T) positions"
         self.calls += 1
         n = len(ids)

@@ -199,7 +199,9 @@ class DecodeGraphs:
             self.ids[:size], self.positions[:size], kv_caches, self._batch(size), **extra
         )
         self.hidden[size] = hidden
-        return self.model.logits(hidden)
+        # in the model's dtype where it has no float-only step (softcap): the sampler's race reads them
+        # as they are, and ``run`` converts them for the other readers
+        return getattr(self.model, "decode_logits", self.model.logits)(hidden)
 
     def _chain(self, size: int, kv_caches) -> torch.Tensor:
         """``chain_depth`` decode steps, each row's argmax the next step's input at the next position
@@ -241,12 +243,15 @@ class DecodeGraphs:
         fill,
         seq_ids: list[int],
         state_rows: list[int] | None = None,
+        raw: bool = False,
     ) -> torch.Tensor:
         """Logits [len(ids), vocab] for one decode token per row. ``fill``: input ids still on the
         device (the last step's samples), written over the placeholders of ``ids``: (rows, ids) device
         tensors, or a ``runner.PendingFill`` (its host lists go with the step's other inputs).
         ``seq_ids``: the rows' sequences, whose block tables stay on the device between steps.
-        ``state_rows``: with a state pool, each row's live state row (one row per sequence)."""
+        ``state_rows``: with a state pool, each row's live state row (one row per sequence). ``raw``:
+        the graph's buffer as it is (the model's dtype, bf16 say; read it before the next step), else
+        float32."""
         size = self._stage(ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows)
         self.graphs[size].replay()
         self.num_replays += 1
@@ -254,7 +259,8 @@ class DecodeGraphs:
             self.model.aux_hidden = self.hidden[size][: len(ids)]
         if self.aux_layers:
             self.model.aux_hidden = self.aux[size][: len(ids)]
-        return self.logits[size][: len(ids)]
+        logits = self.logits[size][: len(ids)]
+        return logits if raw else logits.float()
 
     def run_chain(self, ids, positions, slots, tables, context_lens, fill, seq_ids) -> torch.Tensor:
         """``chain_depth`` greedy decode steps from the rows given (as ``run`` takes them), each step's

@@ -342,7 +342,7 @@ class ModelRunner:
         logits = None
         if decode and not score_rows:
             seq_ids = [seq.seq_id for seq in batch.seqs]
-            logits = self.graph_logits(ids, positions, slots, tables, context_lens, seq_ids, fill)
+            logits = self.graph_logits(ids, positions, slots, tables, context_lens, seq_ids, fill, raw=True)
         if logits is not None:
             if len(last_rows) != len(ids):  # a one-token prefill chunk short of the prompt's end: no sample
                 logits = logits.index_select(0, _to_device(last_rows, logits.device))
@@ -371,12 +371,12 @@ class ModelRunner:
         return sampled, result, prompt_scores
 
     def graph_logits(
-        self, ids, positions, slots, tables, context_lens, seq_ids, fill=None
+        self, ids, positions, slots, tables, context_lens, seq_ids, fill=None, raw: bool = False
     ) -> torch.Tensor | None:
         """Logits of decode rows (one token each, several rows per sequence allowed: a speculative chain
         scores one row per node) through the decode CUDA graphs; None when the graphs cannot take them.
-        ``fill``: as ``DecodeGraphs.run``. The logits are the graph's output buffer: read them before
-        the next step."""
+        ``fill``, ``raw``: as ``DecodeGraphs.run`` (raw logits are the graph's output buffer: read them
+        before the next step)."""
         graphs = self.graphs
         if graphs is None or self.model.aux_layers != graphs.aux_layers or not graphs.fits(len(ids)):
             return None
@@ -386,7 +386,7 @@ class ModelRunner:
         rows = states.rows if states is not None else None
         if self.tp is not None:  # the other ranks replay the same graph
             self.tp.send_graph_step(ids, positions, slots, tables, context_lens, seq_ids, states)
-        logits = self.graphs.run(ids, positions, slots, tables, context_lens, fill, seq_ids, rows)
+        logits = self.graphs.run(ids, positions, slots, tables, context_lens, fill, seq_ids, rows, raw)
         if states is not None:
             self.states.save_checkpoints(states)
         return logits

@@ -68,7 +68,8 @@ class Sampler:
     def __call__(
         self, logits: torch.Tensor, seqs: list[Sequence], masks=None
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """logits: [len(seqs), vocab] float32; ``masks`` (guided.GuideMasks) restricts the guided rows.
+        """logits: [len(seqs), vocab] float32 (or the model's dtype, as the decode graphs give them:
+        read as they are where no pass changes them); ``masks`` (guided.GuideMasks) restricts the guided rows.
         Returns the chosen token per row and optional logprobs (waits for the device)."""
         return self.sample(logits, seqs, masks).host()
 
@@ -78,8 +79,8 @@ class Sampler:
         """Enqueue the sampling of every row on the device, without waiting for it. ``positions``: the
         token count each row samples at (its key into the seeded stream); default ``row.num_tokens``."""
         plain = all(is_plain(s.params) for s in seqs)
-        if not plain or masks is not None:
-            logits = logits.clone()
+        if not plain or masks is not None:  # changed in place below: a float32 copy
+            logits = logits.clone() if logits.dtype == torch.float32 else logits.float()
         if masks is not None:
             masks.apply(logits)
         if not plain:
@@ -101,7 +102,7 @@ class Sampler:
         top_k = max((k for k in ks if k is not None), default=None)
         chosen_lp = top_values = top_ids = None
         if top_k is not None:
-            logprobs_all = torch.log_softmax(logits, dim=-1)
+            logprobs_all = torch.log_softmax(logits.float(), dim=-1)
             chosen_lp = logprobs_all.gather(1, choice[:, None])[:, 0]
             if top_k > 0:
                 top_values, top_ids = logprobs_all.topk(top_k, dim=-1)

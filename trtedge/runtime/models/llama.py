@@ -356,6 +356,13 @@ class LlamaModel:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return softcap(self.lm_head(hidden).float(), self.cfg.final_logit_softcapping)
 
+    def decode_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``logits`` in the model's dtype where no softcap applies (the decode graphs' output: their
+        float32 copy was a pass over [rows, vocab] a step; the sampler converts where it needs to)."""
+        if self.cfg.final_logit_softcapping is not None:
+            return self.logits(hidden)
+        return self.lm_head(hidden)
+
     @property
     def weight_bytes(self) -> int:
         return sum(m.nbytes for m in [self.lm_head] + [m for layer in self.layers for m in layer.linears])
