@@ -17,6 +17,7 @@ eagle3 / dflash the random heads of ``benchmarks/speculative.py``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -90,6 +91,49 @@ def instrument(llm) -> tuple[Spans, callable]:
     return spans, dec
 
 
+class GcClock:
+    """Time the interpreter spends in garbage collection, by generation, inside a speculative engine's
+    verify span (its step less the proposal) and elsewhere: a collection inside the span counts as
+    verify time in the engine's figure."""
+
+    def __init__(self, dec):
+        self.where = "other"
+        self.started = 0.0
+        self.ms = defaultdict(float)
+        self.count = defaultdict(int)
+        if dec is not None:
+            step, propose = dec.step, dec.proposer.propose
+
+            def in_step(batch):
+                self.where = "verify"
+                try:
+                    return step(batch)
+                finally:
+                    self.where = "other"
+
+            def in_propose(*a, **k):
+                self.where = "propose"
+                try:
+                    return propose(*a, **k)
+                finally:
+                    self.where = "verify"
+
+            dec.step, dec.proposer.propose = in_step, in_propose
+        gc.callbacks.append(self.callback)
+
+    def callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        key = f"{self.where}.gen{info['generation']}"
+        self.ms[key] += 1000 * (time.perf_counter() - self.started)
+        self.count[key] += 1
+
+    def close(self) -> dict:
+        gc.callbacks.remove(self.callback)
+        return {k: [self.count[k], round(v, 3)] for k, v in sorted(self.ms.items())}
+
+
 def replay_times(graphs, repeats: int = 100) -> dict:
     """Mean replay time (ms) of each captured size, CUDA events around ``repeats`` replays."""
     out = {}
@@ -153,6 +197,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--mtp-layers", type=int, default=24)
+    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after each engine starts")
     parser.add_argument(
         "--profile-tokens", type=int, default=12, help="tokens of the profiled run; 0 skips it"
     )
@@ -184,7 +229,12 @@ def main() -> None:
                 engine_process=False,
             ) as llm:
                 built = time.perf_counter() - started
+                if args.gc_freeze:  # what the engine holds after its start leaves the collector's scans
+                    gc.collect()
+                    gc.freeze()
+                clock = GcClock(llm.engine.speculative)
                 row = run(llm, PROMPT, args.tokens, 1)  # the benchmark's figure, same formula
+                gc_ms = clock.close()
                 figure = dict(
                     figure="verify_profile",
                     method=method,
@@ -195,6 +245,8 @@ def main() -> None:
                     verify_ms=round(row["verify_ms"], 4),
                     propose_ms=round(row["propose_ms"], 4),
                     per_step=round(row["per_step"] or 0, 3),
+                    gc_freeze=args.gc_freeze,
+                    gc_count_ms_two_runs=gc_ms,  # where: [collections, ms] over the warm-up and timed run
                 )
                 if spec is None:
                     plain_ms[path] = figure["step_ms"]
