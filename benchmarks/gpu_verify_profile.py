@@ -1,17 +1,21 @@
 """Where a speculative verify step's time goes, per method, at batch 1: the figure
-``benchmarks/speculative.py`` prints (verify ms over a plain step), then the verify span split into its
-parts (host staging and the target forward, the acceptance, the commit, the proposer's bookkeeping),
-the pure replay time of each captured decode graph (1 row = a plain step's forward, k + 1 rows = a
-verify step's), and the torch profiler's tables over a few steps. For the note when the verify
-target (<= 1.3x a plain step) is missed.
+``benchmarks/speculative.py`` prints (verify ms over a plain step, its ``run`` with one warm-up and one
+timed run), with the spread of the timed run's verify steps and the garbage collections inside and
+outside the verify span; the verify span split into its parts, each closed by a device sync (host
+staging and the target forward, the commit, the proposer's bookkeeping); the pure replay time of each
+captured decode graph by rows (1 row: a plain step's forward; k + 1 rows: a chain verify step's); and
+the torch profiler's kernel and host tables over a few steps. For the note when the verify target
+(<= 1.3x a plain step) is missed.
 
-    python benchmarks/gpu_verify_profile.py --methods plain,ngram,eagle3 [--shape qwen3-0.6b]
-    python benchmarks/gpu_verify_profile.py --methods dflash,draft
-    python benchmarks/gpu_verify_profile.py --methods mtp        # a Qwen3.5-style target, its own plain row
+    python benchmarks/gpu_verify_profile.py --methods plain,eagle3,dflash,draft,ngram --gc --profile-methods eagle3
+    python benchmarks/gpu_verify_profile.py --methods mtp,mtp-plain   # a Qwen3.5-style target and its plain row
 
-Every engine runs in this process (the wrappers reach its decoder). ``plain`` is the plain engine
-(asynchronous scheduling, as the benchmark's plain row); ``draft`` is the target's first 2 layers;
-eagle3 / dflash the random heads of ``benchmarks/speculative.py``.
+Every engine runs in this process (the wrappers reach its decoder), so a ratio's plain row must come
+first among a target's engines. ``plain`` is the plain engine (asynchronous scheduling, as the
+benchmark's plain row); ``draft`` drafts with the target's first 2 layers; eagle3 / dflash are the
+random heads of ``benchmarks/speculative.py`` (dflash at its default geometry: a block of 16, 15
+proposals); mtp at its default depth (1). ``--gc`` measures each engine again with the heap frozen
+(``gc.freeze()``) and then with the collector disabled.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import sys
 import tempfile
 import time
+import traceback
 from collections import defaultdict
 from pathlib import Path
 
@@ -33,6 +38,7 @@ from benchmarks.shapes import qwen3_5_config, qwen3_config, write_config_shape, 
 from benchmarks.speculative import run, write_dflash_draft, write_eagle3_head  # noqa: E402
 from trtedge import LLM, SamplingParams  # noqa: E402
 
+START = time.perf_counter()
 PROMPT = [int(t) for t in (list(range(1000, 1064)) * 3)]  # the benchmark's repetitive prompt
 
 
@@ -51,8 +57,9 @@ class Spans:
 
     def wrap(self, name: str, fn, launch_name: str | None = None):
         def wrapped(*a, **k):
-            if not self.enabled:
-                return fn(*a, **k)
+            if not self.enabled:  # labelled for the profiler's tables
+                with torch.profiler.record_function(name):
+                    return fn(*a, **k)
             sync()
             start = time.perf_counter()
             with torch.profiler.record_function(name):
@@ -91,25 +98,43 @@ def instrument(llm) -> tuple[Spans, callable]:
     return spans, dec
 
 
-class GcClock:
-    """Time the interpreter spends in garbage collection, by generation, inside a speculative engine's
-    verify span (its step less the proposal) and elsewhere: a collection inside the span counts as
-    verify time in the engine's figure."""
+def sm_clock() -> int | None:
+    """The device's SM clock (MHz) through NVML, None where it cannot be read."""
+    try:
+        return torch.cuda.clock_rate() if torch.cuda.is_available() else None
+    except Exception:  # no NVML bindings
+        return None
+
+
+class StepClock:
+    """Per verify step: the engine's verify span (its SpecStats), and the time the interpreter spends in
+    garbage collection, by generation, inside a speculative step's verify span (the step less the
+    proposal) and elsewhere: a collection inside the span counts as verify time in the engine's
+    figure."""
 
     def __init__(self, dec):
         self.where = "other"
         self.started = 0.0
         self.ms = defaultdict(float)
         self.count = defaultdict(int)
+        self.verify_ms: list[float] = []
+        self.clocks: list[int | None] = []
+        self.dec, self.saved = dec, None
         if dec is not None:
             step, propose = dec.step, dec.proposer.propose
+            self.saved = step, propose
 
             def in_step(batch):
                 self.where = "verify"
+                before, steps = dec.stats.verification_time, dec.stats.steps
                 try:
                     return step(batch)
                 finally:
                     self.where = "other"
+                    if dec.stats.steps > steps:
+                        self.verify_ms.append(1000 * (dec.stats.verification_time - before))
+                        if len(self.verify_ms) % 4 == 1:  # outside the span: the SM clock now
+                            self.clocks.append(sm_clock())
 
             def in_propose(*a, **k):
                 self.where = "propose"
@@ -131,7 +156,49 @@ class GcClock:
 
     def close(self) -> dict:
         gc.callbacks.remove(self.callback)
-        return {k: [self.count[k], round(v, 3)] for k, v in sorted(self.ms.items())}
+        if self.saved is not None:
+            self.dec.step, self.dec.proposer.propose = self.saved
+        out = {"gc_collections_ms": {k: [self.count[k], round(v, 3)] for k, v in sorted(self.ms.items())}}
+        if self.verify_ms:
+            ms = sorted(self.verify_ms)
+            median = ms[len(ms) // 2]
+            out |= dict(
+                verify_steps=len(ms),
+                verify_median_ms=round(median, 4),
+                verify_p90_ms=round(ms[int(0.9 * (len(ms) - 1))], 4),
+                verify_max_ms=round(ms[-1], 4),
+                verify_over_2x_median=[round(v, 3) for v in ms if v > 2 * median],
+            )
+        clocks = sorted(c for c in self.clocks if c is not None)
+        if clocks:
+            out["sm_clock_mhz_min_median_max"] = [clocks[0], clocks[len(clocks) // 2], clocks[-1]]
+        return out
+
+
+def measure(llm, tokens: int) -> dict:
+    """The benchmark's figure (``benchmarks.speculative.run``: one warm-up run, one timed) with the
+    step clock: collections over both runs, the verify steps' spread over the timed one."""
+    clock = StepClock(llm.engine.speculative)
+    generate = llm.generate
+
+    def marked(*a, **k):  # the step figures are the last (timed) run's
+        clock.verify_ms.clear()
+        clock.clocks.clear()
+        return generate(*a, **k)
+
+    llm.generate = marked
+    try:
+        row = run(llm, PROMPT, tokens, 1)
+    finally:
+        del llm.generate
+    out = dict(
+        tok_s=round(row["tok_s"], 1),
+        step_ms=round(1000 / row["tok_s"], 4),
+        verify_ms=round(row["verify_ms"], 4),
+        propose_ms=round(row["propose_ms"], 4),
+        per_step=round(row["per_step"] or 0, 3),
+    )
+    return out | clock.close()
 
 
 def replay_times(graphs, repeats: int = 100) -> dict:
@@ -147,21 +214,61 @@ def replay_times(graphs, repeats: int = 100) -> dict:
         end.record()
         sync()
         out[size] = round(start.elapsed_time(end) / repeats, 4)
+    out["sm_clock_mhz"] = sm_clock()
     return out
 
 
-def profile_tables(llm, tokens: int) -> None:
+def profile_steps(llm, steps: int, skip: int = 4) -> None:
+    """The torch profiler's tables for speculative decoding: the kernels of a short run (its prefill
+    and about ``skip + steps`` speculative steps; a profiler of the calling thread sees every kernel),
+    then the host ops of ``steps`` speculative steps after the first ``skip`` of another run, that
+    profiler started and stopped on the engine's thread (the steps run there: a profiler of the
+    calling thread records none of their host ops)."""
+    tokens = 4 * (skip + steps) + 8
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
-    activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            llm.generate(PROMPT, SamplingParams(max_tokens=skip + steps, temperature=0, ignore_eos=True))
+            sync()
+        print(f"kernels of a {skip + steps}-token run (its prefill included):")
+        table = prof.key_averages().table(
+            sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70
+        )
+        print(table, flush=True)
+    dec = llm.engine.speculative
+    step, state = dec.step, {"seen": 0, "prof": None}
+
+    def profiled(batch):  # a profiler failure must not fail the engine's step
+        state["seen"] += 1
+        if state["seen"] == skip + 1:
+            try:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                prof.__enter__()
+                state["prof"] = prof
+            except Exception as e:
+                state["error"] = repr(e)
+        try:
+            return step(batch)
+        finally:
+            if state["seen"] == skip + steps and state["prof"] is not None:
+                sync()
+                try:
+                    state["prof"].__exit__(None, None, None)
+                except Exception as e:
+                    state["error"], state["prof"] = repr(e), None
+
+    dec.step = profiled
+    try:
         llm.generate(PROMPT, params)
-        sync()
-    averages = prof.key_averages()
-    if torch.cuda.is_available():
-        print(averages.table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))
-    print(averages.table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
+    finally:
+        dec.step = step
+    prof = state["prof"]
+    if prof is None or state["seen"] < skip + steps:
+        print(f"profiler: {state['seen']} speculative steps (wanted {skip + steps}); {state.get('error')}")
+        return
+    print(f"host ops of {steps} speculative steps (drafting and verification), the engine's thread:")
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=70)
+    print(table, flush=True)
 
 
 def method_spec(method: str, tmp: Path, shape: str, k: int, layers: int = 0) -> dict | None:
@@ -187,6 +294,86 @@ def method_spec(method: str, tmp: Path, shape: str, k: int, layers: int = 0) -> 
     raise ValueError(f"unknown method {method!r}")
 
 
+def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -> None:
+    """One engine's figures, printed as they come."""
+    qwen35 = tmp / "qwen3.5"
+    spec = method_spec(method, tmp, args.shape, args.k, args.layers)
+    path = target
+    if method in ("mtp", "mtp-plain"):
+        if not qwen35.exists():
+            write_config_shape(qwen35, qwen3_5_config(args.mtp_layers))
+        path = qwen35
+    started = time.perf_counter()
+    with LLM(
+        str(path),
+        load_format="dummy",
+        dtype=args.dtype,
+        max_kv_cache_capacity=2048,
+        speculative_config=spec,
+        engine_process=False,
+    ) as llm:
+        built = time.perf_counter() - started
+        figure = dict(
+            figure="verify_profile",
+            method=method,
+            spec=spec and {k: v for k, v in spec.items() if k != "model"},
+            build_s=round(built, 1),
+            process_s=round(time.perf_counter() - START, 1),
+            as_is=measure(llm, args.tokens),  # the collector as the engine leaves it
+        )
+        if args.gc:  # then with the heap at this point frozen (left out of collections), then none
+            gc.collect()
+            gc.freeze()
+            figure["gc_frozen"] = measure(llm, args.tokens)
+            gc.disable()
+            figure["gc_disabled"] = measure(llm, args.tokens)
+            gc.enable()
+            gc.unfreeze()
+        for key in ("as_is", "gc_frozen", "gc_disabled"):
+            if key not in figure:
+                continue
+            if spec is None:
+                plain_ms[path, key] = figure[key]["step_ms"]
+            elif (path, key) in plain_ms:
+                ratio = figure[key]["verify_ms"] / plain_ms[path, key]
+                figure[key]["verify_over_plain"] = round(ratio, 3)
+        dec = llm.engine.speculative
+        graphs = llm.engine.runner.graphs
+        if graphs is not None:
+            figure["graph_sizes"] = graphs.sizes
+            figure["aux_layers"] = list(graphs.aux_layers)
+        if dec is not None:
+            figure["verify_steps"], figure["graph_steps"] = dec.verify_steps, dec.graph_steps
+        print(json.dumps(figure), flush=True)
+        if dec is not None:  # each part of the span closed by a sync (the figure above has none)
+            figure = dict(figure="verify_spans", method=method)
+            spans, dec = instrument(llm)
+            spans.enabled = True
+            before = dec.stats.verification_time, dec.stats.steps
+            llm.generate(PROMPT, SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True))
+            steps = dec.stats.steps - before[1]
+            figure["instrumented_verify_ms"] = round(
+                1000 * (dec.stats.verification_time - before[0]) / max(steps, 1), 4
+            )
+            figure["instrumented_steps"] = steps
+            figure["instrumented_spans_ms_per_step"] = spans.report(steps)
+            figure["instrumented_calls"] = dict(spans.count)
+            spans.enabled = False
+            print(json.dumps(figure), flush=True)
+        if (
+            dec is not None
+            and args.profile_steps
+            and (args.profile_methods == "all" or method in args.profile_methods.split(","))
+        ):
+            print(f"--- torch profiler, {method}, {args.profile_steps} speculative steps ---", flush=True)
+            profile_steps(llm, args.profile_steps)
+        if graphs is not None:  # last: replays write the scratch inputs of the last step
+            print(
+                json.dumps(dict(figure="graph_replay_ms", method=method, by_rows=replay_times(graphs))),
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -197,10 +384,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--mtp-layers", type=int, default=24)
-    parser.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after each engine starts")
     parser.add_argument(
-        "--profile-tokens", type=int, default=12, help="tokens of the profiled run; 0 skips it"
+        "--gc",
+        action="store_true",
+        help="measure each engine again after gc.collect(); gc.freeze(), then with the collector disabled",
     )
+    parser.add_argument(
+        "--profile-methods",
+        default="",
+        help="comma-separated methods to run the torch profiler on (all: every one)",
+    )
+    parser.add_argument("--profile-steps", type=int, default=4, help="speculative steps the profiler records")
     parser.add_argument(
         "--layers", type=int, default=0, help="override the target's layers (a CPU smoke run)"
     )
@@ -211,79 +405,18 @@ def main() -> None:
         if args.layers:
             cfg = json.loads((target / "config.json").read_text()) | dict(num_hidden_layers=args.layers)
             (target / "config.json").write_text(json.dumps(cfg))
-        qwen35 = None
         plain_ms = {}  # target -> a plain step (the plain row's 1 / tok/s)
         for method in args.methods.split(","):
-            spec = method_spec(method, tmp, args.shape, args.k, args.layers)
-            path = target
-            if method in ("mtp", "mtp-plain"):
-                qwen35 = qwen35 or write_config_shape(tmp / "qwen3.5", qwen3_5_config(args.mtp_layers))
-                path = qwen35
-            started = time.perf_counter()
-            with LLM(
-                str(path),
-                load_format="dummy",
-                dtype=args.dtype,
-                max_kv_cache_capacity=2048,
-                speculative_config=spec,
-                engine_process=False,
-            ) as llm:
-                built = time.perf_counter() - started
-                if args.gc_freeze:  # what the engine holds after its start leaves the collector's scans
-                    gc.collect()
-                    gc.freeze()
-                clock = GcClock(llm.engine.speculative)
-                row = run(llm, PROMPT, args.tokens, 1)  # the benchmark's figure, same formula
-                gc_ms = clock.close()
-                figure = dict(
-                    figure="verify_profile",
-                    method=method,
-                    spec=spec and {k: v for k, v in spec.items() if k != "model"},
-                    build_s=round(built, 1),
-                    tok_s=round(row["tok_s"], 1),
-                    step_ms=round(1000 / row["tok_s"], 4),
-                    verify_ms=round(row["verify_ms"], 4),
-                    propose_ms=round(row["propose_ms"], 4),
-                    per_step=round(row["per_step"] or 0, 3),
-                    gc_freeze=args.gc_freeze,
-                    gc_count_ms_two_runs=gc_ms,  # where: [collections, ms] over the warm-up and timed run
-                )
-                if spec is None:
-                    plain_ms[path] = figure["step_ms"]
-                elif path in plain_ms:
-                    figure["verify_over_plain"] = round(figure["verify_ms"] / plain_ms[path], 3)
-                dec = llm.engine.speculative
-                if dec is not None:
-                    figure["verify_steps"], figure["graph_steps"] = dec.verify_steps, dec.graph_steps
-                    spans, dec = instrument(llm)
-                    spans.enabled = True
-                    before = dec.stats.verification_time, dec.stats.steps
-                    llm.generate(
-                        PROMPT, SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
-                    )
-                    steps = dec.stats.steps - before[1]
-                    figure["instrumented_verify_ms"] = round(
-                        1000 * (dec.stats.verification_time - before[0]) / max(steps, 1), 4
-                    )
-                    figure["instrumented_steps"] = steps
-                    figure["instrumented_spans_ms_per_step"] = spans.report(steps)
-                    figure["instrumented_calls"] = dict(spans.count)
-                    spans.enabled = False
-                graphs = llm.engine.runner.graphs
-                if graphs is not None:
-                    figure["graph_sizes"] = graphs.sizes
-                    figure["aux_layers"] = list(graphs.aux_layers)
-                print(json.dumps(figure), flush=True)
-                if args.profile_tokens:
-                    print(f"--- torch profiler, {method}, {args.profile_tokens} tokens ---", flush=True)
-                    profile_tables(llm, args.profile_tokens)
-                if graphs is not None:  # last: replays write the scratch inputs of the last step
-                    print(
-                        json.dumps(
-                            dict(figure="graph_replay_ms", method=method, by_rows=replay_times(graphs))
-                        ),
-                        flush=True,
-                    )
+            try:
+                profile_method(method, args, tmp, target, plain_ms)
+            except Exception:  # the next engine still runs
+                traceback.print_exc()
+                print(json.dumps(dict(figure="failed", method=method)), flush=True)
+                gc.enable()
+                gc.unfreeze()
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -149,6 +149,38 @@ def test_tree_verification_matches_plain_and_rolls_back(target):
     assert stats.accepted_tokens >= 2 * stats.steps - 8  # two right answers per step (bar the end)
 
 
+def test_a_proposers_bookkeeping_after_verification_counts_as_proposal_time(target):
+    """The verify span is the target's forward and the acceptance: what a proposer does with the
+    verdict (a head keeps the accepted rows' hidden states) is drafting work."""
+    import time
+
+    from trtedge.runtime.engine import Engine
+    from trtedge.runtime.speculative.ngram import NgramProposer
+
+    class SlowBookkeeping(NgramProposer):
+        def verified(self, seq, draft, path, aux):
+            time.sleep(0.02)
+
+    model, tok = target
+    prompts = repetitive_prompts(1)
+    plain, _ = generate(model, tok, prompts)
+    original = Engine.__init__
+
+    def patched(self, *a, **kw):
+        original(self, *a, **kw)
+        self.speculative.proposer = SlowBookkeeping()
+
+    Engine.__init__ = patched
+    try:
+        outs, eng = generate(model, tok, prompts, speculative=SpeculativeConfig("ngram"))
+    finally:
+        Engine.__init__ = original
+    stats = eng.speculative.stats
+    assert outs == plain and stats.steps > 0
+    assert stats.proposal_time >= 0.02 * stats.steps
+    assert stats.verification_time < stats.proposal_time
+
+
 def test_disable_spec_decode_and_penalties_take_the_plain_path(target):
     model, tok = target
     prompts = repetitive_prompts(2)

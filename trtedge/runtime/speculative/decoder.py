@@ -11,6 +11,7 @@ import torch
 
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.core.scheduler import ScheduledBatch
+from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.speculative.config import SpeculativeConfig
 from trtedge.runtime.speculative.tree import Draft, span_mask
@@ -121,7 +122,7 @@ class SpeculativeDecoder:
         # one read-back for every plain greedy row's target tokens
         plain = [seq.params.greedy and seq.matcher is None and not seq.params.logit_bias for seq, _ in kept]
         argmax = logits.argmax(dim=-1).tolist() if any(plain) else None
-        results = []
+        results, verdicts = [], []
         offset = 0
         for (seq, draft), simple in zip(kept, plain):
             count = len(draft) + 1
@@ -133,15 +134,22 @@ class SpeculativeDecoder:
                     rows_logits = _with_guide(rows_logits, seq, draft)
                 verdict = verify(_with_bias(rows_logits, seq), seq, draft)
             seq_aux = None
-            if aux is not None:
-                keep = torch.tensor([offset] + [offset + n for n in verdict.path], device=aux.device)
+            if aux is not None and draft.is_chain:  # root + accepted nodes: the first rows, a view
+                seq_aux = aux[offset : offset + 1 + len(verdict.path)]
+            elif aux is not None:
+                keep = to_device([offset] + [offset + n for n in verdict.path], torch.long, aux.device)
                 seq_aux = aux.index_select(0, keep)
             offset += len(draft) + 1
             self._commit(seq, draft, verdict)
-            self.proposer.verified(seq, draft, verdict.path, seq_aux)
             results.append((seq, verdict.tokens))
+            verdicts.append((seq, draft, verdict.path, seq_aux))
         done = time.perf_counter()
-        step = SpecStats(1, 0, 0, 0, proposed - started, done - proposed)
+        # the proposer's bookkeeping (a head keeps the accepted rows' hidden states) is drafting work:
+        # it counts as proposal time, the verify span being the target's forward and the acceptance
+        for seq, draft, path, seq_aux in verdicts:
+            self.proposer.verified(seq, draft, path, seq_aux)
+        kept_time = time.perf_counter() - done
+        step = SpecStats(1, 0, 0, 0, proposed - started + kept_time, done - proposed)
         for (seq, draft), (_, tokens) in zip(kept, results):
             mine = SpecStats(
                 1, len(draft), len(tokens) - 1, len(tokens), step.proposal_time, step.verification_time
