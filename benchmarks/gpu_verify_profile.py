@@ -7,14 +7,15 @@ captured decode graph by rows (1 row: a plain step's forward; k + 1 rows: a chai
 the torch profiler's kernel and host tables over a few steps. For the note when the verify target
 (<= 1.3x a plain step) is missed.
 
-    python benchmarks/gpu_verify_profile.py --methods plain,eagle3,dflash,draft,ngram --gc --profile-methods eagle3
+    python benchmarks/gpu_verify_profile.py --methods plain,eagle3,dflash,draft,ngram --gc-methods plain,eagle3 \
+        --profile-methods eagle3
     python benchmarks/gpu_verify_profile.py --methods mtp,mtp-plain   # a Qwen3.5-style target and its plain row
 
 Every engine runs in this process (the wrappers reach its decoder), so a ratio's plain row must come
 first among a target's engines. ``plain`` is the plain engine (asynchronous scheduling, as the
 benchmark's plain row); ``draft`` drafts with the target's first 2 layers; eagle3 / dflash are the
 random heads of ``benchmarks/speculative.py`` (dflash at its default geometry: a block of 16, 15
-proposals); mtp at its default depth (1). ``--gc`` measures each engine again with the heap frozen
+proposals); mtp at its default depth (1). ``--gc-methods`` measures those engines again with the heap frozen
 (``gc.freeze()``) and then with the collector disabled.
 """
 
@@ -321,7 +322,8 @@ def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -
             process_s=round(time.perf_counter() - START, 1),
             as_is=measure(llm, args.tokens),  # the collector as the engine leaves it
         )
-        if args.gc:  # then with the heap at this point frozen (left out of collections), then none
+        again = args.gc_methods == "all" or method in args.gc_methods.split(",")
+        if again:  # then with the heap at this point frozen (left out of collections), then none
             gc.collect()
             gc.freeze()
             figure["gc_frozen"] = measure(llm, args.tokens)
@@ -385,9 +387,10 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--mtp-layers", type=int, default=24)
     parser.add_argument(
-        "--gc",
-        action="store_true",
-        help="measure each engine again after gc.collect(); gc.freeze(), then with the collector disabled",
+        "--gc-methods",
+        default="",
+        help="comma-separated methods (all: every one) measured again after gc.collect(); gc.freeze(), "
+        "then with the collector disabled",
     )
     parser.add_argument(
         "--profile-methods",
