@@ -19,7 +19,8 @@ The copy-heavy task asks the model to repeat a block of code with one rename, so
 answer already sits in the prompt (what prompt lookup is for). Each configuration runs the prompt
 once to warm up, then --repeats times; the table shows decode tokens/s (the best run), the
 acceptance rate, tokens emitted per verification step, the mean time of a verification step (the
-target's forward over the k + 1 nodes and the acceptance) and of a drafting step, each against
+target's forward over the k + 1 nodes and the acceptance) and of a drafting step (with the
+proposer's bookkeeping of the verdict: a head keeping the accepted rows' hidden states), each against
 one plain decode step (1 / plain tokens/s), and whether the output equals plain decoding.
 Device mode has two draft models: the target's own first 2 layers (dummy weights are drawn from one
 seed in checkpoint order, so a 2-layer draft of the same width holds exactly those layers and the
