@@ -105,6 +105,20 @@ def _step(model, ids, pos, batch, kv):
     return model.forward(ids, pos, [(cache[i, 0], cache[i, 1]) for i in layers], batch), cache
 
 
+def _assert_fused_matches_unfused(model, operands, switch: str) -> torch.Tensor:
+    """The step with ``model.<switch>`` on, then off: outputs and KV caches within bf16 rounding of
+    each other. Returns the fused step's cache."""
+    outs, caches = [], []
+    for fused in (True, False):
+        setattr(model, switch, fused)
+        out, cache = _step(model, *operands)
+        outs.append(out)
+        caches.append(cache)
+    assert _rel(outs[0], outs[1]) < 2e-2
+    assert _rel(caches[0], caches[1]) < 2e-2
+    return caches[0]
+
+
 @pytest.mark.parametrize("rows", [1, 3, 16])
 def test_fused_decode_step_matches_unfused_step(tiny, rows, monkeypatch):
     from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
@@ -115,15 +129,7 @@ def test_fused_decode_step_matches_unfused_step(tiny, rows, monkeypatch):
         resolve_checkpoint(str(tiny)), dtype="bfloat16", device="cuda", weights="float", max_positions=256
     )
     assert model.fused_products
-    operands = _decode_batch(model, rows)
-    outs, caches = [], []
-    for fused in (True, False):
-        model.fused_products = fused
-        out, cache = _step(model, *operands)
-        outs.append(out)
-        caches.append(cache)
-    assert _rel(outs[0], outs[1]) < 2e-2
-    assert _rel(caches[0], caches[1]) < 2e-2
+    _assert_fused_matches_unfused(model, _decode_batch(model, rows), "fused_products")
 
 
 def _prefill_batch(model, shape: list[tuple[int, int]]):
@@ -177,15 +183,8 @@ def test_fused_prefill_step_matches_unfused_step(tiny, shape):
     )
     operands = _prefill_batch(model, shape)
     assert model._prefill_fuses(operands[2], operands[1], None)
-    outs, caches = [], []
-    for fused in (True, False):
-        model._plain_layers = fused
-        out, cache = _step(model, *operands)
-        outs.append(out)
-        caches.append(cache)
-    assert _rel(outs[0], outs[1]) < 2e-2
-    assert _rel(caches[0], caches[1]) < 2e-2
-    assert not torch.equal(caches[0], operands[3])  # the step stored its keys and values
+    cache = _assert_fused_matches_unfused(model, operands, "_plain_layers")
+    assert not torch.equal(cache, operands[3])  # the step stored its keys and values
 
 
 @pytest.mark.parametrize("rows", [1, 3])
