@@ -32,14 +32,14 @@ from trtedge.runtime.ops.triton_gemv import SkinnyLinear  # noqa: E402
 CALLS = 100
 
 
-def time_graph(fn) -> float:
-    """Microseconds per call of ``fn`` replayed from a CUDA graph of CALLS calls."""
+def time_graph(fn, calls: int = CALLS) -> float:
+    """Microseconds per call of ``fn`` replayed from a CUDA graph of ``calls`` calls."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(CALLS):
+        for _ in range(calls):
             fn()
     graph.replay()
     torch.cuda.synchronize()
@@ -49,7 +49,7 @@ def time_graph(fn) -> float:
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (5 * CALLS)
+    return start.elapsed_time(end) * 1000 / (5 * calls)
 
 
 L2_BYTES = 256 << 20  # the copies of a weight one timing cycles through: past the H200's 50 MB L2
