@@ -68,7 +68,10 @@ def fp8_rows(x: torch.Tensor, rows_per_program: int = 1, warps: int = 8) -> tupl
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
-GEMM_PLANS = ((128, 256, 128, 8, 3), (128, 128, 128, 8, 4), (256, 128, 128, 8, 3), (128, 256, 64, 8, 4))
+GEMM_PLANS = (
+    (128, 256, 128, 8, 3), (128, 256, 128, 8, 4), (128, 128, 128, 8, 4), (256, 128, 128, 8, 3),
+    (128, 256, 64, 8, 4), (64, 256, 128, 4, 4),
+)  # fmt: skip
 
 
 def fp8_gemm(
