@@ -8,7 +8,8 @@ quantize the activations per row, then the product), its parts ``quant`` (``trit
 and ``scaled_mm`` (``torch._scaled_mm`` row-wise, fast accumulation, on quantized activations), and
 candidates: ``quant_1pass`` (``triton_fp8_gemm.fp8_rows``, rows read once), ``scaled_mm_exact``
 (without fast accumulation), ``scaled_mm_tensor`` (one scale per tensor: cuBLAS's kernel, a roof for
-the row-wise one), ``triton_gemm`` (``triton_fp8_gemm.fp8_gemm`` per plan).
+the row-wise one), ``triton_gemm`` (``triton_fp8_gemm.fp8_gemm`` per plan), ``triton_tma`` (its persistent TMA
+kernel, ``fp8_gemm_tma``).
 
 Each figure replays a CUDA graph of --calls calls, timed with CUDA events (``gpu_quant_gemv.time_graph``).
 
@@ -111,11 +112,17 @@ def sweep(name: str, rows: int, calls: int, kinds: set[str]) -> None:
             lambda plan=plan: triton_fp8_gemm.fp8_gemm(xq, sx, q.data, q.scale, plan),
             plan=plan,
         )
+    for plan in triton_fp8_gemm.TMA_PLANS:
+        emit(
+            "triton_tma",
+            lambda plan=plan: triton_fp8_gemm.fp8_gemm_tma(xq, sx, q.data, q.scale, plan),
+            plan=plan,
+        )
 
 
 KINDS = (
     "bf16", "fp8_path", "quant", "quant_1pass", "scaled_mm", "scaled_mm_exact", "scaled_mm_tensor",
-    "triton_gemm",
+    "triton_gemm", "triton_tma",
 )  # fmt: skip
 
 

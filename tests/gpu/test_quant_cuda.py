@@ -235,6 +235,8 @@ def test_triton_fp8_gemm_matches_the_scaled_reference(shape, rows):
     for plan in tf.GEMM_PLANS:
         if k % plan[2] == 0:
             _close(tf.fp8_gemm(xq, sx, q.data, q.scale, plan), ref)
+    for plan in tf.TMA_PLANS:
+        _close(tf.fp8_gemm_tma(xq, sx, q.data, q.scale, plan), ref)
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int8", "int4"])

@@ -54,6 +54,33 @@ if triton is not None:
         mask = (rm[:, None] < M) & (rn[None, :] < N)
         tl.store(y_ptr + rm[:, None] * stride_y + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
+    @triton.jit
+    def _tma_gemm_kernel(
+        a_desc, b_desc, sa_ptr, sb_ptr, y_desc, M, N, K,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    ):  # fmt: skip
+        """``_gemm_kernel`` persistent (one program per SM walks the output tiles) with its operands
+        and output moved by the TMA unit (tensor descriptors)."""
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = tl.cdiv(N, BLOCK_N)
+        width = GROUP_M * num_n
+        for tile in tl.range(
+            tl.program_id(0), num_m * num_n, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE
+        ):
+            first_m = (tile // width) * GROUP_M
+            size_m = tl.minimum(num_m - first_m, GROUP_M)
+            off_m = (first_m + (tile % width) % size_m) * BLOCK_M
+            off_n = ((tile % width) // size_m) * BLOCK_N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                acc = tl.dot(a_desc.load([off_m, k0]), b_desc.load([off_n, k0]).T, acc)
+            rm = off_m + tl.arange(0, BLOCK_M)
+            rn = off_n + tl.arange(0, BLOCK_N)
+            sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
+            sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)
+            y_desc.store([off_m, off_n], (acc * sa[:, None] * sb[None, :]).to(y_desc.dtype))
+
 
 def fp8_rows(x: torch.Tensor, rows_per_program: int = 1, warps: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (rows contiguous) -> (E4M3 [M, K], float32 scales [M, 1]), ``x ~ q * s`` per row."""
@@ -88,5 +115,35 @@ def fp8_gemm(
     _gemm_kernel[(-(-m // bm) * -(-n // bn),)](
         xq, w, scale_x, scale_w, y, m, n, k, y.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return y
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, flatten, warp_specialize)
+TMA_PLANS = (
+    (128, 256, 128, 8, 3, True, False), (128, 128, 128, 8, 4, True, False),
+    (128, 256, 128, 8, 3, False, True), (128, 128, 128, 8, 4, False, True),
+)  # fmt: skip
+_num_sms: dict[int, int] = {}
+
+
+def fp8_gemm_tma(xq, scale_x, w, scale_w, plan=TMA_PLANS[0], out_dtype=torch.bfloat16) -> torch.Tensor:
+    """``fp8_gemm`` through the persistent TMA kernel (Hopper and later)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, k = xq.shape
+    n = w.shape[0]
+    bm, bn, bk, warps, stages, flatten, specialize = plan
+    device = xq.device.index or 0
+    if device not in _num_sms:
+        _num_sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _num_sms[device]
+    y = torch.empty(m, n, dtype=out_dtype, device=xq.device)
+    tiles = -(-m // bm) * -(-n // bn)
+    _tma_gemm_kernel[(min(sms, tiles),)](
+        TensorDescriptor.from_tensor(xq, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
+        scale_x, scale_w, TensorDescriptor.from_tensor(y, [bm, bn]), m, n, k,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SMS=sms, FLATTEN=flatten,
+        WARP_SPECIALIZE=specialize, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return y
