@@ -6,10 +6,9 @@ reference (``max_rel_err``, float32 product of the unquantized activations and t
 Kinds: ``bf16`` (``F.linear``, cuBLAS), ``fp8_path`` (``Fp8Linear.prefill`` as the model calls it:
 quantize the activations per row, then the product), its parts ``quant`` (``triton_quant.fp8_rows``)
 and ``scaled_mm`` (``torch._scaled_mm`` row-wise, fast accumulation, on quantized activations), and
-candidates: ``quant_1pass`` (``triton_fp8_gemm.fp8_rows``, rows read once), ``scaled_mm_exact``
-(without fast accumulation), ``scaled_mm_tensor`` (one scale per tensor: cuBLAS's kernel, a roof for
-the row-wise one), ``triton_gemm`` (``triton_fp8_gemm.fp8_gemm`` per plan), ``triton_tma`` (its persistent TMA
-kernel, ``fp8_gemm_tma``).
+for comparison ``scaled_mm_exact`` (without fast accumulation) and ``scaled_mm_tensor`` (one scale
+per tensor: cuBLAS's kernel). Triton E4M3 products (a tiled and a persistent TMA kernel, commit
+a4838cc) measured 0.84-0.97x the speed of the row-wise ``_scaled_mm`` on these shapes and were dropped.
 
 Each figure replays a CUDA graph of --calls calls, timed with CUDA events (``gpu_quant_gemv.time_graph``).
 
@@ -38,7 +37,7 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def sweep(name: str, rows: int, calls: int, kinds: set[str]) -> None:
     from trtedge.runtime.artifacts.quantize import quantize_fp8
-    from trtedge.runtime.ops import quant_linear, triton_fp8_gemm, triton_quant
+    from trtedge.runtime.ops import quant_linear, triton_quant
 
     n, k = SHAPES[name]
     flop = 2 * rows * n * k
@@ -71,26 +70,7 @@ def sweep(name: str, rows: int, calls: int, kinds: set[str]) -> None:
     emit("fp8_path", lambda: lin.prefill(x), scaled_mm=line_path)
     quant_bytes = rows * k * 3 + rows * 4
     emit("quant", lambda: triton_quant.fp8_rows(x), check=False, nbytes=quant_bytes)
-    for per, warps in ((1, 4), (1, 8), (2, 8), (4, 8)):
-        emit(
-            f"quant_1pass:{per}x{warps}",
-            lambda per=per, warps=warps: triton_fp8_gemm.fp8_rows(x, per, warps),
-            check=False,
-            nbytes=quant_bytes,
-        )
     xq, sx = triton_quant.fp8_rows(x)
-    q1, s1 = triton_fp8_gemm.fp8_rows(x)
-    print(
-        json.dumps(
-            {
-                "shape": name,
-                "kind": "quant_1pass_vs_2pass",
-                "same_bytes": bool(torch.equal(q1.view(torch.uint8), xq.view(torch.uint8))),
-                "same_scales": bool(torch.equal(s1, sx)),
-            }
-        ),
-        flush=True,
-    )
     wt, sw = q.data.t(), q.scale.float().view(1, n)
     emit(
         "scaled_mm",
@@ -106,24 +86,9 @@ def sweep(name: str, rows: int, calls: int, kinds: set[str]) -> None:
         lambda: torch._scaled_mm(xq, wt, one, one, out_dtype=torch.bfloat16, use_fast_accum=True),
         check=False,
     )
-    for plan in triton_fp8_gemm.GEMM_PLANS:
-        emit(
-            "triton_gemm",
-            lambda plan=plan: triton_fp8_gemm.fp8_gemm(xq, sx, q.data, q.scale, plan),
-            plan=plan,
-        )
-    for plan in triton_fp8_gemm.TMA_PLANS:
-        emit(
-            "triton_tma",
-            lambda plan=plan: triton_fp8_gemm.fp8_gemm_tma(xq, sx, q.data, q.scale, plan),
-            plan=plan,
-        )
 
 
-KINDS = (
-    "bf16", "fp8_path", "quant", "quant_1pass", "scaled_mm", "scaled_mm_exact", "scaled_mm_tensor",
-    "triton_gemm", "triton_tma",
-)  # fmt: skip
+KINDS = ("bf16", "fp8_path", "quant", "scaled_mm", "scaled_mm_exact", "scaled_mm_tensor")
 
 
 def main() -> None:

@@ -191,52 +191,14 @@ def test_fp8_activation_rows_match_the_reference():
 
     if not fp8_supported(torch.device("cuda")):
         pytest.skip("E4M3 needs compute capability 8.9")
-    x = torch.randn(37, 4096, device="cuda", dtype=torch.bfloat16) * 3
-    x[5] = 0
-    q, scale = tq.fp8_rows(x, 48)
-    ref_q, ref_scale = tq.fp8_rows_reference(x)
-    torch.testing.assert_close(scale[:37], ref_scale, rtol=1e-6, atol=0)
-    torch.testing.assert_close(q[:37].float(), ref_q.float(), rtol=0.07, atol=0)  # within one E4M3 step
-    assert q[37:].float().abs().max() == 0 and scale[37:].eq(1).all()
-
-
-@pytest.mark.parametrize("k", [4096, 12288, 1000])
-def test_one_pass_fp8_rows_match_the_reference(k):
-    from trtedge.runtime.ops import triton_fp8_gemm as tf
-    from trtedge.runtime.ops import triton_quant as tq
-    from trtedge.runtime.ops.quant_linear import fp8_supported
-
-    if not fp8_supported(torch.device("cuda")):
-        pytest.skip("E4M3 needs compute capability 8.9")
-    x = torch.randn(37, k, device="cuda", dtype=torch.bfloat16) * 3
-    x[5] = 0
-    ref_q, ref_scale = tq.fp8_rows_reference(x)
-    for rows, warps in ((1, 4), (1, 8), (4, 8)):
-        q, scale = tf.fp8_rows(x, rows, warps)
-        torch.testing.assert_close(scale, ref_scale, rtol=1e-6, atol=0)
-        torch.testing.assert_close(q.float(), ref_q.float(), rtol=0.07, atol=0)  # within one E4M3 step
-
-
-@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 12288), (96, 256)])
-@pytest.mark.parametrize("rows", [300, 2048])
-def test_triton_fp8_gemm_matches_the_scaled_reference(shape, rows):
-    from trtedge.runtime.ops import triton_fp8_gemm as tf
-    from trtedge.runtime.ops import triton_quant as tq
-    from trtedge.runtime.ops.quant_linear import scaled_mm_supported
-
-    if not scaled_mm_supported(torch.device("cuda")):
-        pytest.skip("E4M3 tensor-core products need compute capability 9.0")
-    n, k = shape
-    w, _ = _weight(n, k, n + k + rows)
-    q = quantize_fp8(w.cuda())
-    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-    xq, sx = tq.fp8_rows_reference(x)
-    ref = torch.nn.functional.linear(xq.float() * sx, q.dequantize())
-    for plan in tf.GEMM_PLANS:
-        if k % plan[2] == 0:
-            _close(tf.fp8_gemm(xq, sx, q.data, q.scale, plan), ref)
-    for plan in tf.TMA_PLANS:
-        _close(tf.fp8_gemm_tma(xq, sx, q.data, q.scale, plan), ref)
+    for k in (4096, 12288, 1000, 28672):  # one row a program in 4, 8 and 16 warps
+        x = torch.randn(37, k, device="cuda", dtype=torch.bfloat16) * 3
+        x[5] = 0
+        q, scale = tq.fp8_rows(x, 48)
+        ref_q, ref_scale = tq.fp8_rows_reference(x)
+        torch.testing.assert_close(scale[:37], ref_scale, rtol=1e-6, atol=0)
+        torch.testing.assert_close(q[:37].float(), ref_q.float(), rtol=0.07, atol=0)  # within one E4M3 step
+        assert q[37:].float().abs().max() == 0 and scale[37:].eq(1).all()
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int8", "int4"])
