@@ -7,8 +7,12 @@ Kinds: ``bf16`` (``F.linear``, cuBLAS), ``fp8_path`` (``Fp8Linear.prefill`` as t
 quantize the activations per row, then the product), its parts ``quant`` (``triton_quant.fp8_rows``)
 and ``scaled_mm`` (``torch._scaled_mm`` row-wise, fast accumulation, on quantized activations), and
 for comparison ``scaled_mm_exact`` (without fast accumulation) and ``scaled_mm_tensor`` (one scale
-per tensor: cuBLAS's kernel). Triton E4M3 products (a tiled and a persistent TMA kernel, commit
-a4838cc) measured 0.84-0.97x the speed of the row-wise ``_scaled_mm`` on these shapes and were dropped.
+per tensor: cuBLAS's kernel). The producers of the rows: ``norm_then_quant`` (the decode kernels'
+residual add + RMSNorm, then ``fp8_rows``) against ``norm_quant`` (``fp8_norm_rows``), and
+``silu_then_quant`` (SiLU-mul of a [M, 2K] gate_up, then ``fp8_rows``) against ``silu_quant``
+(``fp8_silu_mul_rows``), in GB/s of the bytes each moves. Triton E4M3 products (a tiled and a
+persistent TMA kernel, commit a4838cc) measured 0.84-0.97x the speed of the row-wise ``_scaled_mm``
+on these shapes and were dropped.
 
 Each figure replays a CUDA graph of --calls calls, timed with CUDA events (``gpu_quant_gemv.time_graph``).
 
@@ -38,6 +42,7 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def sweep(name: str, rows: int, calls: int, kinds: set[str]) -> None:
     from trtedge.runtime.artifacts.quantize import quantize_fp8
     from trtedge.runtime.ops import quant_linear, triton_quant
+    from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
 
     n, k = SHAPES[name]
     flop = 2 * rows * n * k
@@ -80,6 +85,33 @@ def sweep(name: str, rows: int, calls: int, kinds: set[str]) -> None:
         "scaled_mm_exact",
         lambda: torch._scaled_mm(xq, wt, sx, sw, out_dtype=torch.bfloat16, use_fast_accum=False),
     )
+    # the producers of an fp8 product's rows: RMSNorm (+ residual add) or SiLU-mul, then the
+    # quantization, against the kernels that fuse them (no 16-bit copy written and read back)
+    norm_w = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    normed, delta = torch.empty_like(x), torch.randn_like(x)
+    ops = TritonDecodeKernels()
+    emit(
+        "norm_then_quant",
+        lambda: (ops.add_rms_norm(x, delta, norm_w, normed, 1e-6), triton_quant.fp8_rows(normed)),
+        check=False,
+        nbytes=rows * k * 11,
+    )
+    emit(
+        "norm_quant",
+        lambda: triton_quant.fp8_norm_rows(x, delta, norm_w, 1e-6),
+        check=False,
+        nbytes=rows * k * 7,
+    )
+    gate_up = torch.randn(rows, 2 * k, device="cuda", dtype=torch.bfloat16)
+    act = torch.empty_like(x)
+    emit(
+        "silu_then_quant",
+        lambda: (ops.silu_mul(gate_up, act), triton_quant.fp8_rows(act)),
+        check=False,
+        nbytes=rows * k * 9,
+    )
+    emit("silu_quant", lambda: triton_quant.fp8_silu_mul_rows(gate_up), check=False, nbytes=rows * k * 5)
+    gate_up = act = normed = delta = None
     one = torch.ones((), device="cuda")
     emit(
         "scaled_mm_tensor",
@@ -88,7 +120,10 @@ def sweep(name: str, rows: int, calls: int, kinds: set[str]) -> None:
     )
 
 
-KINDS = ("bf16", "fp8_path", "quant", "scaled_mm", "scaled_mm_exact", "scaled_mm_tensor")
+KINDS = (
+    "bf16", "fp8_path", "quant", "norm_then_quant", "norm_quant", "silu_then_quant", "silu_quant",
+    "scaled_mm", "scaled_mm_exact", "scaled_mm_tensor",
+)  # fmt: skip
 
 
 def main() -> None:

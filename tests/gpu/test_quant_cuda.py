@@ -194,11 +194,70 @@ def test_fp8_activation_rows_match_the_reference():
     for k in (4096, 12288, 1000, 28672):  # one row a program in 4, 8 and 16 warps
         x = torch.randn(37, k, device="cuda", dtype=torch.bfloat16) * 3
         x[5] = 0
-        q, scale = tq.fp8_rows(x, 48)
-        ref_q, ref_scale = tq.fp8_rows_reference(x)
-        torch.testing.assert_close(scale[:37], ref_scale, rtol=1e-6, atol=0)
-        torch.testing.assert_close(q[:37].float(), ref_q.float(), rtol=0.07, atol=0)  # within one E4M3 step
-        assert q[37:].float().abs().max() == 0 and scale[37:].eq(1).all()
+        q, scale = tq.fp8_rows(x)
+        _same_e4m3_rows(q, scale, *tq.fp8_rows_reference(x))
+
+
+def _same_e4m3_rows(q, scale, ref_q, ref_scale):
+    torch.testing.assert_close(scale, ref_scale, rtol=1e-5, atol=0)
+    torch.testing.assert_close(q.float(), ref_q.float(), rtol=0.07, atol=0)  # within one E4M3 step
+
+
+def _near_e4m3_rows(q, scale, ref_q, ref_scale):
+    """Fused kernels round the op's bf16 result with approximate float32 math (rsqrt, sigmoid): a
+    bf16 value one unit off may land on the neighbouring E4M3 value, one step (1/8) away."""
+    torch.testing.assert_close(scale, ref_scale, rtol=1e-2, atol=0)
+    got, want = q.float() * scale, ref_q.float() * ref_scale
+    assert ((got - want).abs() <= 0.13 * want.abs() + ref_scale * 2**-9).all()  # 2**-9: E4M3's least step
+    assert (q.float() != ref_q.float()).float().mean() < 1e-3
+
+
+@pytest.mark.parametrize("k", [4096, 1000])
+def test_fused_norm_and_silu_mul_rows_match_the_ops_then_the_quantization(k):
+    from trtedge.runtime.models.layers import rms_norm
+    from trtedge.runtime.ops import triton_quant as tq
+    from trtedge.runtime.ops.quant_linear import fp8_supported
+
+    if not fp8_supported(torch.device("cuda")):
+        pytest.skip("E4M3 needs compute capability 8.9")
+    x = torch.randn(37, k, device="cuda", dtype=torch.bfloat16) * 3
+    delta = torch.randn_like(x)
+    w = (torch.rand(k, device="cuda") + 0.5).bfloat16()
+    ref = tq.fp8_rows_reference(rms_norm(x, w, 1e-6))
+    _near_e4m3_rows(*tq.fp8_norm_rows(x.clone(), None, w, 1e-6), *ref)
+    summed = x + delta
+    inplace = x.clone()
+    _near_e4m3_rows(
+        *tq.fp8_norm_rows(inplace, delta, w, 1e-6), *tq.fp8_rows_reference(rms_norm(summed, w, 1e-6))
+    )
+    torch.testing.assert_close(inplace, summed, rtol=0, atol=0)  # the residual stream, updated
+    gate_up = torch.randn(37, 2 * k, device="cuda", dtype=torch.bfloat16) * 2
+    gate, up = gate_up.chunk(2, dim=-1)
+    _near_e4m3_rows(
+        *tq.fp8_silu_mul_rows(gate_up), *tq.fp8_rows_reference(torch.nn.functional.silu(gate) * up)
+    )
+
+
+@pytest.mark.parametrize("rows", [333, 2048])
+def test_scaled_product_takes_rows_quantized_by_the_fused_kernels(rows):
+    from trtedge.runtime.artifacts.quantize import quantize
+    from trtedge.runtime.models.layers import rms_norm
+    from trtedge.runtime.ops import triton_quant as tq
+    from trtedge.runtime.ops.linear import make_linear
+    from trtedge.runtime.ops.quant_linear import scaled_mm_supported
+
+    if not scaled_mm_supported(torch.device("cuda")):
+        pytest.skip("row-wise scaled FP8 products need compute capability 9.0")
+    w, _ = _weight(1024, 2048, rows)
+    layer = make_linear(quantize(w.cuda(), "fp8"), None)
+    assert layer.scaled_mm
+    x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
+    norm = (torch.rand(2048, device="cuda") + 0.5).bfloat16()
+    normed = rms_norm(x, norm, 1e-6)
+    xq, sx = tq.fp8_rows_reference(normed)
+    ref = torch.nn.functional.linear(xq.float() * sx, layer.dequantized(torch.float32))
+    _close(layer.scaled_product(*tq.fp8_norm_rows(x, None, norm, 1e-6)), ref)
+    torch.testing.assert_close(layer.scaled_product(*tq.fp8_rows(normed)), layer(normed), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int8", "int4"])

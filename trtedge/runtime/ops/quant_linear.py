@@ -132,20 +132,22 @@ class Fp8Linear(_QuantLinear):
         n, k = weight.shape
         self.scaled_mm = rows_scaled and n % 16 == 0 and k % 16 == 0 and scaled_mm_supported(weight.device)
         if self.scaled_mm:
-            self.weight_t = (
-                weight.data.t()
-            )  # column-major [K, N], as the FP8 product wants its second operand
+            self.weight_t = weight.data.t()  # column-major [K, N] (a view), as _scaled_mm wants it
             self.scale_b = weight.scale.float().view(1, n).contiguous()
 
     def prefill(self, rows: torch.Tensor) -> torch.Tensor:
         if not self.scaled_mm or rows.dtype != torch.bfloat16:  # row-wise scaling returns bf16 only
             return super().prefill(rows)
-        m = rows.shape[0]
-        xq, scale_a = triton_quant.fp8_rows(rows, -(-m // 16) * 16)  # rows in multiples of 16
+        return self.scaled_product(*triton_quant.fp8_rows(rows))
+
+    def scaled_product(self, xq: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """E4M3 activations [M, K] with float32 scales [M, 1] (``triton_quant.fp8_rows``, or a kernel
+        that writes them fused with the op before, ``fp8_norm_rows`` / ``fp8_silu_mul_rows``) times
+        the weight -> bf16 [M, N]; where ``self.scaled_mm`` holds (any M: only K and N need multiples
+        of 16)."""
         out = torch._scaled_mm(
-            xq, self.weight_t, scale_a, self.scale_b, out_dtype=rows.dtype, use_fast_accum=True
+            xq, self.weight_t, scale, self.scale_b, out_dtype=torch.bfloat16, use_fast_accum=True
         )
-        out = out[:m]
         return out if self.bias is None else out + self.bias
 
 

@@ -284,16 +284,58 @@ if triton is not None:
         tl.store(out + 32, ((packed >> 4).to(tl.float32) * s_hi + m_hi).to(ty), mask=mask)
 
     @triton.jit
+    def _store_e4m3_row(y, q_ptr, s_ptr, r, mask):
+        """A float32 row as E4M3 bytes at q_ptr + r with its scale at s_ptr (largest magnitude -> 448)."""
+        scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / 448.0
+        tl.store(s_ptr, scale)
+        q = tl.clamp(y / scale, -448.0, 448.0).to(tl.float8e4nv)
+        tl.store(q_ptr + r, q.to(tl.uint8, bitcast=True), mask=mask)
+
+    @triton.jit
     def _fp8_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK: tl.constexpr):
-        """One activation row to E4M3 with its own scale (largest magnitude -> 448), the row held
-        in registers (BLOCK >= K): read once, the E4M3 bytes written once."""
-        row = tl.program_id(0)
+        """One activation row to E4M3 with its own scale, the row held in registers (BLOCK >= K):
+        read once, the E4M3 bytes written once."""
+        row = tl.program_id(0).to(tl.int64)
         r = tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * stride_x + r, mask=r < K, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / 448.0
-        tl.store(s_ptr + row, scale)
-        q = tl.clamp(x / scale, -448.0, 448.0).to(tl.float8e4nv)
-        tl.store(q_ptr + row * K + r, q.to(tl.uint8, bitcast=True), mask=r < K)
+        _store_e4m3_row(x, q_ptr + row * K, s_ptr + row, r, r < K)
+
+    @triton.jit
+    def _fp8_norm_rows_kernel(
+        x_ptr, delta_ptr, w_ptr, q_ptr, s_ptr, K, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr
+    ):  # fmt: skip
+        """x += delta (HAS_DELTA, stored back), then RMSNorm(x) * w rounded as ``rms_norm`` rounds
+        it, written as E4M3 with a scale per row: the norm and the activation quantization of an
+        fp8 product in one pass (no 16-bit normed copy)."""
+        row = tl.program_id(0).to(tl.int64)
+        r = tl.arange(0, BLOCK)
+        mask = r < K
+        x = tl.load(x_ptr + row * K + r, mask=mask, other=0.0)
+        if HAS_DELTA:
+            d = tl.load(delta_ptr + row * K + r, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + d.to(tl.float32)).to(x_ptr.dtype.element_ty)
+            tl.store(x_ptr + row * K + r, x, mask=mask)
+        dt = x_ptr.dtype.element_ty
+        xf = x.to(tl.float32)
+        inv = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
+        w = tl.load(w_ptr + r, mask=mask, other=0.0).to(tl.float32)
+        y = ((xf * inv).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
+        _store_e4m3_row(y, q_ptr + row * K, s_ptr + row, r, mask)
+
+    @triton.jit
+    def _fp8_silu_rows_kernel(gate_up_ptr, q_ptr, s_ptr, inter, BLOCK: tl.constexpr):
+        """SiLU(gate) * up of one row of gate_up [M, 2 * inter] (rounded as the model's SiLU-mul),
+        written as E4M3 with a scale per row: the activation of down's fp8 product in one pass."""
+        row = tl.program_id(0).to(tl.int64)
+        r = tl.arange(0, BLOCK)
+        mask = r < inter
+        g = tl.load(gate_up_ptr + row * 2 * inter + r, mask=mask, other=0.0)
+        u = tl.load(gate_up_ptr + row * 2 * inter + inter + r, mask=mask, other=0.0).to(tl.float32)
+        dt = gate_up_ptr.dtype.element_ty
+        g = g.to(tl.float32)
+        act = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
+        y = (act * u).to(dt).to(tl.float32)
+        _store_e4m3_row(y, q_ptr + row * inter, s_ptr + row, r, mask)
 
 
 # ---- the GPU int4 layout and the torch references ----------------------------------------------------
@@ -395,21 +437,48 @@ def int4_product(x: torch.Tensor, q: QuantizedTensor, bias, plan, ws: Workspace)
     return y
 
 
-def fp8_rows(x: torch.Tensor, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (E4M3 [rows, K], float32 scales [rows, 1]) with a scale per row (``x ~ q * s``);
-    ``rows`` >= M pads with zero rows of scale 1 (the FP8 product wants multiples of 16)."""
+def fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (rows contiguous) -> (E4M3 [M, K], float32 scales [M, 1]) with a scale per row
+    (``x ~ q * s``, the row's largest magnitude -> 448)."""
     m, k = x.shape
-    rows = rows or m
-    q = torch.empty(rows, k, dtype=torch.uint8, device=x.device)  # the kernel writes rows < m
-    scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
-    if rows > m:
-        q[m:].zero_()
-        scale[m:].fill_(1.0)
+    q = torch.empty(m, k, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     # a row a program, at most 64 values a thread: on the H200 at 8,192 rows 3.7-4.3 TB/s against
     # the earlier two-pass kernel's 2.3-3.0 (benchmarks/gpu_quant_prefill.py)
     block = triton.next_power_of_2(k)
-    warps = 4 if block <= 4096 else 8 if block <= 16384 else 16
-    _fp8_rows_kernel[(m,)](x, q, scale, k, x.stride(0), BLOCK=block, num_warps=warps)
+    _fp8_rows_kernel[(m,)](x, q, scale, k, x.stride(0), BLOCK=block, num_warps=_rows_warps(block))
+    return q.view(torch.float8_e4m3fn), scale
+
+
+def _rows_warps(block: int) -> int:
+    """Warps of a one-row-a-program kernel over ``block`` values: at most 64 values a thread."""
+    return 4 if block <= 4096 else 8 if block <= 16384 else 16
+
+
+def fp8_norm_rows(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``x += delta`` in place (when given), then ``fp8_rows(rms_norm(x, weight, eps))`` in one
+    kernel: x, delta [M, K] contiguous bf16 / fp16 -> (E4M3 [M, K], float32 scales [M, 1])."""
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.uint8, device=x.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(k)
+    _fp8_norm_rows_kernel[(m,)](
+        x, x if delta is None else delta, weight, q, scale, k, eps,
+        HAS_DELTA=delta is not None, BLOCK=block, num_warps=_rows_warps(block),
+    )  # fmt: skip
+    return q.view(torch.float8_e4m3fn), scale
+
+
+def fp8_silu_mul_rows(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fp8_rows(silu(gate) * up)`` of gate_up [M, 2 * I] (contiguous) in one kernel."""
+    m, width = gate_up.shape
+    inter = width // 2
+    q = torch.empty(m, inter, dtype=torch.uint8, device=gate_up.device)
+    scale = torch.empty(m, 1, dtype=torch.float32, device=gate_up.device)
+    block = triton.next_power_of_2(inter)
+    _fp8_silu_rows_kernel[(m,)](gate_up, q, scale, inter, BLOCK=block, num_warps=_rows_warps(block))
     return q.view(torch.float8_e4m3fn), scale
 
 
