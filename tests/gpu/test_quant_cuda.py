@@ -199,8 +199,11 @@ def test_fp8_activation_rows_match_the_reference():
 
 
 def _same_e4m3_rows(q, scale, ref_q, ref_scale):
+    """Triton's float32 division is not IEEE-rounded: a value on an E4M3 rounding boundary may land
+    one step (1/16-1/8 of it; 2**-9 among the subnormals) from torch's, rarely (1 of 454,656 on the H200)."""
     torch.testing.assert_close(scale, ref_scale, rtol=1e-5, atol=0)
-    torch.testing.assert_close(q.float(), ref_q.float(), rtol=0.07, atol=0)  # within one E4M3 step
+    torch.testing.assert_close(q.float(), ref_q.float(), rtol=0.125, atol=2**-9)
+    assert (q.float() != ref_q.float()).float().mean() < 1e-4
 
 
 def _near_e4m3_rows(q, scale, ref_q, ref_scale):
