@@ -37,7 +37,7 @@ def stage_rows(
         flat += [pad] * (size - len(values))
     if tail is not None:
         flat += tail
-    host = host_tensor(flat, torch.long) if flat else torch.empty(0, dtype=torch.long)
+    host = host_tensor(flat, torch.long)
     if torch.cuda.is_available():
         host = host.pin_memory()
     return host if tail is not None else host.view(len(columns), size)

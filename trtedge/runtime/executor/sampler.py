@@ -34,10 +34,16 @@ def _lsr(z: torch.Tensor, n: int) -> torch.Tensor:
     return (z >> n) & ((1 << (64 - n)) - 1)
 
 
+def _signed64(value: int) -> int:
+    """``value`` modulo 2**64 as the int64 of the same bits."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= _HALF else value
+
+
 def mix_seeds(seeds: list[int], positions: list[int]) -> torch.Tensor:
     """``mix_seed`` of every (seed, position) at once, on the host: [n] int64 holding the 64-bit keys
     (two's complement). int64 products wrap modulo 2**64 as the masked Python ones do."""
-    signed = [s if 0 <= s < _HALF else (s & _MASK64) - ((s & _MASK64) >= _HALF) * (1 << 64) for s in seeds]
+    signed = [s if 0 <= s < _HALF else _signed64(s) for s in seeds]
     z = host_tensor(signed, torch.long) + (host_tensor(positions, torch.long) + 1) * _C1
     z = (z ^ _lsr(z, 30)) * _C2
     z = (z ^ _lsr(z, 27)) * _C3
@@ -162,7 +168,12 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
     for every kernel queued before it)."""
     if device.type == "cpu":
         return torch.tensor(values, dtype=dtype)
-    return host_tensor(values, dtype).pin_memory().to(device, non_blocking=True)
+    return upload(host_tensor(values, dtype), device)
+
+
+def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on the CUDA ``device`` through pinned memory, without waiting for the device."""
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 _TYPECODES = {torch.long: "q", torch.int32: "i", torch.float32: "f", torch.float64: "d"}
@@ -221,7 +232,7 @@ def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], positions: list[int
         # (keys and temperatures) go to the device in one copy
         n = len(seqs)
         host = race_inputs([s.seed for s in seqs], positions, [s.params.temperature for s in seqs])
-        staged = host.pin_memory().to(logits.device, non_blocking=True)
+        staged = upload(host, logits.device)
         temperature = staged[2 * n :].to(torch.int32).view(torch.float32)
         return triton_sampling.race_logits(logits, temperature, staged[: 2 * n].view(n, 2))
     keys = [mix_seed(s.seed, pos) for s, pos in zip(seqs, positions)]
