@@ -77,10 +77,11 @@ def _decode_batch(model, rows: int):
     cfg = model.cfg
     block_size = 4
     gen = torch.Generator().manual_seed(rows)
-    kv = torch.randn(cfg.num_layers, 2, 128, block_size, cfg.num_kv_heads, cfg.head_dim, generator=gen)
+    # 16 rows of up to 59 tokens take up to 240 blocks of 4
+    kv = torch.randn(cfg.num_layers, 2, 256, block_size, cfg.num_kv_heads, cfg.head_dim, generator=gen)
     kv = kv.to("cuda", model.dtype)
     context_lens = torch.randint(1, 60, (rows,), generator=gen).tolist()
-    perm = torch.randperm(127, generator=gen) + 1
+    perm = torch.randperm(255, generator=gen) + 1
     tables, used = [], 0
     for c in context_lens:
         blocks = -(-c // block_size)
@@ -221,6 +222,73 @@ def test_decode_epilogues_step_matches_plain_step(tiny, rows, monkeypatch):
     ref, ref_cache = _step(model, *operands)
     assert _rel(out, ref) < 2e-2
     assert _rel(cache, ref_cache) < 2e-2
+
+
+def _rope_store_reference(qkv, heads, kv_heads, head_dim, positions, cos, sin, q_norm, k_norm, eps):
+    """Per token and head: RMSNorm as HF rounds it (float32, to the dtype, times the weight, to the
+    dtype), then the rotation in float32: (q, k, v) as [tokens, heads, head_dim] in the dtype."""
+    dt, half = qkv.dtype, head_dim // 2
+    q, k, v = qkv.view(qkv.shape[0], -1, head_dim).split([heads, kv_heads, kv_heads], dim=1)
+    c, s = cos[positions].float()[:, None], sin[positions].float()[:, None]
+
+    def rotate(x, w):
+        x = x.float()
+        if w is not None:
+            x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dt).float() * w.float()
+            x = x.to(dt).float()
+        a, b = x[..., :half], x[..., half:]
+        return torch.cat(
+            [a * c[..., :half] - b * s[..., :half], b * c[..., half:] + a * s[..., half:]], -1
+        ).to(dt)
+
+    return rotate(q, q_norm), rotate(k, k_norm), v
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (14, 2, 64), (6, 1, 32), (32, 8, 128)])
+@pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 37, 300])
+def test_qkv_rope_store_matches_the_torch_reference(heads, kv_heads, head_dim, qk_norm, dtype, rows):
+    from trtedge.runtime.ops.triton_fused import TritonDecodeKernels
+
+    gen = torch.Generator().manual_seed(rows + heads)
+    like = dict(device="cuda", dtype=dtype)
+    qkv = (torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen) * 2).to(**like)
+    cos = torch.randn(512, head_dim, generator=gen).to(**like)
+    sin = torch.randn(512, head_dim, generator=gen).to(**like)
+    q_norm, k_norm = (torch.rand(2, head_dim, generator=gen) + 0.5).to(**like) if qk_norm else (None, None)
+    positions = torch.randint(0, 512, (rows,), generator=gen).cuda()
+    slots = torch.randperm(512, generator=gen)[:rows].cuda()
+    k_cache = torch.zeros(512, kv_heads, head_dim, **like)
+    v_cache = torch.zeros_like(k_cache)
+    q_out = torch.zeros(rows, heads, head_dim, **like)
+    TritonDecodeKernels().qkv_rope_store(
+        qkv,
+        heads,
+        kv_heads,
+        head_dim,
+        positions,
+        cos,
+        sin,
+        q_norm,
+        k_norm,
+        1e-6,
+        slots,
+        k_cache,
+        v_cache,
+        q_out,
+    )
+    q_ref, k_ref, v_ref = _rope_store_reference(
+        qkv, heads, kv_heads, head_dim, positions, cos, sin, q_norm, k_norm, 1e-6
+    )
+    # the kernel's float32 sums may be added in another order: within a rounding of the dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(q_out, q_ref, **tol)
+    torch.testing.assert_close(k_cache[slots], k_ref, **tol)
+    assert torch.equal(v_cache[slots], v_ref)
+    untouched = torch.ones(512, dtype=torch.bool, device="cuda")
+    untouched[slots] = False
+    assert not k_cache[untouched].any() and not v_cache[untouched].any()
 
 
 @pytest.mark.parametrize(

@@ -55,16 +55,17 @@ if triton is not None:
         HEAD_DIM: tl.constexpr,
         HALF: tl.constexpr,
     ):
+        # a, b: [heads, HALF] float32, the halves of each head's row; offs: [HALF]
         if HAS_NORM:
-            inv = tl.rsqrt((tl.sum(a * a, 0) + tl.sum(b * b, 0)) / HEAD_DIM + eps)
-            a = (a * inv).to(DT).to(tl.float32) * tl.load(w_ptr + offs).to(tl.float32)
-            b = (b * inv).to(DT).to(tl.float32) * tl.load(w_ptr + HALF + offs).to(tl.float32)
+            inv = tl.rsqrt((tl.sum(a * a, 1) + tl.sum(b * b, 1)) / HEAD_DIM + eps)[:, None]
+            a = (a * inv).to(DT).to(tl.float32) * tl.load(w_ptr + offs).to(tl.float32)[None, :]
+            b = (b * inv).to(DT).to(tl.float32) * tl.load(w_ptr + HALF + offs).to(tl.float32)[None, :]
             a = a.to(DT).to(tl.float32)
             b = b.to(DT).to(tl.float32)
-        c1 = tl.load(cos_ptr + pos * HEAD_DIM + offs).to(tl.float32)
-        c2 = tl.load(cos_ptr + pos * HEAD_DIM + HALF + offs).to(tl.float32)
-        s1 = tl.load(sin_ptr + pos * HEAD_DIM + offs).to(tl.float32)
-        s2 = tl.load(sin_ptr + pos * HEAD_DIM + HALF + offs).to(tl.float32)
+        c1 = tl.load(cos_ptr + pos * HEAD_DIM + offs).to(tl.float32)[None, :]
+        c2 = tl.load(cos_ptr + pos * HEAD_DIM + HALF + offs).to(tl.float32)[None, :]
+        s1 = tl.load(sin_ptr + pos * HEAD_DIM + offs).to(tl.float32)[None, :]
+        s2 = tl.load(sin_ptr + pos * HEAD_DIM + HALF + offs).to(tl.float32)[None, :]
         return a * c1 - b * s1, b * c2 + a * s2
 
     @triton.jit
@@ -88,64 +89,79 @@ if triton is not None:
         HEAD_DIM: tl.constexpr,
         HALF: tl.constexpr,
         HAS_NORM: tl.constexpr,
+        Q_HEADS: tl.constexpr,
+        KV_HEADS: tl.constexpr,
     ):
-        # One program per (token, head) over the q, k and v heads of the fused projection.
+        # One program per (token, part): part 0 the token's q heads, 1 its k heads, 2 its v heads of
+        # the fused projection, each part's heads as one [heads, HEAD_DIM] tile (Q_HEADS / KV_HEADS:
+        # the head counts rounded up to a power of two).
         t = tl.program_id(0).to(tl.int64)
-        head = tl.program_id(1)
+        part = tl.program_id(1)
         width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
         offs = tl.arange(0, HALF)
-        src = qkv_ptr + t * width + head * HEAD_DIM
         dt = q_out_ptr.dtype.element_ty
         pos = tl.load(pos_ptr + t)
         slot = tl.load(slot_ptr + t)
-        if head < NUM_HEADS:
-            a = tl.load(src + offs).to(tl.float32)
-            b = tl.load(src + HALF + offs).to(tl.float32)
-            o1, o2 = _norm_rope(
-                a, b, q_norm_ptr, cos_ptr, sin_ptr, pos, eps, offs, dt, HAS_NORM, HEAD_DIM, HALF
+        if part == 0:  # (names of its own: the branches' tiles differ in shape)
+            q_heads = tl.arange(0, Q_HEADS)
+            q_mask = (q_heads < NUM_HEADS)[:, None]
+            q_src = qkv_ptr + t * width + q_heads[:, None] * HEAD_DIM + offs[None, :]
+            qa = tl.load(q_src, mask=q_mask, other=0.0).to(tl.float32)
+            qb = tl.load(q_src + HALF, mask=q_mask, other=0.0).to(tl.float32)
+            q1, q2 = _norm_rope(
+                qa, qb, q_norm_ptr, cos_ptr, sin_ptr, pos, eps, offs, dt, HAS_NORM, HEAD_DIM, HALF
             )
-            dst = q_out_ptr + (t * NUM_HEADS + head) * HEAD_DIM
-            tl.store(dst + offs, o1.to(dt))
-            tl.store(dst + HALF + offs, o2.to(dt))
-        elif head < NUM_HEADS + NUM_KV_HEADS:
-            a = tl.load(src + offs).to(tl.float32)
-            b = tl.load(src + HALF + offs).to(tl.float32)
-            o1, o2 = _norm_rope(
-                a, b, k_norm_ptr, cos_ptr, sin_ptr, pos, eps, offs, dt, HAS_NORM, HEAD_DIM, HALF
-            )
-            row = slot * NUM_KV_HEADS + head - NUM_HEADS
-            if FP8_KV:
-                _store_fp8_row(k_cache_ptr, k_scale_ptr, row, o1.to(dt), o2.to(dt), offs, HEAD_DIM)
-            else:
-                dst = k_cache_ptr + row * HEAD_DIM
-                tl.store(dst + offs, o1.to(dt))
-                tl.store(dst + HALF + offs, o2.to(dt))
+            q_dst = q_out_ptr + (t * NUM_HEADS + q_heads[:, None]) * HEAD_DIM + offs[None, :]
+            tl.store(q_dst, q1.to(dt), mask=q_mask)
+            tl.store(q_dst + HALF, q2.to(dt), mask=q_mask)
         else:
-            row = slot * NUM_KV_HEADS + head - NUM_HEADS - NUM_KV_HEADS
-            if FP8_KV:  # (names of their own: a branch's a / b must keep one type)
-                v1 = tl.load(src + offs)
-                v2 = tl.load(src + HALF + offs)
-                _store_fp8_row(v_cache_ptr, v_scale_ptr, row, v1, v2, offs, HEAD_DIM)
+            heads = tl.arange(0, KV_HEADS)
+            valid = heads < NUM_KV_HEADS
+            mask = valid[:, None]
+            first = NUM_HEADS + (part - 1) * NUM_KV_HEADS
+            src = qkv_ptr + t * width + (first + heads[:, None]) * HEAD_DIM + offs[None, :]
+            rows = slot * NUM_KV_HEADS + heads
+            if part == 1:
+                a = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+                b = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+                o1, o2 = _norm_rope(
+                    a, b, k_norm_ptr, cos_ptr, sin_ptr, pos, eps, offs, dt, HAS_NORM, HEAD_DIM, HALF
+                )
+                if FP8_KV:
+                    _store_fp8_rows(
+                        k_cache_ptr, k_scale_ptr, rows, o1.to(dt), o2.to(dt), offs, valid, HEAD_DIM
+                    )
+                else:
+                    dst = k_cache_ptr + rows.to(tl.int64)[:, None] * HEAD_DIM + offs[None, :]
+                    tl.store(dst, o1.to(dt), mask=mask)
+                    tl.store(dst + HALF, o2.to(dt), mask=mask)
             else:
-                dst = v_cache_ptr + row * HEAD_DIM
-                tl.store(dst + offs, tl.load(src + offs))
-                tl.store(dst + HALF + offs, tl.load(src + HALF + offs))
+                v1 = tl.load(src, mask=mask, other=0.0)
+                v2 = tl.load(src + HALF, mask=mask, other=0.0)
+                if FP8_KV:
+                    _store_fp8_rows(v_cache_ptr, v_scale_ptr, rows, v1, v2, offs, valid, HEAD_DIM)
+                else:
+                    dst = v_cache_ptr + rows.to(tl.int64)[:, None] * HEAD_DIM + offs[None, :]
+                    tl.store(dst, v1, mask=mask)
+                    tl.store(dst + HALF, v2, mask=mask)
 
     @triton.jit
-    def _store_fp8_row(cache_ptr, scale_ptr, row, a, b, offs, HEAD_DIM: tl.constexpr):
-        """One (slot, head) row, halves ``a`` and ``b``, in the fp8 layout of ``kv_fp8``."""
+    def _store_fp8_rows(cache_ptr, scale_ptr, rows, a, b, offs, valid, HEAD_DIM: tl.constexpr):
+        """(slot, head) rows ``rows`` (those ``valid``), halves ``a`` and ``b`` ([rows, HALF]), in the
+        fp8 layout of ``kv_fp8``."""
         HALF: tl.constexpr = HEAD_DIM // 2
         width: tl.constexpr = HEAD_DIM + 4
         a = a.to(tl.float32)
         b = b.to(tl.float32)
-        amax = tl.maximum(tl.max(tl.abs(a), 0), tl.max(tl.abs(b), 0))
+        amax = tl.maximum(tl.max(tl.abs(a), 1), tl.max(tl.abs(b), 1))
         scale = tl.maximum(amax, 1e-30) / 448.0
-        dst = cache_ptr + row.to(tl.int64) * width
-        qa = tl.clamp(a / scale, -448.0, 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        qb = tl.clamp(b / scale, -448.0, 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        tl.store(dst + offs, qa)
-        tl.store(dst + HALF + offs, qb)
-        tl.store(scale_ptr + row.to(tl.int64) * (width // 4) + HEAD_DIM // 4, scale)
+        base = rows.to(tl.int64) * width
+        dst = cache_ptr + base[:, None] + offs[None, :]
+        qa = tl.clamp(a / scale[:, None], -448.0, 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        qb = tl.clamp(b / scale[:, None], -448.0, 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        tl.store(dst, qa, mask=valid[:, None])
+        tl.store(dst + HALF, qb, mask=valid[:, None])
+        tl.store(scale_ptr + rows.to(tl.int64) * (width // 4) + HEAD_DIM // 4, scale, mask=valid)
 
     @triton.jit
     def _silu_mul_kernel(gate_up_ptr, out_ptr, inter, BLOCK: tl.constexpr):
@@ -196,7 +212,7 @@ class TritonDecodeKernels:
     ) -> None:
         from trtedge.runtime.ops.triton_attention import kv_scale_views
 
-        grid = (qkv.shape[0], num_heads + 2 * num_kv_heads)
+        grid = (qkv.shape[0], 3)
         _qkv_rope_store_kernel[grid](
             qkv,
             positions,
@@ -216,6 +232,8 @@ class TritonDecodeKernels:
             HEAD_DIM=head_dim,
             HALF=head_dim // 2,
             HAS_NORM=q_norm is not None,
+            Q_HEADS=triton.next_power_of_2(num_heads),
+            KV_HEADS=triton.next_power_of_2(num_kv_heads),
         )
 
     def rope_store(self, qkv, store) -> None:
