@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.shapes import qwen3_config, write_shape  # noqa: E402
 from trtedge import LLM, SamplingParams  # noqa: E402
+from trtedge.runtime.profiling import GcPauses  # noqa: E402
 
 
 def workload(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -62,6 +63,8 @@ def run_trtedge(
             requests[0][0], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True)
         )  # warm-up
         profiler = None
+        # the collector's time over the run: the engine-core process counts its own (stats["gc"])
+        pauses = None if llm.engine_process else GcPauses()
         if busy:
             profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
             profiler.__enter__()
@@ -75,6 +78,9 @@ def run_trtedge(
         produced = sum(len(d.token_ids) for s in streams for d in s)
         elapsed = time.perf_counter() - start
         stats = llm.stats()
+        if pauses is not None:
+            stats["gc"] = pauses.as_dict()
+            pauses.close()
         engine_process = llm.engine_process
     extra = {}
     if profiler is not None:
@@ -87,6 +93,7 @@ def run_trtedge(
         output_tokens_per_s=round(produced / elapsed, 1),
         steps=stats["steps"],
         preemptions=stats["preemptions"],
+        gc=stats.get("gc"),
         engine_process=engine_process,
         kv_cache_dtype=kv_cache_dtype,
     )
@@ -96,29 +103,35 @@ def gpu_busy(profiler, wall: float, top: int = 12) -> dict:
     """The share of the run's wall time in which some kernel ran: the union of the kernels' intervals
     (CUPTI timestamps) over the wall time, and over the span from the first kernel to the last."""
     spans = sorted(
-        (e.time_range.start, e.time_range.end)
+        (e.time_range.start, e.time_range.end, e.name)
         for e in profiler.events()
         if e.device_type == torch.autograd.DeviceType.CUDA
     )
     busy, end, first = 0, None, spans[0][0] if spans else 0
     gaps = {"<10us": [0, 0], "10-100us": [0, 0], "100us-1ms": [0, 0], ">=1ms": [0, 0]}
-    for a, b in spans:
+    largest = []  # (gap, its start from the first kernel, the kernel before, the kernel after)
+    before = ""
+    for a, b, name in spans:
         if end is not None and a > end:
             gap = a - end
+            largest.append((gap, end - first, before, name))
             key = "<10us" if gap < 10 else "10-100us" if gap < 100 else "100us-1ms" if gap < 1000 else ">=1ms"
             gaps[key][0] += 1
             gaps[key][1] += gap
         if end is None or a > end:
             busy += b - a
-            end = b
+            end, before = b, name
         elif b > end:
             busy += b - end
-            end = b
+            end, before = b, name
     span = (end - first) if spans else 0
     kernels = sorted(profiler.key_averages(), key=lambda a: -a.device_time_total)[:top]
     return dict(
         top_kernels_ms=[[a.key[:90], round(a.device_time_total / 1e3, 1), a.count] for a in kernels],
         idle_gaps_count_ms={k: [n, round(us / 1e3, 1)] for k, (n, us) in gaps.items()},
+        largest_gaps_ms_at_before_after=[
+            [round(g / 1e3, 2), round(at / 1e3, 1), x[:40], y[:40]] for g, at, x, y in sorted(largest)[-top:]
+        ],
         gpu_busy_us=round(busy),
         gpu_busy_of_wall=round(busy / 1e6 / wall, 3),
         gpu_busy_of_kernel_span=round(busy / span, 3) if span else 0.0,
