@@ -191,3 +191,31 @@ def test_a_slow_call_does_not_hold_up_a_cancel(monkeypatch, core):
         assert call.is_alive() and not answered  # the cancel was handled while the call was pending
         call.join(timeout=60)
         assert answered == [None]  # no speculative decoding: its metrics are None
+
+
+def test_the_core_freezes_its_startup_heap_and_counts_its_collections(core, smollm):
+    core.generate(PROMPTS, SamplingParams(max_tokens=4, temperature=0))
+    gc_stats = core.stats()["gc"]
+    assert len(gc_stats["collections"]) == 3 and all(n >= 0 for n in gc_stats["collections"])
+    assert len(gc_stats["seconds"]) == 3
+    # the model's and the kernels' objects sit outside the collector in the core, not in-process
+    assert gc_stats["frozen_objects"] > 10_000
+    assert "gc" not in smollm.stats()
+
+
+def test_gc_pauses_time_each_collection_by_generation():
+    import gc
+
+    from trtedge.runtime.profiling import GcPauses
+
+    pauses = GcPauses()
+    try:
+        gc.collect(1)
+        gc.collect()
+        counted = pauses.as_dict()
+    finally:
+        pauses.close()
+    assert counted["collections"][1] >= 1 and counted["collections"][2] >= 1
+    assert counted["seconds"][2] > 0
+    gc.collect()
+    assert pauses.as_dict() == counted  # closed: no longer counting

@@ -16,6 +16,7 @@ to a ``LoopChannel`` whose event loop gets all of a step's deltas in one wake-up
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import os
 import pickle
@@ -46,6 +47,7 @@ from trtedge.runtime.output import (
     StreamDelta,
     TextStream,
 )
+from trtedge.runtime.profiling import GcPauses
 from trtedge.runtime.sampling_params import ParamError, SamplingParams
 
 log = logging.getLogger("trtedge")
@@ -591,6 +593,11 @@ def _core_main(directory: str, parent_pid: int) -> None:  # pragma: no cover - r
         outbound.close()
         ctx.term()
         return
+    # The model, the compiled kernels and the captured graphs live as long as the process: moved out
+    # of the collector's reach, a full collection no longer walks them while a step waits.
+    gc.collect()
+    gc.freeze()
+    engine.gc_pauses = GcPauses(frozen=gc.get_freeze_count())
     sink = _StepSink(outbound, send_lock)
     send(_READY, {"describe": engine.describe(), "pid": os.getpid()})
     handles: dict[int, _ChildChannel] = {}

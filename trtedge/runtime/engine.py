@@ -39,7 +39,7 @@ from trtedge.runtime.output import (
     StreamDelta,
     TextStream,
 )
-from trtedge.runtime.profiling import MULTIMODAL, SCHEDULE, SPECULATIVE, Profiler
+from trtedge.runtime.profiling import MULTIMODAL, SCHEDULE, SPECULATIVE, GcPauses, Profiler
 from trtedge.runtime.sampling_params import ParamError, SamplingParams, check_logit_bias
 from trtedge.runtime.speculative import SpeculativeConfig, build_decoder
 from trtedge.runtime.speculative.decoder import SpecStats, may_speculate
@@ -238,6 +238,7 @@ class Engine:
             f"on (max {config.context_cache_max_records} records)" if config.enable_context_reuse else "off",
         )
         self.stats = EngineStats()
+        self.gc_pauses: GcPauses | None = None  # the engine-core process's collector time
         self.error: BaseException | None = None  # set when the engine gave up: new requests are refused
         self._faults = FaultInjector.from_env()
         self._submit_lock = threading.RLock()  # a submit never slips past the engine's final drain
@@ -419,6 +420,8 @@ class Engine:
             "speculative": self.speculative_metrics(),
             **extra,
         }
+        if self.gc_pauses is not None:
+            snapshot["gc"] = self.gc_pauses.as_dict()
         ple = getattr(self.runner.model, "ple", None)  # Gemma 3n / Gemma 4 per-layer embeddings
         if ple is not None:
             snapshot["ple_cache"] = ple.stats()

@@ -8,6 +8,7 @@ The engine thread records; any thread may read a snapshot (``metrics()``) or tog
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from contextlib import contextmanager
@@ -192,3 +193,33 @@ class Profiler:
             ),
             stages=stages,
         )
+
+
+class GcPauses:
+    """The seconds this process spends in the garbage collector, by generation (through
+    ``gc.callbacks``): the engine-core process keeps one, as a step stalls while a collection runs."""
+
+    def __init__(self, frozen: int = 0) -> None:
+        self.frozen = frozen  # objects moved out of the collector's reach (gc.freeze) before counting
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        generation = info["generation"]
+        self.collections[generation] += 1
+        self.seconds[generation] += time.perf_counter() - self._started
+
+    def as_dict(self) -> dict:
+        return {
+            "collections": list(self.collections),
+            "seconds": [round(t, 4) for t in self.seconds],
+            "frozen_objects": self.frozen,
+        }
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
