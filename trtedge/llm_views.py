@@ -75,10 +75,18 @@ class EngineStats(_Figures):
     """A snapshot of the engine (``llm.stats()``): requests now (active, running, waiting), the KV pool,
     totals since start, and ``engine_error`` (None while it serves). The ``state_slots_*`` and
     ``recurrent_state_bytes`` figures are there for hybrid models only, ``ple_cache`` for per-layer
-    embedding models, ``mm_embedding_cache`` for models with a vision or audio component."""
+    embedding models, ``mm_embedding_cache`` for models with a vision or audio component, ``gc`` for
+    an engine core in its own process (its garbage collector's collections and seconds)."""
 
     _OPTIONAL = frozenset(
-        {"state_slots_total", "state_slots_free", "recurrent_state_bytes", "ple_cache", "mm_embedding_cache"}
+        {
+            "state_slots_total",
+            "state_slots_free",
+            "recurrent_state_bytes",
+            "ple_cache",
+            "mm_embedding_cache",
+            "gc",
+        }
     )
 
     model: str
@@ -104,6 +112,7 @@ class EngineStats(_Figures):
     recurrent_state_bytes: int | None = None
     ple_cache: dict | None = None
     mm_embedding_cache: dict | None = None
+    gc: dict | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
