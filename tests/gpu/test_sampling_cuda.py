@@ -60,6 +60,28 @@ def test_the_race_over_logits_picks_the_probability_paths_token(vocab):
     assert len(set(drawn.tolist())) > 32
 
 
+def test_the_seeded_race_mixes_the_keys_on_the_device_as_the_host_does():
+    """race_logits_seeded (splitmix64 of (seed, position) in the kernel) picks what race_logits picks
+    with the keys mix_seed made on the host: seeds past 2**63, negative and wider than 64 bits too."""
+    import random
+
+    from trtedge.runtime.executor.sampler import mix_seed, race_rows, split_keys, upload
+    from trtedge.runtime.ops import triton_sampling
+
+    rng = random.Random(0)
+    seeds = [rng.randrange(2**64) for _ in range(200)] + [0, 1, 2**63 - 1, 2**63, 2**64 - 1, -5, 2**70 + 3]
+    positions = [rng.randrange(-10, 10**7) for _ in seeds]
+    temperatures = [rng.uniform(0.1, 2.0) for _ in seeds]
+    logits = (torch.randn(len(seeds), 151936, generator=torch.Generator().manual_seed(1)) * 3).cuda()
+    keys = torch.tensor(split_keys([mix_seed(s, p) for s, p in zip(seeds, positions)]), device="cuda")
+    t = torch.tensor(temperatures, dtype=torch.float32, device="cuda")
+    host = triton_sampling.race_logits(logits, t, keys)
+    device = triton_sampling.race_logits_seeded(
+        logits, upload(race_rows(seeds, positions, temperatures), "cuda")
+    )
+    assert torch.equal(host, device)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
 def test_the_race_over_logits_draws_from_the_tempered_distribution(temperature):
     from trtedge.runtime.executor.sampler import mix_seed, split_keys

@@ -284,25 +284,17 @@ def test_a_range_has_one_rule_and_one_message(field, values, message):
     SamplingParams(**{field: 1.0})
 
 
-def test_mix_seeds_equals_mix_seed_on_every_row():
-    import random
+def test_race_rows_hold_the_seeds_positions_then_the_temperature_bits():
+    from trtedge.runtime.executor.sampler import race_rows
 
-    from trtedge.runtime.executor.sampler import mix_seeds
-
-    rng = random.Random(0)
-    seeds = [rng.randrange(2**64) for _ in range(500)] + [0, 1, 2**63 - 1, 2**63, 2**64 - 1, -5, 2**70 + 3]
-    positions = [rng.randrange(-10, 10**7) for _ in seeds]
-    keys = [k & (2**64 - 1) for k in mix_seeds(seeds, positions).tolist()]
-    assert keys == [mix_seed(s, p) for s, p in zip(seeds, positions)]
-
-
-def test_race_inputs_hold_the_key_halves_then_the_temperature_bits():
-    from trtedge.runtime.executor.sampler import race_inputs, split_keys
-
-    seeds, positions, temperatures = [3, 2**64 - 7], [10, 0], [0.6, 1.5]
-    host = race_inputs(seeds, positions, temperatures)
-    assert host[:4].view(2, 2).tolist() == split_keys([mix_seed(s, p) for s, p in zip(seeds, positions)])
-    bits = host[4:].to(torch.int32).view(torch.float32)
+    seeds = [3, 2**64 - 7, -5, 2**70 + 3, 2**63]
+    positions, temperatures = [10, 0, 7, 2**40, -1], [0.6, 1.5, 0.1, 2.0, 1.0]
+    host = race_rows(seeds, positions, temperatures)
+    assert host.dtype == torch.long and host.shape == (15,)
+    # each seed as the int64 of its bits modulo 2**64: the device mixes what mix_seed mixes
+    assert [v & (2**64 - 1) for v in host[:5].tolist()] == [s & (2**64 - 1) for s in seeds]
+    assert host[5:10].tolist() == positions
+    bits = host[10:].to(torch.int32).view(torch.float32)
     assert bits.tolist() == torch.tensor(temperatures, dtype=torch.float32).tolist()
 
 

@@ -26,12 +26,6 @@ def mix_seed(seed: int, position: int) -> int:
 
 
 _HALF = 1 << 63
-_C1, _C2, _C3 = (c - (1 << 64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
-
-
-def _lsr(z: torch.Tensor, n: int) -> torch.Tensor:
-    """Logical right shift of int64 values read as unsigned 64-bit."""
-    return (z >> n) & ((1 << (64 - n)) - 1)
 
 
 def _signed64(value: int) -> int:
@@ -40,23 +34,16 @@ def _signed64(value: int) -> int:
     return value - (1 << 64) if value >= _HALF else value
 
 
-def mix_seeds(seeds: list[int], positions: list[int]) -> torch.Tensor:
-    """``mix_seed`` of every (seed, position) at once, on the host: [n] int64 holding the 64-bit keys
-    (two's complement). int64 products wrap modulo 2**64 as the masked Python ones do."""
-    signed = [s if 0 <= s < _HALF else _signed64(s) for s in seeds]
-    z = host_tensor(signed, torch.long) + (host_tensor(positions, torch.long) + 1) * _C1
-    z = (z ^ _lsr(z, 30)) * _C2
-    z = (z ^ _lsr(z, 27)) * _C3
-    return z ^ _lsr(z, 31)
-
-
-def race_inputs(seeds: list[int], positions: list[int], temperatures: list[float]) -> torch.Tensor:
-    """The race's per-row inputs in one host tensor for one copy: the keys' (low, high) 32-bit halves,
-    row after row, then each temperature's float32 bits ([3 * n] int64)."""
-    keys = mix_seeds(seeds, positions)
-    halves = torch.stack([keys & 0xFFFFFFFF, _lsr(keys, 32)], dim=1).flatten()
-    bits = host_tensor(temperatures, torch.float32).view(torch.int32).long()
-    return torch.cat([halves, bits])
+def race_rows(seeds: list[int], positions: list[int], temperatures: list[float]) -> torch.Tensor:
+    """The seeded race's per-row inputs in one host tensor for one copy ([3 * n] int64): the seeds (as
+    the int64 of their bits modulo 2**64), the positions, then each temperature's float32 bits. The
+    race mixes each (seed, position) into its key on the device (``triton_sampling.race_logits_seeded``)."""
+    rows = array.array("q", [s if 0 <= s < _HALF else _signed64(s) for s in seeds])
+    rows.extend(positions)
+    bits = array.array("i")
+    bits.frombytes(array.array("f", temperatures).tobytes())
+    rows.extend(bits.tolist())
+    return torch.frombuffer(rows, dtype=torch.long)
 
 
 @dataclass
@@ -230,11 +217,8 @@ def _sample_rows(logits: torch.Tensor, seqs: list[Sequence], positions: list[int
     if triton_sampling.supported(logits) and all(temperature_only(s.params) for s in seqs):
         # the race straight from the logits: no softmax pass and no probability tensor; its inputs
         # (keys and temperatures) go to the device in one copy
-        n = len(seqs)
-        host = race_inputs([s.seed for s in seqs], positions, [s.params.temperature for s in seqs])
-        staged = upload(host, logits.device)
-        temperature = staged[2 * n :].to(torch.int32).view(torch.float32)
-        return triton_sampling.race_logits(logits, temperature, staged[: 2 * n].view(n, 2))
+        host = race_rows([s.seed for s in seqs], positions, [s.params.temperature for s in seqs])
+        return triton_sampling.race_logits_seeded(logits, upload(host, logits.device))
     keys = [mix_seed(s.seed, pos) for s, pos in zip(seqs, positions)]
     probs = sampling_probs(logits, seqs)
     if triton_sampling.supported(probs):  # the same race in one pass (the torch lines are its reference)

@@ -64,18 +64,33 @@ if triton is not None:
         tl.store(out_ptr + row, best_id.to(tl.int64))
 
     @triton.jit
+    def _row_key(rows_ptr, row, n, MIX: tl.constexpr):
+        """A row's (low, high) 32-bit key halves from ``rows``' first two columns (of n): the halves
+        themselves, or with MIX (seed, position), whose splitmix64 (``sampler.mix_seed``) is the key.
+        uint64 products wrap modulo 2**64 as the masked Python ones do."""
+        a = tl.load(rows_ptr + row)
+        b = tl.load(rows_ptr + n + row)
+        if MIX:
+            z = a.to(tl.uint64, bitcast=True) + (b.to(tl.uint64, bitcast=True) + 1) * 0x9E3779B97F4A7C15
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+            z = z ^ (z >> 31)
+            return (z & 0xFFFFFFFF).to(tl.uint32), (z >> 32).to(tl.uint32)
+        return a.to(tl.uint32), b.to(tl.uint32)
+
+    @triton.jit
     def _race_logits_kernel(
-        logits_ptr, temperature_ptr, keys_ptr, best_ptr, best_id_ptr, vocab, stride,
-        CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+        logits_ptr, rows_ptr, best_ptr, best_id_ptr, n, vocab, stride,
+        CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, MIX: tl.constexpr,
     ):  # fmt: skip
         # One program per (row, vocabulary chunk): the chunk's best Gumbel score
         # logit / T - log(noise), the log of exp(logit / T) / noise (the race over p / noise without
-        # the softmax: argmax is unchanged by the softmax's shift and scale).
+        # the softmax: argmax is unchanged by the softmax's shift and scale). ``rows``: [3, n] int64,
+        # the key columns (see _row_key) and each temperature's float32 bits.
         row = tl.program_id(0).to(tl.int64)
         part = tl.program_id(1)
-        lo = tl.load(keys_ptr + row * 2).to(tl.uint32)
-        hi = tl.load(keys_ptr + row * 2 + 1).to(tl.uint32)
-        temperature = tl.load(temperature_ptr + row)
+        lo, hi = _row_key(rows_ptr, row, n, MIX)
+        temperature = tl.load(rows_ptr + 2 * n + row).to(tl.int32).to(tl.float32, bitcast=True)
         best = tl.full((), float("-inf"), tl.float32)
         best_id = tl.full((), 0, tl.int32) + part * CHUNK
         for start in range(part * CHUNK, tl.minimum(part * CHUNK + CHUNK, vocab), BLOCK):
@@ -118,14 +133,28 @@ def race_logits(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Ten
     """The race of ``race`` over ``softmax(logits / temperature)`` read straight from the logits, in one
     pass and many programs a row: argmax of ``logits / T - log(noise)``. It draws from the same
     distribution with the same noise; where two tokens' scores are within rounding of each other it
-    may pick the other one than the probability path does. ``temperature``: [rows] float32, > 0."""
-    rows, vocab = logits.shape
+    may pick the other one than the probability path does. ``temperature``: [rows] float32, > 0;
+    ``keys``: [rows, 2] int64, the keys' (low, high) halves."""
+    bits = temperature.to(torch.float32).view(torch.int32).long()
+    rows = torch.cat([keys[:, 0], keys[:, 1], bits])
+    return _race_logits(logits, rows, mix=False)
+
+
+def race_logits_seeded(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``race_logits`` with each row's key mixed on the device from its (seed, position), as
+    ``sampler.mix_seed`` mixes it: ``rows`` [3 * n] int64 holds the seeds (as int64 of the same
+    bits), the positions, then the temperatures' float32 bits (``sampler.race_rows``)."""
+    return _race_logits(logits, rows, mix=True)
+
+
+def _race_logits(logits: torch.Tensor, rows: torch.Tensor, mix: bool) -> torch.Tensor:
+    n, vocab = logits.shape
     splits = -(-vocab // RACE_CHUNK)
-    best = torch.empty(rows, splits, dtype=torch.float32, device=logits.device)
-    best_id = torch.empty(rows, splits, dtype=torch.long, device=logits.device)
-    if rows:
-        _race_logits_kernel[(rows, splits)](
-            logits, temperature, keys, best, best_id, vocab, logits.stride(0),
-            CHUNK=RACE_CHUNK, BLOCK=2048, SPLITS=splits, num_warps=4,
+    best = torch.empty(n, splits, dtype=torch.float32, device=logits.device)
+    best_id = torch.empty(n, splits, dtype=torch.long, device=logits.device)
+    if n:
+        _race_logits_kernel[(n, splits)](
+            logits, rows, best, best_id, n, vocab, logits.stride(0),
+            CHUNK=RACE_CHUNK, BLOCK=2048, SPLITS=splits, MIX=mix, num_warps=4,
         )  # fmt: skip
     return best_id.gather(1, best.argmax(dim=1, keepdim=True))[:, 0]
