@@ -44,6 +44,7 @@ def run_trtedge(
     process: bool | None = None,
     kv_cache_dtype: str = "auto",
     top: int = 12,
+    step_times: bool = False,
 ) -> dict:
     with LLM(
         str(directory),
@@ -65,6 +66,9 @@ def run_trtedge(
         profiler = None
         # the collector's time over the run: the engine-core process counts its own (stats["gc"])
         pauses = None if llm.engine_process else GcPauses()
+        if step_times:  # the engine's own stage timers: CUDA events around each model step
+            llm.reset_profiling_metrics()
+            llm.set_profiling_enabled(True)
         if busy:
             profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
             profiler.__enter__()
@@ -81,8 +85,14 @@ def run_trtedge(
         if pauses is not None:
             stats["gc"] = pauses.as_dict()
             pauses.close()
+        steps = llm.get_profiling_metrics() if step_times else None
         engine_process = llm.engine_process
     extra = {}
+    if steps is not None:
+        # the GPU time from each model step's first queued work to its last (idle between steps is
+        # not in it; idle inside a step is, so this bounds the busy share from above)
+        device = steps.prefill.total_time + steps.generation.total_time
+        extra = dict(device_step_seconds=round(device, 3), device_steps_of_wall=round(device / elapsed, 3))
     if profiler is not None:
         profiler.__exit__(None, None, None)
         extra = gpu_busy(profiler, elapsed, top)
@@ -196,6 +206,11 @@ def main() -> None:
     parser.add_argument(
         "--top", type=int, default=12, help="--gpu-busy: how many kernels the profiled run lists"
     )
+    parser.add_argument(
+        "--step-times",
+        action="store_true",
+        help="the engine times each model step on the GPU (CUDA events), in its own process too",
+    )
     args = parser.parse_args()
     requests = workload(args.requests)
     with tempfile.TemporaryDirectory() as tmp:
@@ -206,7 +221,17 @@ def main() -> None:
         runs = [(m, False, p, kv) for kv in kv_dtypes for m in modes for p in procs]
         runs += [(modes[-1], True, False, kv) for kv in kv_dtypes] if args.gpu_busy else []
         for overlap, busy, process, kv in runs:
-            row = run_trtedge(directory, requests, args.max_batch_size, overlap, busy, process, kv, args.top)
+            row = run_trtedge(
+                directory,
+                requests,
+                args.max_batch_size,
+                overlap,
+                busy,
+                process,
+                kv,
+                args.top,
+                args.step_times and not busy,
+            )
             print(
                 json.dumps(
                     dict(

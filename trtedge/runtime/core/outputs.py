@@ -21,6 +21,8 @@ class ModelRunnerOutput:
     @classmethod
     def from_rows(cls, request_ids: list[str], tokens: list[int], infos: list | None = None):
         """From one row per sample, a request's rows next to each other (a draft's positions)."""
+        if (infos is None or not any(infos)) and len(set(request_ids)) == len(request_ids):
+            return cls({rid: (token,) for rid, token in zip(request_ids, tokens)})  # a row a request
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list] = {}
         for row, (rid, token) in enumerate(zip(request_ids, tokens)):

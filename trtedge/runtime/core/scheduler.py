@@ -97,6 +97,10 @@ class Scheduler:
 
     def _keep(self, seq: Sequence, ids: tuple[int, ...], infos: tuple) -> EngineCoreOutput:
         k = seq.num_draft_tokens
+        if not k and len(ids) == 1 and seq.matcher is None:  # a plain decode row: the loop below, once
+            seq.token_ids.append(ids[0])
+            reason, stop_token = self._stop_reason(seq, ids[0])
+            return EngineCoreOutput(seq.request_id, ids, tuple(infos[:1]), reason, stop_token)
         draft: list[int] = []
         if k:  # the samples of a draft's k positions and the one after them
             draft = seq.token_ids[len(seq.token_ids) - k :]
