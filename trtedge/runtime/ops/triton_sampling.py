@@ -78,7 +78,9 @@ if triton is not None:
             return (z & 0xFFFFFFFF).to(tl.uint32), (z >> 32).to(tl.uint32)
         return a.to(tl.uint32), b.to(tl.uint32)
 
-    @triton.jit
+    # the row count is not specialised on (1, a multiple of 16, any other): one compile serves every
+    # batch, so a batch size the warm-up did not see compiles nothing inside a request
+    @triton.jit(do_not_specialize=["n"])
     def _race_logits_kernel(
         logits_ptr, rows_ptr, best_ptr, best_id_ptr, n, vocab, stride,
         CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, MIX: tl.constexpr,
