@@ -76,12 +76,14 @@ class BlockTableRows:
                 old: list[int] = []
             else:
                 old = self._written[sid]
-            if len(table) <= len(old) and old[: len(table)] == table:
-                # unchanged, or cut back to a prefix after rejected draft tokens: the row's entries past
-                # the table are never read before they are written again
+            n, m = len(table), len(old)
+            if (old == table) if n == m else (n < m and old[:n] == table):
+                # unchanged (one list comparison, no copy: most rows, most steps), or cut back to a
+                # prefix after rejected draft tokens: the row's entries past the table are never read
+                # before they are written again
                 self._written[sid] = table
             else:
-                k = len(old) if table[: len(old)] == old else 0
+                k = m if n > m and table[:m] == old else 0
                 rows += [seat] * (len(table) - k)
                 cols += range(k, len(table))
                 values += table[k:]
