@@ -34,6 +34,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -61,6 +62,7 @@ CODE = """def moving_average(values, window):
             out.append(total / window)
     return out
 """
+START = time.perf_counter()
 TASK = [
     {
         "role": "user",
@@ -70,8 +72,9 @@ TASK = [
 ]
 
 
-def run(llm: LLM, prompt, tokens: int, repeats: int, after=None) -> dict:
-    """``after(output)``: called with each run's RequestOutput (the oracle learns from it)."""
+def run(llm: LLM, prompt, tokens: int, repeats: int, after=None, label: str = "") -> dict:
+    """``after(output)``: called with each run's RequestOutput (the oracle learns from it); ``label``:
+    the row's name in the line printed when it is done."""
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     runs = []
     for i in range(repeats + 1):
@@ -87,6 +90,13 @@ def run(llm: LLM, prompt, tokens: int, repeats: int, after=None) -> dict:
             runs.append((metrics[0], out.token_ids))
     best, ids = max(runs, key=lambda r: r[0].decode_tokens_per_second)
     steps = best.spec_steps or 1
+    # each row as it finishes: a run cut by its time limit still shows the rows it had
+    print(
+        f"row done ({label}): {best.decode_tokens_per_second:.1f} tok/s, verify "
+        f"{1000 * best.spec_verification_time / steps:.3f} ms, draft {1000 * best.spec_proposal_time / steps:.3f} ms, "
+        f"{best.spec_steps} steps, at {time.perf_counter() - START:.0f} s",
+        flush=True,
+    )
     return {
         "tok_s": best.decode_tokens_per_second,
         "acceptance": best.spec_acceptance_rate,
@@ -133,7 +143,7 @@ def cpu(args) -> None:
     ]
     for name, spec in configs:
         with LLM(max_kv_cache_capacity=1024, speculative_config=spec) as llm:
-            rows.append((name, run(llm, TASK, args.tokens, args.repeats)))
+            rows.append((name, run(llm, TASK, args.tokens, args.repeats, label=name)))
     table(f"SmolLM2-135M-Instruct (CPU), copy-heavy task, batch 1, {args.tokens} new tokens", rows)
 
 
@@ -205,7 +215,7 @@ def device(args) -> None:
                 max_kv_cache_capacity=2048,
                 speculative_config=spec,
             ) as llm:
-                rows.append((name, run(llm, prompt, args.tokens, args.repeats)))
+                rows.append((name, run(llm, prompt, args.tokens, args.repeats, label=name)))
         if rows:
             table(
                 f"{args.shape} shape (random weights, {args.dtype}), batch 1, {args.tokens} new tokens", rows
@@ -225,7 +235,7 @@ def device(args) -> None:
                 (f"mtp, {args.k[0]} tokens", {"method": "mtp", "num_speculative_tokens": args.k[0]}),
             ):
                 with LLM(str(qwen35), speculative_config=spec, **load) as llm:
-                    rows.append((name, run(llm, prompt, args.tokens, args.repeats)))
+                    rows.append((name, run(llm, prompt, args.tokens, args.repeats, label=name)))
             table(
                 f"Qwen3.5-0.8B-style shape, {args.mtp_layers} layers + 1 random MTP layer ({args.dtype}), "
                 f"batch 1, {args.tokens} new tokens",
@@ -256,7 +266,7 @@ def device(args) -> None:
                 with LLM(
                     str(agreeing), dtype=args.dtype, max_kv_cache_capacity=2048, speculative_config=spec
                 ) as llm:
-                    rows.append((name, run(llm, prompt, args.tokens, args.repeats)))
+                    rows.append((name, run(llm, prompt, args.tokens, args.repeats, label=name)))
             table(
                 f"{args.shape} shape, layers past the 2nd scaled by {scale} "
                 f"({args.dtype}), batch 1, {args.tokens} new tokens",
