@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.runtime.mtp_tiny import Reference, add_mtp_layers, add_nemotron_mtp_layers
-from tests.runtime.spec_helpers import repetitive_prompts
+from tests.runtime.spec_helpers import host_drafts, repetitive_prompts
 from tests.tiny import make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
 from trtedge import LLM, SamplingParams
 from trtedge.runtime.speculative.draft_cache import DraftCache, DraftState, Row
@@ -85,7 +85,9 @@ def _drafts_sitting_out(path, eager: bool) -> tuple[list[list[int]], list]:
             if calls[0] % 3:
                 return [None] * len(seqs)
             out = propose(seqs, limits)
-            drafts.append([(seq.num_tokens, d.tokens if d else None) for seq, d in zip(seqs, out)])
+            drafts.append(
+                [(seq.num_tokens, d.tokens if d else None) for seq, d in zip(seqs, host_drafts(out))]
+            )
             return out
 
         proposer.propose = two_of_three_off

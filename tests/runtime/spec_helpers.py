@@ -8,8 +8,15 @@ from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig
 from trtedge.runtime.models import load_model
 from trtedge.runtime.sampling_params import SamplingParams
+from trtedge.runtime.speculative.tree import DeviceChains
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def host_drafts(drafts):
+    """A proposer's drafts as host ``Draft``s (or None per sequence), whether it returned them so or as
+    ``DeviceChains`` (read back here: a recording test's copy; the engine gets the original)."""
+    return drafts.to_host() if isinstance(drafts, DeviceChains) else drafts
 
 
 def load(path, max_positions: int = 512):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.runtime.dflash_tiny import Reference, write_dflash
-from tests.runtime.spec_helpers import generate, load, repetitive_prompts
+from tests.runtime.spec_helpers import generate, host_drafts, load, repetitive_prompts
 from tests.tiny import make_tiny_checkpoint
 from trtedge import LLM, ConfigError, SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig, SpeculativeConfigError
@@ -52,7 +52,8 @@ def test_dflash_drafts_equal_the_reference_block_after_block(paths, target):
     def recording(self, seqs, limits):
         drafts = propose(self, seqs, limits)
         seen.extend(
-            (list(seq.token_ids), draft.tokens if draft else None) for seq, draft in zip(seqs, drafts)
+            (list(seq.token_ids), draft.tokens if draft else None)
+            for seq, draft in zip(seqs, host_drafts(drafts))
         )
         return drafts
 
@@ -204,7 +205,7 @@ def test_dflash_token_trees_for_greedy_requests_chains_for_sampled_ones(paths, t
 
     def recording(self, seqs, limits):
         drafts = propose(self, seqs, limits)
-        seen.extend((seq.params.greedy, d) for seq, d in zip(seqs, drafts) if d is not None)
+        seen.extend((seq.params.greedy, d) for seq, d in zip(seqs, host_drafts(drafts)) if d is not None)
         return drafts
 
     DFlashProposer.propose = recording

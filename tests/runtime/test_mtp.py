@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.runtime.mtp_tiny import NemotronReference, Reference, add_mtp_layers, add_nemotron_mtp_layers
-from tests.runtime.spec_helpers import generate, load, repetitive_prompts
+from tests.runtime.spec_helpers import generate, host_drafts, load, repetitive_prompts
 from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
 from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
 from trtedge.runtime.engine import Engine, EngineConfig
@@ -97,7 +97,9 @@ def test_mtp_drafts_match_a_torch_reference_of_the_published_layout(mtp_model, p
         steps.clear()
         drafts = proposer_propose(seqs, limits)
         calls.extend(
-            (list(s.token_ids), d.tokens, list(steps)) for s, d in zip(seqs, drafts) if d is not None
+            (list(s.token_ids), d.tokens, list(steps))
+            for s, d in zip(seqs, host_drafts(drafts))
+            if d is not None
         )
         return drafts
 
@@ -239,7 +241,9 @@ def test_nemotron_h_mtp_module_drafts_as_its_reference_and_greedy_equals_plain(t
 
     def recording(seqs, limits):
         drafts = propose(seqs, limits)
-        calls.extend((list(s.token_ids), d.tokens) for s, d in zip(seqs, drafts) if d is not None)
+        calls.extend(
+            (list(s.token_ids), d.tokens) for s, d in zip(seqs, host_drafts(drafts)) if d is not None
+        )
         return drafts
 
     engine.speculative.proposer.propose = recording

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runtime.spec_helpers import generate, load, repetitive_prompts
+from tests.runtime.spec_helpers import generate, host_drafts, load, repetitive_prompts
 from tests.tiny import make_tiny_checkpoint
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig, SpeculativeConfigError
 from trtedge.runtime.speculative.ngram import lookup
-from trtedge.runtime.speculative.tree import Draft
+from trtedge.runtime.speculative.tree import DeviceChains, Draft
 from trtedge.runtime.speculative.verifier import accept_greedy, accept_sampled
 
 
@@ -303,6 +303,45 @@ def test_eagle3_random_head_greedy_matches_plain_alone_and_in_batch_of_8(target,
         assert alone == plain[:1]
     finally:
         model.aux_layers, model.aux_hidden = (), None
+
+
+def test_eagle3_device_chains_are_the_host_paths_chains(target, eagle_dir, monkeypatch):
+    """Chains drafted on the device (read back with the verdict) are the chains of the host path, step
+    after step of a batch of 8 whose rows reach their ends at different steps; outputs equal plain
+    decoding and the draft cache is freed."""
+    from trtedge.runtime.speculative.eagle3 import Eagle3Proposer, load_eagle3
+
+    model, tok = target
+    prompts = repetitive_prompts(8, seed=7)
+    plain, _ = generate(model, tok, prompts)
+    spec = SpeculativeConfig("eagle3", model=str(eagle_dir), num_speculative_tokens=3)
+    propose, seen = Eagle3Proposer.propose, {True: [], False: []}
+    for on_device in (True, False):
+
+        def recording(self, seqs, limits, on_device=on_device):
+            self.device_chains = on_device
+            drafts = propose(self, seqs, limits)
+            assert isinstance(drafts, DeviceChains) == on_device
+            seen[on_device].append([(list(s.token_ids), d) for s, d in zip(seqs, host_drafts(drafts))])
+            return drafts
+
+        monkeypatch.setattr(Eagle3Proposer, "propose", recording)
+        try:
+            outs, eng = generate(model, tok, prompts, speculative=spec, draft=load_eagle3(eagle_dir, model))
+        finally:
+            model.aux_layers, model.aux_hidden = (), None
+        assert outs == plain
+        cache = eng.speculative.proposer.cache
+        assert not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
+    assert seen[True] == seen[False] and len(seen[True]) > 3
+    assert len({len(d) for step in seen[True] for _, d in step if d is not None}) > 1  # short chains too
+
+
+def test_device_chains_from_steps_keep_each_rows_tokens():
+    steps = [torch.tensor([5, 6, 7]), torch.tensor([8, 9]), torch.tensor([10])]
+    chains = DeviceChains.from_steps(steps, [[0, 1, 2], [0, 2], [2]], live=[0, 2, 3], num_seqs=4)
+    assert chains.rows == [0, None, 1, 2] and chains.lengths == [2, 0, 1, 3]
+    assert chains.to_host() == [Draft.chain([5, 8]), None, Draft.chain([6]), Draft.chain([7, 9, 10])]
 
 
 def test_eagle3_layout_is_checked(tmp_path, target):

@@ -11,10 +11,11 @@ import torch
 
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.core.scheduler import ScheduledBatch
+from trtedge.runtime.executor.runner import PendingFill
 from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.speculative.config import SpeculativeConfig
-from trtedge.runtime.speculative.tree import Draft, span_mask
+from trtedge.runtime.speculative.tree import DeviceChains, Draft, span_mask
 from trtedge.runtime.speculative.verifier import Verdict, accept_greedy, verify
 
 
@@ -82,6 +83,9 @@ class SpeculativeDecoder:
         self.stats = SpecStats()
         self.verify_steps = 0  # target forwards that scored drafts
         self.graph_steps = 0  # those that replayed a decode CUDA graph
+        # a proposer's device chains feed the verify forward on the device (False: read back first, as
+        # host drafts; benchmarks compare the two)
+        self.device_drafts = True
 
     def _limit(self, seq: Sequence) -> int:
         left = min(
@@ -99,10 +103,16 @@ class SpeculativeDecoder:
             return [], batch
         started = time.perf_counter()
         drafts = self.proposer.propose(rows, [self._limit(s) for s in rows])
+        chains, chain_rows = None, []  # device chains, and the drafted rows of the kept sequences
+        if isinstance(drafts, DeviceChains):
+            if self.device_drafts and self.runner.tp is None:
+                chains, drafts = drafts, _placeholders(drafts)  # tokens read back with the verdict
+            else:  # read now, inside the proposal's time (the other tensor-parallel ranks take host ids)
+                drafts = drafts.to_host()
         proposed = time.perf_counter()
         spare = self.max_num_batched_tokens - sum(batch.num_tokens)
         kept: list[tuple[Sequence, Draft]] = []
-        for seq, draft in zip(rows, drafts):
+        for i, (seq, draft) in enumerate(zip(rows, drafts)):
             if draft is None:
                 continue
             size = min(len(draft), self.config.verify_tokens, spare, self._slots_left(seq))
@@ -115,13 +125,21 @@ class SpeculativeDecoder:
             self.blocks.grow(seq, seq.num_computed_tokens + 1 + size)
             spare -= size
             kept.append((seq, draft))
+            if chains is not None:
+                chain_rows.append(chains.rows[i])
         if not kept:
             return [], batch
-        logits, aux = self._score(kept)
+        fill = self._fill(kept, chains, chain_rows) if chains is not None else None
+        logits, aux = self._score(kept, fill)
         self.verify_steps += 1
-        # one read-back for every plain greedy row's target tokens
+        # one read-back: the device chains' tokens and every plain greedy row's target tokens
         plain = [seq.params.greedy and seq.matcher is None and not seq.params.logit_bias for seq, _ in kept]
-        argmax = logits.argmax(dim=-1).tolist() if any(plain) else None
+        reads = ([fill.tokens] if fill is not None else []) + ([logits.argmax(dim=-1)] if any(plain) else [])
+        values = torch.cat(reads).tolist() if reads else []
+        if fill is not None:
+            drafted, values = values[: fill.tokens.numel()], values[fill.tokens.numel() :]
+            kept = _drafts_read(kept, [drafted[j] for j in fill.src])
+        argmax = values if any(plain) else None
         results, verdicts = [], []
         offset = 0
         for (seq, draft), simple in zip(kept, plain):
@@ -168,9 +186,25 @@ class SpeculativeDecoder:
         free_tokens = (len(seq.block_table) + self.blocks.num_free_blocks) * self.blocks.block_size
         return min(free_tokens, self.max_kv_cache_capacity) - start - 1
 
+    def _fill(
+        self, kept: list[tuple[Sequence, Draft]], chains: DeviceChains, chain_rows: list[int]
+    ) -> PendingFill:
+        """Where the device chains' tokens go among the verify forward's input ids: each kept chain's
+        nodes (after its root) take its first ``len(draft)`` tokens, still on the device."""
+        width = chains.tokens.shape[1]
+        rows, src, offset = [], [], 0
+        for (_, draft), row in zip(kept, chain_rows):
+            rows += range(offset + 1, offset + 1 + len(draft))
+            src += range(row * width, row * width + len(draft))
+            offset += len(draft) + 1
+        return PendingFill(rows, src, chains.tokens.flatten())
+
     @torch.inference_mode()
-    def _score(self, kept: list[tuple[Sequence, Draft]]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One target forward over every row's root + draft nodes; logits for every node."""
+    def _score(
+        self, kept: list[tuple[Sequence, Draft]], fill: PendingFill | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One target forward over every row's root + draft nodes; logits for every node. ``fill``: the
+        draft tokens still on the device, written over the placeholders of ``kept``'s drafts."""
         runner = self.runner
         model, bs, device = runner.model, runner.block_size, runner.model.device
         ids, positions, slots, query_lens, context_lens, tables, masks = [], [], [], [], [], [], []
@@ -200,7 +234,7 @@ class SpeculativeDecoder:
             tables.append(table[: -(-(start + count) // bs)])
             masks.append(None if draft.is_chain else span_mask(start, draft.ancestor_mask(device)))
         if rows_per_node and runner.states is None:
-            logits = runner.graph_logits(ids, positions, slots, row_tables, context_lens, row_seqs)
+            logits = runner.graph_logits(ids, positions, slots, row_tables, context_lens, row_seqs, fill)
             if logits is not None:
                 self.graph_steps += 1
                 return logits, getattr(model, "aux_hidden", None)  # MTP's tap: the graphs refresh it
@@ -209,6 +243,8 @@ class SpeculativeDecoder:
             # the Triton varlen kernel is causal only: token trees take the torch reference path
             attn.masks, attn.prefill_plan = masks, None
         input_ids = torch.tensor(ids, dtype=torch.long, device=device)
+        if fill is not None:
+            input_ids.index_copy_(0, *fill.on_device())
         extra = {}
         if runner.states is not None:  # recurrent layers: each chain runs token by token, keeping every state
             counts = [len(draft) + 1 for _, draft in kept]
@@ -245,6 +281,22 @@ class SpeculativeDecoder:
 
     def release(self, seq: Sequence) -> None:
         self.proposer.release(seq)
+
+
+def _placeholders(chains: DeviceChains) -> list[Draft | None]:
+    """Chains of each device chain's length whose tokens are still on the device (zeros meanwhile)."""
+    return [
+        None if r is None or n <= 0 else Draft.chain([0] * n) for r, n in zip(chains.rows, chains.lengths)
+    ]
+
+
+def _drafts_read(kept: list[tuple[Sequence, Draft]], tokens: list[int]) -> list[tuple[Sequence, Draft]]:
+    """``kept`` with its placeholder chains' tokens, read back from the device (in ``_fill``'s order)."""
+    out, offset = [], 0
+    for seq, draft in kept:
+        out.append((seq, Draft.chain(tokens[offset : offset + len(draft)])))
+        offset += len(draft)
+    return out
 
 
 def _with_bias(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:

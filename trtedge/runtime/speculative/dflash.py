@@ -39,7 +39,7 @@ from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative import SpeculativeConfigError, UnsupportedSpeculativeMethod
 from trtedge.runtime.speculative.draft_cache import DraftCache, TargetHiddens
 from trtedge.runtime.speculative.head_files import read_head
-from trtedge.runtime.speculative.tree import Draft
+from trtedge.runtime.speculative.tree import DeviceChains, Draft
 
 ARCHITECTURES = ("DFlashDraftModel",)
 
@@ -259,7 +259,7 @@ class DFlashProposer:
         self.cache.release(seq)
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft | None]:
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> DeviceChains | list[Draft | None]:
         head = self.head
         taps, context_positions, block_ids, block_positions, entries, live = [], [], [], [], [], []
         for i, seq in enumerate(seqs):
@@ -287,11 +287,12 @@ class DFlashProposer:
         )
         logits = logits.view(len(live), head.block_size, -1)[:, 1:]
         drafts: list[Draft | None] = [None] * len(seqs)
-        if self.top_k == 1:
-            tokens = logits.argmax(dim=-1).tolist()  # one host read
-            for row_tokens, i in zip(tokens, live):
-                drafts[i] = Draft.chain(row_tokens[: limits[i]])
-            return drafts
+        if self.top_k == 1:  # the chains stay on the device: the verifier reads them with its verdict
+            rows: list[int | None] = [None] * len(seqs)
+            lengths = [0] * len(seqs)
+            for j, i in enumerate(live):
+                rows[i], lengths[i] = j, limits[i]
+            return DeviceChains(logits.argmax(dim=-1), rows, lengths)
         values, tokens = torch.log_softmax(logits, dim=-1).topk(self.top_k, dim=-1)
         values, tokens = values.cpu(), tokens.cpu()  # one host read
         for j, i in enumerate(live):

@@ -10,6 +10,7 @@ import torch
 from trtedge.runtime.core.block_manager import BlockManager
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.ops.attention import AttentionBatch
+from trtedge.runtime.speculative.tree import DeviceChains
 
 
 @dataclass
@@ -98,6 +99,32 @@ class DraftCache:
         )
         as_tensor = torch.tensor
         return as_tensor(ids, dtype=torch.long, device=device), as_tensor(positions, device=device), attn
+
+
+def draft_chains(
+    step, cache: DraftCache, states: list[DraftState], ends: list[int], depths: list[int], live: list[int],
+    num_seqs: int, tokens: torch.Tensor, hidden: torch.Tensor,
+) -> DeviceChains:  # fmt: skip
+    """Chains drafted on the device a token at a time, without a read-back: ``tokens`` / ``hidden``
+    [len(live), ...], the first step's tokens and hidden states of the sequences ``live`` (indices of
+    ``num_seqs``). Row r's sequence has ``ends[r]`` real draft rows (its step s row goes to position and
+    storage ``ends[r] - 1 + s``) and drafts ``depths[r]`` tokens. ``step(tokens, hidden, positions,
+    attn)``: the next tokens and hidden states."""
+    steps, chosen = [tokens], [list(range(len(live)))]
+    for s in range(1, max(depths)):
+        sel = [r for r in chosen[-1] if depths[r] > s]
+        if not sel:
+            break
+        if len(sel) != len(chosen[-1]):
+            where = {r: n for n, r in enumerate(chosen[-1])}
+            keep = torch.tensor([where[r] for r in sel], device=tokens.device)
+            tokens, hidden = tokens.index_select(0, keep), hidden.index_select(0, keep)
+        rows = [Row(states[r], [0], [ends[r] - 1 + s], ends[r] - 1 + s) for r in sel]
+        _, positions, attn = cache.attention_batch(rows)
+        tokens, hidden = step(tokens, hidden, positions, attn)
+        chosen.append(sel)
+        steps.append(tokens)
+    return DeviceChains.from_steps(steps, chosen, live, num_seqs)
 
 
 def last_rows(rows: list[Row]) -> list[int]:

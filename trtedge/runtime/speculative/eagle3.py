@@ -24,9 +24,9 @@ from trtedge.runtime.models.layers import rms_norm, rotate
 from trtedge.runtime.models.rope import rope_tables
 from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
 from trtedge.runtime.ops.linear import embedding
-from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, last_rows
+from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, draft_chains, last_rows
 from trtedge.runtime.speculative.head_files import read_head
-from trtedge.runtime.speculative.tree import Draft
+from trtedge.runtime.speculative.tree import DeviceChains, Draft
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 
@@ -125,6 +125,9 @@ class Eagle3Proposer:
         self.top_k = config.draft_top_k
         self.max_nodes = config.verify_tokens
         self.target_vocab = target.cfg.vocab_size
+        # chains are drafted on the device where every draft token maps into the target's vocabulary
+        # (a tree drops the children that do not)
+        self.device_chains = self.top_k == 1 and bool((head.draft_to_target < self.target_vocab).all())
         target.aux_layers = head.aux_layers  # the target keeps these layers' inputs from every forward
         self.cache = DraftCache(
             1, head.num_kv_heads, head.head_dim, num_blocks, block_size, head.dtype, head.device
@@ -143,7 +146,7 @@ class Eagle3Proposer:
         self.cache.release(seq)
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft | None]:
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> DeviceChains | list[Draft | None]:
         rows, hiddens, live = [], [], []
         for i, (seq, depth) in enumerate(zip(seqs, limits)):
             st = self.cache.state(seq)
@@ -161,6 +164,8 @@ class Eagle3Proposer:
         logits, out = self.head.forward(ids, torch.cat(hiddens), positions, self.kv, attn)
         last = torch.tensor(last_rows(rows), device=logits.device)
         logits, out = logits.index_select(0, last), out.index_select(0, last)
+        if self.device_chains:
+            return self._chains(seqs, limits, rows, live, logits, out)
         trees = {}
         for j, (row, i) in enumerate(zip(rows, live)):
             row.state.num_computed_tokens = seqs[i].num_tokens - 1
@@ -190,6 +195,24 @@ class Eagle3Proposer:
         for i in live:
             drafts[i] = trees[i].select(self.max_nodes)
         return drafts
+
+    def _chains(self, seqs, limits, rows: list[Row], live: list[int], logits, out) -> DeviceChains:
+        """Linear drafts (``draft_top_k`` 1) on the device: each step's best token (as ``top_children``
+        ranks them) is the next step's input, never read by the host here."""
+        for row, i in zip(rows, live):
+            row.state.num_computed_tokens = seqs[i].num_tokens - 1
+
+        def best(logits):
+            return self.head.draft_to_target[torch.log_softmax(logits, dim=-1).topk(1).indices[:, 0]]
+
+        def step(tokens, hidden, positions, attn):
+            logits, hidden = self.head.forward(tokens, hidden, positions, self.kv, attn)
+            return best(logits), hidden
+
+        ends = [seqs[i].num_tokens - 1 for i in live]
+        depths = [min(limits[i], self.max_nodes) for i in live]
+        states = [row.state for row in rows]
+        return draft_chains(step, self.cache, states, ends, depths, live, len(seqs), best(logits), out)
 
     def top_children(self, logits: torch.Tensor) -> tuple[list[int], list[float]]:
         logp = torch.log_softmax(logits, dim=-1)

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative import UnsupportedSpeculativeMethod
-from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, last_rows
-from trtedge.runtime.speculative.tree import Draft
+from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, draft_chains, last_rows
+from trtedge.runtime.speculative.tree import DeviceChains, Draft
 
 MTP_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h")
 PREFIX = "mtp."
@@ -241,7 +241,7 @@ class MtpProposer:
         self.cache.release(seq)
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft | None]:
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> DeviceChains | list[Draft | None]:
         rows, hiddens, live = [], [], []
         for i, (seq, k) in enumerate(zip(seqs, limits)):
             st = self.cache.state(seq)
@@ -261,33 +261,17 @@ class MtpProposer:
         tokens, hidden = logits.index_select(0, last).argmax(dim=-1), out.index_select(0, last)
         for row, i in zip(rows, live):
             row.state.num_computed_tokens = seqs[i].num_tokens - 1  # chained rows are redrafted next time
-        chosen = [list(range(len(live)))]  # per step: the rows (indices into ``live``) it drafted for
-        steps = [tokens]
-        for step in range(1, max(limits[i] for i in live)):
-            sel = [r for r in chosen[-1] if limits[live[r]] > step]
-            if not sel:
-                break
-            if len(sel) != len(chosen[-1]):
-                where = {r: n for n, r in enumerate(chosen[-1])}
-                keep = torch.tensor([where[r] for r in sel], device=tokens.device)
-                tokens, hidden = tokens.index_select(0, keep), hidden.index_select(0, keep)
-            chain = []
-            for r in sel:
-                position = seqs[live[r]].num_tokens - 2 + step
-                chain.append(Row(rows[r].state, [0], [position], position))
-            _, positions, attn = self.cache.attention_batch(chain)
+
+        def step(tokens, hidden, positions, attn):
             logits, hidden = self.head.forward(tokens, hidden, positions, self.kv, attn)
-            tokens = logits.argmax(dim=-1)
-            chosen.append(sel)
-            steps.append(tokens)
-        values = torch.cat(steps).tolist()  # the host's one read of the chain
-        drafts: list[list[int]] = [[] for _ in seqs]
-        offset = 0
-        for sel in chosen:
-            for n, r in enumerate(sel):
-                drafts[live[r]].append(values[offset + n])
-            offset += len(sel)
-        return [Draft.chain(d) if d else None for d in drafts]
+            return logits.argmax(dim=-1), hidden
+
+        # the chains stay on the device: the verifier reads them back with its verdict
+        ends = [seqs[i].num_tokens - 1 for i in live]
+        states = [row.state for row in rows]
+        return draft_chains(
+            step, self.cache, states, ends, [limits[i] for i in live], live, len(seqs), tokens, hidden
+        )
 
 
 def _require(tensors: dict, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:

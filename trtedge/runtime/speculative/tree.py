@@ -65,6 +65,52 @@ class Draft:
         return mask.to(device) if device is not None else mask
 
 
+@dataclass(frozen=True)
+class DeviceChains:
+    """Linear drafts whose tokens are still on the device: what a proposer may return from ``propose``
+    instead of host drafts, so that the target's verify forward is queued right after the draft
+    forward and the host reads the drafts and the verdict back together, once. Sequence i's chain is
+    ``tokens[rows[i], :lengths[i]]`` (``rows[i]`` None: no draft); every token is an id of the target's
+    vocabulary."""
+
+    tokens: torch.Tensor  # [num_rows, max(lengths)] long
+    rows: list[int | None]
+    lengths: list[int]
+
+    @classmethod
+    def from_steps(
+        cls, steps: list[torch.Tensor], chosen: list[list[int]], live: list[int], num_seqs: int
+    ) -> DeviceChains:
+        """Chains drafted a step at a time: ``steps[s]`` holds the tokens of step ``s`` for the rows
+        ``chosen[s]`` (indices into ``live``, the sequences drafted for; a row drops out once its chain
+        is long enough, so each step's rows are a subset of the step's before)."""
+        if all(len(sel) == len(live) for sel in chosen):
+            tokens = torch.stack(steps, dim=1)
+        else:
+            tokens = torch.zeros(len(live), len(steps), dtype=torch.long, device=steps[0].device)
+            for s, (sel, step) in enumerate(zip(chosen, steps)):
+                tokens[:, s].index_copy_(0, torch.tensor(sel, device=step.device), step)
+        lengths = [0] * len(live)
+        for sel in chosen:
+            for r in sel:
+                lengths[r] += 1
+        rows: list[int | None] = [None] * num_seqs
+        seq_lengths = [0] * num_seqs
+        for r, i in enumerate(live):
+            rows[i], seq_lengths[i] = r, lengths[r]
+        return cls(tokens, rows, seq_lengths)
+
+    def to_host(self, values: list[int] | None = None) -> list[Draft | None]:
+        """The drafts on the host; ``values``: ``tokens`` flattened, already read back."""
+        if values is None:
+            values = self.tokens.flatten().tolist()
+        width = self.tokens.shape[1] if self.tokens.dim() == 2 else 0
+        return [
+            None if r is None or n <= 0 else Draft.chain(values[r * width : r * width + n])
+            for r, n in zip(self.rows, self.lengths)
+        ]
+
+
 def span_mask(prefix_len: int, tree_mask: torch.Tensor) -> torch.Tensor:
     """[q, prefix_len + q] bool attention mask: every node sees the whole prefix and its ancestors."""
     q = tree_mask.shape[0]
