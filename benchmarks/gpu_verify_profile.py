@@ -202,9 +202,11 @@ def measure(llm, tokens: int) -> dict:
     return out | clock.close()
 
 
-def replay_times(graphs, repeats: int = 100) -> dict:
-    """Mean replay time (ms) of each captured size, CUDA events around ``repeats`` replays."""
-    out = {}
+def replay_times(graphs, repeats: int = 100, launches: int = 20) -> dict:
+    """Mean replay time (ms) of each captured size, CUDA events around ``repeats`` replays; and the
+    host's time in one ``replay()`` call with the device idle (median of ``launches``, each after a
+    sync): what a launch costs when nothing is queued before it."""
+    out, launch = {}, {}
     for size, graph in sorted(graphs.graphs.items()):
         graph.replay()
         sync()
@@ -215,6 +217,15 @@ def replay_times(graphs, repeats: int = 100) -> dict:
         end.record()
         sync()
         out[size] = round(start.elapsed_time(end) / repeats, 4)
+        spans = []
+        for _ in range(launches):
+            sync()
+            began = time.perf_counter()
+            graph.replay()
+            spans.append(1000 * (time.perf_counter() - began))
+        sync()
+        launch[size] = round(sorted(spans)[launches // 2], 4)
+    out["host_launch_ms_device_idle"] = launch
     out["sm_clock_mhz"] = sm_clock()
     return out
 
@@ -322,6 +333,19 @@ def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -
             process_s=round(time.perf_counter() - START, 1),
             as_is=measure(llm, args.tokens),  # the collector as the engine leaves it
         )
+        dec = llm.engine.speculative
+        if dec is not None and method in args.host_methods.split(","):
+            # the same engine with the drafts read by the host before the verify forward, as before
+            # device chains (eagle3: its tree path, which reads each step's tokens)
+            proposer = dec.proposer
+            chains = getattr(proposer, "device_chains", None)
+            if chains is not None:
+                proposer.device_chains = False
+            dec.device_drafts = False
+            figure["host_drafts"] = measure(llm, args.tokens)
+            dec.device_drafts = True
+            if chains is not None:
+                proposer.device_chains = chains
         again = args.gc_methods == "all" or method in args.gc_methods.split(",")
         if again:  # then with the heap at this point frozen (left out of collections), then none
             gc.collect()
@@ -331,13 +355,13 @@ def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -
             figure["gc_disabled"] = measure(llm, args.tokens)
             gc.enable()
             gc.unfreeze()
-        for key in ("as_is", "gc_frozen", "gc_disabled"):
+        for key in ("as_is", "host_drafts", "gc_frozen", "gc_disabled"):
             if key not in figure:
                 continue
             if spec is None:
                 plain_ms[path, key] = figure[key]["step_ms"]
-            elif (path, key) in plain_ms:
-                ratio = figure[key]["verify_ms"] / plain_ms[path, key]
+            elif (path, key if key != "host_drafts" else "as_is") in plain_ms:
+                ratio = figure[key]["verify_ms"] / plain_ms[path, key if key != "host_drafts" else "as_is"]
                 figure[key]["verify_over_plain"] = round(ratio, 3)
         dec = llm.engine.speculative
         graphs = llm.engine.runner.graphs
@@ -398,6 +422,12 @@ def main() -> None:
         help="comma-separated methods to run the torch profiler on (all: every one)",
     )
     parser.add_argument("--profile-steps", type=int, default=4, help="speculative steps the profiler records")
+    parser.add_argument(
+        "--host-methods",
+        default="",
+        help="comma-separated methods measured again on the same engine with host drafts: the proposer's "
+        "tokens read back before the verify forward (as before device chains)",
+    )
     parser.add_argument(
         "--layers", type=int, default=0, help="override the target's layers (a CPU smoke run)"
     )
