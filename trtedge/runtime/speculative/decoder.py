@@ -135,7 +135,7 @@ class SpeculativeDecoder:
         # one read-back: the device chains' tokens and every plain greedy row's target tokens
         plain = [seq.params.greedy and seq.matcher is None and not seq.params.logit_bias for seq, _ in kept]
         reads = ([fill.tokens] if fill is not None else []) + ([logits.argmax(dim=-1)] if any(plain) else [])
-        values = torch.cat(reads).tolist() if reads else []
+        values = (reads[0] if len(reads) == 1 else torch.cat(reads)).tolist() if reads else []
         if fill is not None:
             drafted, values = values[: fill.tokens.numel()], values[fill.tokens.numel() :]
             kept = _drafts_read(kept, [drafted[j] for j in fill.src])
@@ -147,7 +147,7 @@ class SpeculativeDecoder:
             if simple:
                 verdict = accept_greedy(argmax[offset : offset + count], draft)
             else:
-                rows_logits = logits[offset : offset + count]
+                rows_logits = logits[offset : offset + count].float()
                 if seq.matcher is not None:
                     rows_logits = _with_guide(rows_logits, seq, draft)
                 verdict = verify(_with_bias(rows_logits, seq), seq, draft)
@@ -203,8 +203,10 @@ class SpeculativeDecoder:
     def _score(
         self, kept: list[tuple[Sequence, Draft]], fill: PendingFill | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One target forward over every row's root + draft nodes; logits for every node. ``fill``: the
-        draft tokens still on the device, written over the placeholders of ``kept``'s drafts."""
+        """One target forward over every row's root + draft nodes; logits for every node (float32, or
+        through the decode graphs their buffer in the model's dtype, valid until the next replay).
+        ``fill``: the draft tokens still on the device, written over the placeholders of ``kept``'s
+        drafts."""
         runner = self.runner
         model, bs, device = runner.model, runner.block_size, runner.model.device
         ids, positions, slots, query_lens, context_lens, tables, masks = [], [], [], [], [], [], []
@@ -234,7 +236,11 @@ class SpeculativeDecoder:
             tables.append(table[: -(-(start + count) // bs)])
             masks.append(None if draft.is_chain else span_mask(start, draft.ancestor_mask(device)))
         if rows_per_node and runner.states is None:
-            logits = runner.graph_logits(ids, positions, slots, row_tables, context_lens, row_seqs, fill)
+            # raw: the graph's buffer in the model's dtype (the greedy rows' argmax reads it as it is, the
+            # others convert their rows); read before the next replay
+            logits = runner.graph_logits(
+                ids, positions, slots, row_tables, context_lens, row_seqs, fill, raw=True
+            )
             if logits is not None:
                 self.graph_steps += 1
                 return logits, getattr(model, "aux_hidden", None)  # MTP's tap: the graphs refresh it
@@ -242,7 +248,8 @@ class SpeculativeDecoder:
         if any(m is not None for m in masks):
             # the Triton varlen kernel is causal only: token trees take the torch reference path
             attn.masks, attn.prefill_plan = masks, None
-        input_ids = torch.tensor(ids, dtype=torch.long, device=device)
+        staged = to_device(ids + positions, torch.long, device)  # one copy, not waiting for the queue
+        input_ids, positions = staged[: len(ids)], staged[len(ids) :]
         if fill is not None:
             input_ids.index_copy_(0, *fill.on_device())
         extra = {}
@@ -251,7 +258,7 @@ class SpeculativeDecoder:
             extra["states"] = runner.recurrent_batch(ScheduledBatch([s for s, _ in kept], counts), counts)
         hidden = model.forward(
             input_ids,
-            torch.tensor(positions, dtype=torch.long, device=device),
+            positions,
             runner.kv_caches,
             attn,
             **extra,

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.models.layers import rms_norm, rotate
 from trtedge.runtime.models.rope import rope_tables
 from trtedge.runtime.ops import triton_attention
@@ -177,18 +178,24 @@ class DFlashHead:
             tables.append(table[: -(-end // block_size)])
         device, cuda = self.device, isinstance(self.attention, CudaAttention)
         per_seq = [] if cuda else [torch.tensor(t, dtype=torch.long, device=device) for t in tables]
+        slots = context_slots + block_slots
+        padded: list[int] = []
+        if cuda:  # the Triton decode kernel reads the tables and lengths on the device
+            width = max(len(t) for t in tables)
+            for t in tables:
+                padded += (t + [t[-1]] * (width - len(t))) * n_rows
+        staged = to_device(slots + padded + lens, torch.long, device)  # one copy, not waiting for the queue
         batch = AttentionBatch(
-            slot_mapping=torch.tensor(context_slots + block_slots, dtype=torch.long, device=device),
+            slot_mapping=staged[: len(slots)],
             query_lens=[1] * len(lens),
             context_lens=lens,
             block_tables=[t for t in per_seq for _ in range(n_rows)],  # the reference path's
             block_size=block_size,
         )
-        if cuda:  # the Triton decode kernel reads the tables and lengths on the device
-            width = max(len(t) for t in tables)
-            padded = [t + [t[-1]] * (width - len(t)) for t in tables for _ in range(n_rows)]
-            batch.tables_tensor = torch.tensor(padded, dtype=torch.int32, device=device)
-            batch.context_lens_tensor = torch.tensor(lens, dtype=torch.int32, device=device)
+        if cuda:
+            rest = staged[len(slots) :].to(torch.int32)
+            batch.tables_tensor = rest[: len(padded)].view(len(lens), width)
+            batch.context_lens_tensor = rest[len(padded) :]
         return batch
 
 
@@ -277,13 +284,14 @@ class DFlashProposer:
             live.append(i)
         if not live:
             return [None] * len(seqs)
-        device = head.device
+        staged = to_device(block_ids + context_positions + block_positions, torch.long, head.device)
+        attn = head.block_batch(entries, self.cache.block_size)
         logits = head.forward(
             head.features(torch.cat(taps)),
-            torch.tensor(block_ids, dtype=torch.long, device=device),
-            torch.tensor(context_positions + block_positions, dtype=torch.long, device=device),
+            staged[: len(block_ids)],
+            staged[len(block_ids) :],
             self.cache.kv_caches,
-            head.block_batch(entries, self.cache.block_size),
+            attn,
         )
         logits = logits.view(len(live), head.block_size, -1)[:, 1:]
         drafts: list[Draft | None] = [None] * len(seqs)

@@ -9,6 +9,7 @@ import torch
 
 from trtedge.runtime.core.block_manager import BlockManager
 from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.ops.attention import AttentionBatch
 from trtedge.runtime.speculative.tree import DeviceChains
 
@@ -76,9 +77,10 @@ class DraftCache:
             self.blocks.release(st)
 
     def attention_batch(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
-        """(input ids, positions, attention batch) for ``rows``."""
-        bs, device = self.block_size, self.device
-        ids, positions, slots, query_lens, context_lens, tables, masks = [], [], [], [], [], [], []
+        """(input ids, positions, attention batch) for ``rows``, uploaded in one copy that does not wait
+        for the device's queue (a chain's next step is queued while the last one runs)."""
+        bs = self.block_size
+        ids, positions, slots, query_lens, context_lens, widths, flat_tables = [], [], [], [], [], [], []
         for row in rows:
             table = row.state.block_table
             end = row.storage_start + len(row.ids)
@@ -87,18 +89,23 @@ class DraftCache:
             slots.extend(table[p // bs] * bs + p % bs for p in range(row.storage_start, end))
             query_lens.append(len(row.ids))
             context_lens.append(end)
-            tables.append(torch.tensor(table[: -(-end // bs)], dtype=torch.long, device=device))
-            masks.append(row.mask)
+            widths.append(-(-end // bs))
+            flat_tables += table[: widths[-1]]
+        n = len(ids)
+        staged = to_device(ids + positions + slots + flat_tables, torch.long, self.device)
+        tables, offset = [], 3 * n
+        for width in widths:
+            tables.append(staged[offset : offset + width])
+            offset += width
         attn = AttentionBatch(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            slot_mapping=staged[2 * n : 3 * n],
             query_lens=query_lens,
             context_lens=context_lens,
             block_tables=tables,
             block_size=bs,
-            masks=masks if any(m is not None for m in masks) else None,
+            masks=[row.mask for row in rows] if any(row.mask is not None for row in rows) else None,
         )
-        as_tensor = torch.tensor
-        return as_tensor(ids, dtype=torch.long, device=device), as_tensor(positions, device=device), attn
+        return staged[:n], staged[n : 2 * n], attn
 
 
 def draft_chains(
@@ -117,7 +124,7 @@ def draft_chains(
             break
         if len(sel) != len(chosen[-1]):
             where = {r: n for n, r in enumerate(chosen[-1])}
-            keep = torch.tensor([where[r] for r in sel], device=tokens.device)
+            keep = to_device([where[r] for r in sel], torch.long, tokens.device)
             tokens, hidden = tokens.index_select(0, keep), hidden.index_select(0, keep)
         rows = [Row(states[r], [0], [ends[r] - 1 + s], ends[r] - 1 + s) for r in sel]
         _, positions, attn = cache.attention_batch(rows)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.models.config import RopeConfig
 from trtedge.runtime.models.layers import rms_norm, rotate
 from trtedge.runtime.models.rope import rope_tables
@@ -162,7 +163,7 @@ class Eagle3Proposer:
             return [None] * len(seqs)
         ids, positions, attn = self.cache.attention_batch(rows)
         logits, out = self.head.forward(ids, torch.cat(hiddens), positions, self.kv, attn)
-        last = torch.tensor(last_rows(rows), device=logits.device)
+        last = to_device(last_rows(rows), torch.long, logits.device)
         logits, out = logits.index_select(0, last), out.index_select(0, last)
         if self.device_chains:
             return self._chains(seqs, limits, rows, live, logits, out)

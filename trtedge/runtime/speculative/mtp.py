@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative import UnsupportedSpeculativeMethod
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, draft_chains, last_rows
@@ -257,7 +258,7 @@ class MtpProposer:
             return [None] * len(seqs)
         ids, positions, attn = self.cache.attention_batch(rows)
         logits, out = self.head.forward(ids, torch.cat(hiddens), positions, self.kv, attn)
-        last = torch.tensor(last_rows(rows), device=logits.device)
+        last = to_device(last_rows(rows), torch.long, logits.device)
         tokens, hidden = logits.index_select(0, last).argmax(dim=-1), out.index_select(0, last)
         for row, i in zip(rows, live):
             row.state.num_computed_tokens = seqs[i].num_tokens - 1  # chained rows are redrafted next time

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trtedge.runtime.executor.sampler import to_device
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -89,7 +91,7 @@ class DeviceChains:
         else:
             tokens = torch.zeros(len(live), len(steps), dtype=torch.long, device=steps[0].device)
             for s, (sel, step) in enumerate(zip(chosen, steps)):
-                tokens[:, s].index_copy_(0, torch.tensor(sel, device=step.device), step)
+                tokens[:, s].index_copy_(0, to_device(sel, torch.long, step.device), step)
         lengths = [0] * len(live)
         for sel in chosen:
             for r in sel:
