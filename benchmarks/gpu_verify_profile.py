@@ -87,6 +87,16 @@ def instrument(llm) -> tuple[Spans, callable]:
     proposer = dec.proposer
     proposer.verified = spans.wrap("verify.proposer.verified (taps kept)", proposer.verified)
     proposer.propose = spans.wrap("propose", proposer.propose)
+    graphs = llm.engine.runner.graphs
+    if graphs is not None:  # inside the score span: the staging and the replay's launch, each synced
+        graphs._stage = spans.wrap("graphs.stage (all graph steps)", graphs._stage)
+        for graph in graphs.graphs.values():
+            try:
+                graph.replay = spans.wrap(
+                    "graphs.replay (all graph steps)", graph.replay, "graphs.replay host launch"
+                )
+            except AttributeError:  # a graph object that takes no attributes: its launch goes unsplit
+                break
     step = dec.step
 
     def counted(batch):
@@ -394,6 +404,9 @@ def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -
             print(f"--- torch profiler, {method}, {args.profile_steps} speculative steps ---", flush=True)
             profile_steps(llm, args.profile_steps)
         if graphs is not None:  # last: replays write the scratch inputs of the last step
+            graphs.__dict__.pop("_stage", None)  # the instrumented run's wrappers off
+            for graph in graphs.graphs.values():
+                graph.__dict__.pop("replay", None)
             print(
                 json.dumps(dict(figure="graph_replay_ms", method=method, by_rows=replay_times(graphs))),
                 flush=True,
