@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.runtime.dflash_tiny import Reference, write_dflash
-from tests.runtime.spec_helpers import repetitive_prompts
+from tests.runtime.spec_helpers import host_drafts, repetitive_prompts
 from tests.tiny import make_tiny_checkpoint
 from trtedge import LLM, SamplingParams
 
@@ -40,7 +40,9 @@ def _outputs(target, batch: int, spec=None, seen=None) -> list[list[int]]:
 
             def recording(seqs, limits):
                 drafts = propose(seqs, limits)
-                seen.extend((list(s.token_ids), d.tokens if d else None) for s, d in zip(seqs, drafts))
+                seen.extend(
+                    (list(s.token_ids), d.tokens if d else None) for s, d in zip(seqs, host_drafts(drafts))
+                )
                 return drafts
 
             proposer.propose = recording
