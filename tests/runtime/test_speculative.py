@@ -337,6 +337,30 @@ def test_eagle3_device_chains_are_the_host_paths_chains(target, eagle_dir, monke
     assert len({len(d) for step in seen[True] for _, d in step if d is not None}) > 1  # short chains too
 
 
+def test_device_chains_read_before_the_verify_give_the_same_output(target, eagle_dir, monkeypatch):
+    """A decoder that reads device chains back before the verify forward (tensor parallelism does:
+    the other ranks take host ids) decodes as plain decoding does."""
+    from trtedge.runtime.speculative.decoder import SpeculativeDecoder
+    from trtedge.runtime.speculative.eagle3 import load_eagle3
+
+    model, tok = target
+    prompts = repetitive_prompts(4, seed=8)
+    plain, _ = generate(model, tok, prompts)
+    init = SpeculativeDecoder.__init__
+
+    def reading_first(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.device_drafts = False
+
+    monkeypatch.setattr(SpeculativeDecoder, "__init__", reading_first)
+    spec = SpeculativeConfig("eagle3", model=str(eagle_dir), num_speculative_tokens=3)
+    try:
+        outs, eng = generate(model, tok, prompts, speculative=spec, draft=load_eagle3(eagle_dir, model))
+    finally:
+        model.aux_layers, model.aux_hidden = (), None
+    assert outs == plain and not eng.speculative.device_drafts and eng.speculative.stats.steps > 0
+
+
 def test_device_chains_from_steps_keep_each_rows_tokens():
     steps = [torch.tensor([5, 6, 7]), torch.tensor([8, 9]), torch.tensor([10])]
     chains = DeviceChains.from_steps(steps, [[0, 1, 2], [0, 2], [2]], live=[0, 2, 3], num_seqs=4)
