@@ -1,7 +1,8 @@
 """Draft-model proposer: a smaller checkpoint with the target's tokenizer drafts a chain greedily in
 its own paged KV cache; after verification only the rows of accepted tokens stay valid. On CUDA the
 draft steps replay the draft's own decode CUDA graphs (its catch-up tokens as one decode row each),
-each step's tokens feed the next on the device, and the host reads the whole chain once."""
+each step's tokens feed the next on the device, and the chains stay there (``DeviceChains``): the host
+reads them with the verdict."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.speculative import check_draft
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, last_rows
-from trtedge.runtime.speculative.tree import Draft
+from trtedge.runtime.speculative.tree import DeviceChains, Draft
 
 
 class DraftModelProposer:
@@ -62,7 +63,7 @@ class DraftModelProposer:
             self._rows = torch.arange(self.graphs.sizes[-1], dtype=torch.long, device=draft.device)
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Draft | None]:
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> DeviceChains | list[Draft | None]:
         drafts: list[list[int] | None] = [None] * len(seqs)
         active: list[int] = []
         rows: list[Row] = []
@@ -76,7 +77,7 @@ class DraftModelProposer:
             active.append(i)
             drafts[i] = []
         if rows and self.graphs is not None and self.graphs.fits(sum(len(r.ids) for r in rows)):
-            return self._propose_graphs(seqs, limits, rows, active, drafts)
+            return self._propose_graphs(seqs, limits, rows, active)
         while rows:
             ids, positions, attn = self.cache.attention_batch(rows)
             hidden = self.model.forward(ids, positions, self.cache.kv_caches, attn)
@@ -95,7 +96,7 @@ class DraftModelProposer:
             rows, active = next_rows, next_active
         return [Draft.chain(d) if d else None for d in drafts]
 
-    def _propose_graphs(self, seqs, limits, rows: list[Row], active: list[int], drafts) -> list[Draft | None]:
+    def _propose_graphs(self, seqs, limits, rows: list[Row], active: list[int]) -> DeviceChains:
         """The chain through the decode graphs: step 0 runs every row's catch-up tokens (one decode row
         each), step j the token step j - 1 drafted, for the rows whose limit reaches that far."""
         bs, graphs = self.cache.block_size, self.graphs
@@ -124,7 +125,7 @@ class DraftModelProposer:
             chain = graphs.run_chain(
                 [0] * len(rows), *nxt[:-1], (self._rows[: len(rows)], tokens[0]), nxt[-1]
             )
-            tokens.append(chain.reshape(-1))
+            tokens += chain.unbind(0)
             chosen += [chosen[0]] * depth
         for step in range(len(chosen), max(limits[i] for i in active)):
             sel = [r for r in chosen[-1] if limits[active[r]] > step]
@@ -138,18 +139,9 @@ class DraftModelProposer:
             logits = graphs.run([0] * len(sel), *nxt[:-1], (self._rows[: len(sel)], prev), nxt[-1])
             chosen.append(sel)
             tokens.append(logits.argmax(dim=-1))
-        values = torch.cat(tokens).tolist()  # the host's one read of the chain
-        offset, ended = 0, set()
-        for sel in chosen:
-            for n, r in enumerate(sel):
-                i = active[r]
-                token = values[offset + n]
-                if token >= self.target_vocab:  # the target cannot score it: the chain ends before it
-                    ended.add(i)
-                elif i not in ended:
-                    drafts[i].append(token)
-            offset += len(sel)
-        return [Draft.chain(d) if d else None for d in drafts]
+        # the chains stay on the device (copied out of the graphs' buffers): the verifier reads them
+        # back with its verdict
+        return DeviceChains.from_steps(tokens, chosen, active, len(seqs), vocab_size=self.target_vocab)
 
     def _next_rows(self, sel: list[int], rows: list[Row], whole: dict, seq_ids: list[int], steps: int):
         """(positions, slots, tables, context lens, sequence ids) of one decode row for each of ``sel``

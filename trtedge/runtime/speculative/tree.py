@@ -81,17 +81,26 @@ class DeviceChains:
 
     @classmethod
     def from_steps(
-        cls, steps: list[torch.Tensor], chosen: list[list[int]], live: list[int], num_seqs: int
+        cls,
+        steps: list[torch.Tensor],
+        chosen: list[list[int]],
+        live: list[int],
+        num_seqs: int,
+        vocab_size: int | None = None,
     ) -> DeviceChains:
         """Chains drafted a step at a time: ``steps[s]`` holds the tokens of step ``s`` for the rows
         ``chosen[s]`` (indices into ``live``, the sequences drafted for; a row drops out once its chain
-        is long enough, so each step's rows are a subset of the step's before)."""
+        is long enough, so each step's rows are a subset of the step's before). ``vocab_size``: the
+        target's; a drafted id past it is clamped into it (a draft vocabulary larger than the
+        target's: the verify judges whatever token it gets, so the output stays exact)."""
         if all(len(sel) == len(live) for sel in chosen):
             tokens = torch.stack(steps, dim=1)
         else:
             tokens = torch.zeros(len(live), len(steps), dtype=torch.long, device=steps[0].device)
             for s, (sel, step) in enumerate(zip(chosen, steps)):
                 tokens[:, s].index_copy_(0, to_device(sel, torch.long, step.device), step)
+        if vocab_size is not None:
+            tokens.clamp_(max=vocab_size - 1)
         lengths = [0] * len(live)
         for sel in chosen:
             for r in sel:
