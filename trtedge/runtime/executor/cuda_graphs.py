@@ -106,6 +106,117 @@ class BlockTableRows:
             raise RuntimeError("internal error: more sequences in a step than block-table seats")
 
 
+class StepInputs:
+    """A decode graph's static inputs and how a step fills them. The host packs every input of the
+    step (ids, positions, KV slots, state rows, context lengths, block-table seats, where the last
+    step's samples go, and the block-table writes) into one pinned buffer, copied to the device in one
+    copy; the graph itself unpacks it (``unstage``, captured at the top of each graph), so that a step
+    costs the host one copy and the replay rather than a launch per input. Padding rows and unused
+    writes point at scratch: the scratch KV block, the state pool's padding row, the all-scratch
+    padding seat, one spare id slot past the largest size."""
+
+    def __init__(self, sizes, max_blocks, block_size, scratch_block, pad_state, device):
+        n = sizes[-1]
+        self.sizes, self.block_size = sizes, block_size
+        self.scratch_block, self.pad_state = scratch_block, pad_state
+        # ids, positions, KV slots and state rows ([4, n + 1]: the last column is the spare slot that
+        # padding rows of the samples' fill write to)
+        self.inputs = torch.zeros(4, n + 1, dtype=torch.long, device=device)
+        self.ids, self.positions, self.slots, self.state_rows = self.inputs.unbind(0)
+        self.slots.fill_(scratch_block * block_size)
+        self.state_rows.fill_(pad_state)
+        self.tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=device)
+        self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.table_rows = BlockTableRows(2 * n, max_blocks, scratch_block, device)
+        self.fill_values = torch.zeros(n, dtype=torch.long, device=device)  # the samples a step takes
+        self.staged = torch.zeros(max(self._span(s) for s in sizes), dtype=torch.long, device=device)
+
+    @staticmethod
+    def writes(size: int) -> int:
+        """Block-table writes a ``size`` step carries in its copy (more are applied before the replay):
+        a row crosses into a new block every ``block_size`` tokens, a new sequence brings its table."""
+        return 2 * size + 256
+
+    def _span(self, size: int) -> int:
+        return len(_COLUMNS) * size + 3 * self.writes(size)
+
+    def _views(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        columns = len(_COLUMNS) * size
+        rows = self.staged[:columns].view(len(_COLUMNS), size)
+        return rows, self.staged[columns : self._span(size)].view(3, self.writes(size))
+
+    def pad(self, size: int) -> None:
+        """Staged inputs of a step of padding rows only (the warm-up before a capture)."""
+        self.staged[: self._span(size)].copy_(self._pack([], [], [], [], [], [], [], [], [], size))
+
+    def stage(self, ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows=None) -> int:
+        """Copy a step's inputs to the device (one copy; the samples' gather and overflowing table
+        writes apart); the padded size whose graph takes them."""
+        size = next(s for s in self.sizes if s >= len(ids))
+        seats, update = self.table_rows.plan(seq_ids, tables, size)
+        fill_rows, fill_src = (fill.rows, fill.src) if fill is not None else ([], [])
+        overflow = len(update) > 3 * self.writes(size)
+        packed = self._pack(
+            ids,
+            positions,
+            slots,
+            state_rows or [],
+            context_lens,
+            seats,
+            fill_rows,
+            fill_src,
+            [] if overflow else update,
+            size,
+        )
+        self.staged[: packed.numel()].copy_(packed, non_blocking=True)
+        if overflow:  # many new tables at once (the first decode step of a wave of prompts)
+            self.table_rows.apply(to_device(update, torch.long, self.staged.device))
+        if fill_rows:
+            rows, _ = self._views(size)
+            src = rows[_COLUMNS.index("fill_src"), : len(fill_rows)]
+            out = self.fill_values[: len(fill_rows)]
+            if fill.tokens.dtype == out.dtype:
+                torch.index_select(fill.tokens, 0, src, out=out)
+            else:
+                out.copy_(fill.tokens.index_select(0, src))
+        return size
+
+    def _pack(
+        self, ids, positions, slots, state_rows, context_lens, seats, fill_rows, fill_src, update, size
+    ):
+        writes = self.writes(size)
+        k = len(update) // 3
+        pads = writes - k
+        tail = update[:k] + [self.table_rows.pad_seat] * pads  # row: the padding seat, all scratch
+        tail += update[k : 2 * k] + [0] * pads
+        tail += update[2 * k :] + [self.scratch_block] * pads
+        spare = len(self.ids) - 1
+        columns = [
+            (ids, 0),
+            (positions, 0),
+            (slots, self.scratch_block * self.block_size),
+            (state_rows, self.pad_state),
+            (context_lens, 1),
+            (seats, self.table_rows.pad_seat),
+            (fill_rows, spare),
+            (fill_src, 0),
+        ]
+        return stage_rows(columns, size, tail)
+
+    def unstage(self, size: int) -> None:
+        """On the device (inside the graph): the staged copy into the step's static inputs."""
+        rows, writes = self._views(size)
+        self.inputs[:, :size].copy_(rows[:4])
+        self.context_lens[:size].copy_(rows[4])
+        self.table_rows.apply(writes.flatten())
+        torch.index_select(self.table_rows.rows, 0, rows[5], out=self.tables[:size])
+        self.ids.index_copy_(0, rows[_COLUMNS.index("fill_rows")], self.fill_values[:size])
+
+
+# the staged rows of a step, in order (StepInputs._pack); the first four are StepInputs.inputs
+_COLUMNS = ("ids", "positions", "slots", "state_rows", "context_lens", "seats", "fill_rows", "fill_src")
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -127,16 +238,12 @@ class DecodeGraphs:
         self.block_size = block_size
         self.scratch_block = scratch_block
         self.sizes = graph_batch_sizes(max_batch_size)
-        n = self.sizes[-1]
         self.pad_state = states.pad_row if states is not None else 0
-        # ids, positions, KV slots and state rows: rows of one buffer, which a step fills in one copy
-        self.inputs = torch.zeros(4, n, dtype=torch.long, device=device)
-        self.ids, self.positions, self.slots, self.state_rows = self.inputs.unbind(0)
-        self.slots.fill_(scratch_block * block_size)
-        self.state_rows.fill_(self.pad_state)
-        self.tables = torch.full((n, max_blocks), scratch_block, dtype=torch.int32, device=device)
-        self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
-        self.table_rows = BlockTableRows(2 * n, max_blocks, scratch_block, device)
+        # the step's static inputs, filled by one host-to-device copy a step and unpacked inside the graph
+        self.io = StepInputs(self.sizes, max_blocks, block_size, scratch_block, self.pad_state, device)
+        io = self.io
+        self.ids, self.positions, self.slots, self.state_rows = io.ids, io.positions, io.slots, io.state_rows
+        self.tables, self.context_lens, self.table_rows = io.tables, io.context_lens, io.table_rows
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.hidden: dict[int, torch.Tensor] = {}  # the final hidden states (MTP drafting reads them)
@@ -162,10 +269,13 @@ class DecodeGraphs:
         start = time.perf_counter()
         pool = None
         for size in reversed(self.sizes):
-            self._step(size, kv_caches)  # warm-up: compiles kernels, settles allocations
+            self.io.pad(size)  # warm-up on padding rows: compiles kernels, settles allocations
+            self.io.unstage(size)
+            self._step(size, kv_caches)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
+                self.io.unstage(size)
                 self.logits[size] = self._step(size, kv_caches)
             pool = graph.pool()
             self.graphs[size] = graph
@@ -174,10 +284,13 @@ class DecodeGraphs:
         self.chains: dict[int, torch.cuda.CUDAGraph] = {}
         self.chain_tokens: dict[int, torch.Tensor] = {}
         for size in reversed(self.sizes) if chain_depth and states is None else ():
+            self.io.pad(size)
+            self.io.unstage(size)
             self._chain(size, kv_caches)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
+                self.io.unstage(size)
                 self.chain_tokens[size] = self._chain(size, kv_caches)
             pool = graph.pool()
             self.chains[size] = graph
@@ -248,8 +361,8 @@ class DecodeGraphs:
         raw: bool = False,
     ) -> torch.Tensor:
         """Logits [len(ids), vocab] for one decode token per row. ``fill``: input ids still on the
-        device (the last step's samples), written over the placeholders of ``ids``: (rows, ids) device
-        tensors, or a ``runner.PendingFill`` (its host lists go with the step's other inputs).
+        device (the last step's samples), written over the placeholders of ``ids``: a
+        ``runner.PendingFill`` (its host lists go with the step's other inputs).
         ``seq_ids``: the rows' sequences, whose block tables stay on the device between steps.
         ``state_rows``: with a state pool, each row's live state row (one row per sequence). ``raw``:
         the graph's buffer as it is (the model's dtype, bf16 say; read it before the next step), else
@@ -273,37 +386,10 @@ class DecodeGraphs:
         return self.chain_tokens[size][:, : len(ids)]
 
     def _stage(self, ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows=None) -> int:
-        """Copy a step's inputs into the static buffers; the padded size whose graph takes them."""
-        n = len(ids)
-        size = next(s for s in self.sizes if s >= n)
+        """The step's inputs into the static buffers (the graph unpacks them); the padded size whose
+        graph takes them."""
         if (self.states is None) != (state_rows is None):
             raise RuntimeError(
                 "internal error: state rows are given exactly when the graphs hold a state pool"
             )
-        # everything the step needs from the host in one copy: the input rows, the block-table seats,
-        # the last step's samples to take (fill), and the block-table writes
-        seats, update = self.table_rows.plan(seq_ids, tables, size)
-        pending = fill is not None and not isinstance(fill, tuple)
-        fill_rows, fill_src = (fill.rows, fill.src) if pending else ([], [])
-        columns = [
-            (ids, 0),
-            (positions, 0),
-            (slots, self.scratch_block * self.block_size),
-            (state_rows or [], self.pad_state),
-            (context_lens, 1),
-            (seats, self.table_rows.pad_seat),
-            (fill_rows, 0),
-            (fill_src, 0),
-        ]
-        staged = stage_rows(columns, size, update).to(self.ids.device, non_blocking=True)
-        rows = staged[: len(columns) * size].view(len(columns), size)
-        self.inputs[:, :size].copy_(rows[:4])
-        if pending:
-            k = len(fill_rows)
-            self.ids.index_copy_(0, rows[6, :k], fill.tokens.index_select(0, rows[7, :k]))
-        elif fill is not None:
-            self.ids.index_copy_(0, *fill)
-        self.context_lens[:size].copy_(rows[4])
-        self.table_rows.apply(staged[len(columns) * size :])
-        torch.index_select(self.table_rows.rows, 0, rows[5], out=self.tables[:size])
-        return size
+        return self.io.stage(ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from trtedge.runtime.core.request import Sequence
+from trtedge.runtime.executor.runner import PendingFill
 from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.speculative import check_draft
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, last_rows
@@ -60,7 +61,6 @@ class DraftModelProposer:
                 self.cache.scratch_block,
                 chain_depth=chain_depth,
             )
-            self._rows = torch.arange(self.graphs.sizes[-1], dtype=torch.long, device=draft.device)
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], limits: list[int]) -> DeviceChains | list[Draft | None]:
@@ -122,9 +122,7 @@ class DraftModelProposer:
         row_seqs = [seqs[i].seq_id for i in active]
         if depth and all(limits[i] == depth + 1 for i in active):  # the rest of every chain in one graph
             nxt = self._next_rows(chosen[0], rows, whole, row_seqs, depth)
-            chain = graphs.run_chain(
-                [0] * len(rows), *nxt[:-1], (self._rows[: len(rows)], tokens[0]), nxt[-1]
-            )
+            chain = graphs.run_chain([0] * len(rows), *nxt[:-1], _taking(tokens[0]), nxt[-1])
             tokens += chain.unbind(0)
             chosen += [chosen[0]] * depth
         for step in range(len(chosen), max(limits[i] for i in active)):
@@ -136,7 +134,7 @@ class DraftModelProposer:
                 where = {r: n for n, r in enumerate(chosen[-1])}
                 prev = prev.index_select(0, to_device([where[r] for r in sel], torch.long, prev.device))
             nxt = self._next_rows(sel, rows, whole, row_seqs, 1)
-            logits = graphs.run([0] * len(sel), *nxt[:-1], (self._rows[: len(sel)], prev), nxt[-1])
+            logits = graphs.run([0] * len(sel), *nxt[:-1], _taking(prev), nxt[-1])
             chosen.append(sel)
             tokens.append(logits.argmax(dim=-1))
         # the chains stay on the device (copied out of the graphs' buffers): the verifier reads them
@@ -171,3 +169,9 @@ class DraftModelProposer:
 
     def release(self, seq: Sequence) -> None:
         self.cache.release(seq)
+
+
+def _taking(tokens: torch.Tensor) -> PendingFill:
+    """Row i of a graph step takes ``tokens[i]`` (the last drafted token of each row, on the device)."""
+    rows = list(range(tokens.numel()))
+    return PendingFill(rows, rows, tokens)
