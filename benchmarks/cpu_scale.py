@@ -384,6 +384,8 @@ def main() -> None:
         parser.error(f"--format: unknown {', '.join(unknown)} (choose from {', '.join(FORMATS)})")
     threads = sorted(int(t) for t in args.threads.split(","))
     lengths = [int(n) for n in args.prefill.split(",")]
+    if args.work_dir is not None:
+        args.work_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         run(args, Path(tmp), geometries, formats, threads, lengths)
 
