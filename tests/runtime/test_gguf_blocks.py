@@ -38,6 +38,20 @@ def test_native_dequantization_and_product_match_gguf(kind):
         torch.testing.assert_close(layer(x), expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())
 
 
+@pytest.mark.parametrize("cols", [32, 96, 576, 800])
+def test_q8_0_product_at_widths_that_are_not_whole_activation_chunks(cols):
+    # a Q8_0 row sums its blocks 8 at a time (one activation scale per 256 inputs): 576 (SmolLM2's
+    # width) ends in a chunk of 2 blocks, 800 in one of 1 and an odd count, 32 and 96 in a single one
+    rows = 9
+    blocks = _quantized(np.random.default_rng(cols), "Q8_0", rows, cols)
+    ref = _reference(blocks, "Q8_0", rows, cols)
+    layer = GgufLinear(gguf_blocks(blocks, "Q8_0", rows, cols), None, lib)
+    for m in (1, 3, 6):
+        x = torch.randn(m, cols)
+        expected = x @ ref.T
+        torch.testing.assert_close(layer(x), expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())
+
+
 def test_rows_of_several_types_in_one_tensor():
     # a fused q/k/v of a Q4_K_M file: Q4_K rows, then Q6_K rows; rows picked across both
     a, b = (

@@ -165,6 +165,21 @@ static inline __m256i madd_at(__m256i w, const int16_t *x) {
     return _mm256_madd_epi16(w, _mm256_loadu_si256((const __m256i *)x));
 }
 
+/* Block g of a Q8_0 row into each activation row's float sums into[r] (the block's own scale applied). */
+#define Q8_0_BLOCK(g, into)                                                                           \
+    {                                                                                                 \
+        const uint8_t *b = w + (g) * 34;                                                              \
+        __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));                                     \
+        __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));                                 \
+        __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));                            \
+        const __m256 d = _mm256_set1_ps(f16_at(b));                                                   \
+        for (int r = 0; r < R; r++) {                                                                 \
+            const int16_t *xg = qx + r * K + (g) * 32;                                                \
+            __m256 s = _mm256_cvtepi32_ps(_mm256_add_epi32(madd_at(w0, xg), madd_at(w1, xg + 16)));   \
+            into[r] = _mm256_fmadd_ps(s, d, into[r]);                                                 \
+        }                                                                                             \
+    }
+
 static inline __attribute__((always_inline)) void gguf_row_dot_r(const uint8_t *w, int64_t type, int64_t K,
         const int16_t *qx, const float *dx, const float *sx, const int R, float *out) {
     int64_t G = K / 32;
@@ -172,17 +187,19 @@ static inline __attribute__((always_inline)) void gguf_row_dot_r(const uint8_t *
     for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
     if (type == GGUF_Q8_0) {
-        for (int64_t g = 0; g < G; g++) {
-            const uint8_t *b = w + g * 34;
-            __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));
-            __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
-            __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
-            float d = f16_at(b);
-            for (int r = 0; r < R; r++) {
-                const int16_t *xg = qx + r * K + g * 32;
-                __m256i s = _mm256_add_epi32(madd_at(w0, xg), madd_at(w1, xg + 16));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * dx[r * G + g / 8]), acc[r]);
+        /* the 8 blocks of one activation scale (256 inputs) sum into even[r] / odd[r] (two chains, so
+           that a block's FMA does not wait for the previous block's) with their own scales d, then dx
+           applies once */
+        for (int64_t c = 0; c < G; c += 8) {
+            const int64_t end = c + 8 < G ? c + 8 : G;
+            __m256 even[4], odd[4];
+            for (int r = 0; r < R; r++) even[r] = odd[r] = _mm256_setzero_ps();
+            for (int64_t g = c; g < end; g += 2) {
+                Q8_0_BLOCK(g, even)
+                if (g + 1 < end) Q8_0_BLOCK(g + 1, odd)
             }
+            for (int r = 0; r < R; r++)
+                acc[r] = _mm256_fmadd_ps(_mm256_add_ps(even[r], odd[r]), _mm256_set1_ps(dx[r * G + c / 8]), acc[r]);
         }
     } else if (type == GGUF_Q6_K) {
         for (int64_t sb = 0; sb < K / 256; sb++) {

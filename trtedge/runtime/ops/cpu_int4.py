@@ -14,6 +14,9 @@ activations are stored in the same order (``qx_index``).
 
 SOURCE = r"""
 static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__) && (defined(__AVX2__) || defined(__AVX512F__))
+    return _cvtsh_ss(h);  /* one vcvtph2ps: exact for every finite half, subnormals included */
+#else
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0) {
         if (man == 0) bits = sign;
@@ -27,6 +30,7 @@ static inline float half_to_float(uint16_t h) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+#endif
 }
 
 /* Where input k of a row sits in the quantized activations (and, halved, which packed byte). */
