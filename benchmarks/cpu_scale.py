@@ -3,7 +3,7 @@
     python benchmarks/cpu_scale.py [--geometry 1b,3b,8b] [--format q4_0,q4_k_m,q8_0,q5_k,q6_k] [--threads 1,2]
                                    [--prefill 128,1024] [--tokens 32] [--rounds 2] [--work-dir DIR]
                                    [--kv-cache-dtype auto|fp16|int8] [--llama-venv /work/bench-venv]
-                                   [--skip-llama-cpp]
+                                   [--skip-llama-cpp] [--baseline OTHER_CHECKOUT]
 
 Each (geometry, format) GGUF file is written with the ``gguf`` package under --work-dir (a temporary
 directory unless given; trtedge's bundles go to its ``cache`` folder there, never the user's cache):
@@ -20,6 +20,9 @@ machine. In each round, for each thread count, each engine is started, warmed up
 greedy decode of --tokens tokens after a 16-token prompt; prefill of each --prefill length, timed to
 its first token, at the largest thread count only) and stopped; each figure is the best of --rounds.
 trtedge's bundle is built by a child of its own before the rounds, so building is not in its RSS.
+``--baseline DIR`` adds a third engine, the trtedge of another checkout (``git worktree add DIR COMMIT``),
+measured in the same turns with a bundle cache of its own: a change's before and after next to the
+same llama.cpp figures, on a machine whose speed drifts between runs.
 "decode GB/s" is the weight bytes one decode step reads (every linear layer and the output
 projection; the engine's own storage of them) times decode tokens/s, next to the machine's copy
 bandwidth (read + written bytes of a 256 MiB torch copy, best of 5) at the same thread count.
@@ -48,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.cpu_decode import LLAMA_CPP_CHILD, llama_cpp_python  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+BASELINE = "trtedge (baseline)"
 
 
 @dataclass(frozen=True)
@@ -257,7 +261,7 @@ llm.close()
 class Child:
     """An engine in a child process speaking the JSON-lines protocol of ``cpu_decode.py``'s llama.cpp child."""
 
-    def __init__(self, argv: list[str], threads: int, env: dict | None = None):
+    def __init__(self, argv: list[str], threads: int, env: dict | None = None, cwd: Path = REPO):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})}
         self.proc = subprocess.Popen(
             argv,
@@ -266,7 +270,7 @@ class Child:
             stderr=subprocess.PIPE,
             text=True,
             env=env,
-            cwd=REPO,  # `python -c` imports from its working directory first: this repository's trtedge
+            cwd=cwd,  # `python -c` imports from its working directory first: this repository's trtedge
         )
         self.hello = self._read()
 
@@ -306,8 +310,15 @@ class Child:
 
 
 def start_trtedge(
-    model: Path, cache: Path, threads: int, max_input: int, weights: str, kv_cache_dtype: str = "auto"
+    model: Path,
+    cache: Path,
+    threads: int,
+    max_input: int,
+    weights: str,
+    kv_cache_dtype: str = "auto",
+    repo: Path = REPO,
 ) -> Child:
+    """``repo``: the checkout whose trtedge the child imports (``--baseline``: another commit's)."""
     args = {
         "model": str(model),
         "cache": str(cache),
@@ -318,10 +329,10 @@ def start_trtedge(
         "kv_positions": KV_POSITIONS,
     }
     env = {
-        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "TRTEDGE_CACHE_DIR": str(cache),
     }
-    return Child([sys.executable, "-c", TRTEDGE_CHILD, json.dumps(args)], threads, env)
+    return Child([sys.executable, "-c", TRTEDGE_CHILD, json.dumps(args)], threads, env, cwd=repo)
 
 
 def start_llama_cpp(python: Path, model: Path, threads: int) -> Child:
@@ -375,6 +386,13 @@ def main() -> None:
     )
     parser.add_argument("--skip-llama-cpp", action="store_true")
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another checkout of trtedge (say a git worktree of an earlier commit), measured in the same "
+        "turns as a third engine with its own bundle cache",
+    )
+    parser.add_argument(
         "--kv-cache-dtype", default="auto", choices=["auto", "fp16", "int8"], help="trtedge's KV cache"
     )
     args = parser.parse_args()
@@ -416,6 +434,12 @@ def run(args, work: Path, geometries, formats, threads, lengths) -> None:
                     p, work / "cache", t, max(lengths) + 8, "auto", kv
                 )
             }
+            if args.baseline is not None:  # its own cache: its bundle layout may differ
+                base = args.baseline
+                start_trtedge(path, work / "cache-baseline", 1, max(lengths) + 8, "auto", kv, base).close()
+                starters[BASELINE] = lambda t, p=path, kv=kv, base=base: start_trtedge(
+                    p, work / "cache-baseline", t, max(lengths) + 8, "auto", kv, base
+                )
             if python is not None:
                 starters["llama.cpp"] = lambda t, p=path: start_llama_cpp(python, p, t)
             results: dict[tuple[str, int], list[dict]] = {}
@@ -467,18 +491,20 @@ def print_table(args, rows, threads, lengths, bandwidth, load_start, seconds: fl
     )
     print("|---|---|" + "---:|" * (len(head) + 6))
     for geo, fmt, size, gguf_bytes, results, meta, failed in rows:
-        for name in ("llama.cpp", "trtedge"):
+        for name in ("llama.cpp", BASELINE, "trtedge"):
+            if name == BASELINE and not any(k[0] == name for k in results) and name not in failed:
+                continue
             label = f"{geo.name} {fmt.upper()}"
             if name in failed and not any(k[0] == name for k in results):
                 print(f"| {label} | {name} | skipped: {failed[name][:200]} |" + " |" * (len(head) + 5))
                 continue
-            peer = results.get(("llama.cpp", threads[-1])) if name == "trtedge" else None
+            peer = results.get(("llama.cpp", threads[-1])) if name != "llama.cpp" else None
             cells = []
             for t in threads:
                 rs = results.get((name, t), [])
                 best = max((r["decode"] for r in rs), default=0.0)
                 cell = f"{best:.2f}" if rs else "-"
-                peer_t = results.get(("llama.cpp", t)) if name == "trtedge" else None
+                peer_t = results.get(("llama.cpp", t)) if name != "llama.cpp" else None
                 if peer_t and rs:
                     cell += f" ({best / max(r['decode'] for r in peer_t):.2f}x)"
                 cells.append(cell)
