@@ -1,0 +1,129 @@
+"""The CPU decode products alone: each native product of a geometry's layer and its lm_head at one
+activation row (a batch-1 decode step), out of cache, next to the machine's copy bandwidth.
+
+    python benchmarks/cpu_products.py [--geometry 1b] [--threads 1,2] [--repeats 3]
+                                      [--trtedge OTHER_CHECKOUT]
+
+Weights are random GGUF block bytes of the geometry's shapes as ``benchmarks/cpu_scale.py`` writes them
+for a Q4_0 file: the layer's q/k/v, o, gate/up and down in Q4_0 (run as trtedge's int4, as ``--weights
+auto`` keeps them) and the output projection in Q8_0 (kept as the file's blocks). Each product cycles
+over enough copies of its weight to leave the last-level cache; the figure is the best of --repeats
+passes, in GB/s of the weight's stored bytes. ``--trtedge DIR`` imports trtedge (and compiles its
+kernels) from another checkout, say a ``git worktree`` of an earlier commit, to compare kernels with the
+same script; the kernels are compiled into a temporary directory, never your cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+L3_BYTES = 64 * 2**20  # copies of a weight cycle through at least this much memory
+
+
+def _blocks(rng: np.random.Generator, rows: int, cols: int, size: int) -> np.ndarray:
+    """Random block bytes with a small float16 scale first in each block (Q4_0: 18 bytes, Q8_0: 34)."""
+    b = rng.integers(0, 256, size=(rows, cols // 32, size), dtype=np.uint8)
+    b[..., 0:2] = np.full((rows, cols // 32), 0.01, np.float16).view(np.uint8).reshape(rows, cols // 32, 2)
+    return b.reshape(rows, -1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--geometry", default="1b", help="a geometry of benchmarks/cpu_scale.py: 1b, 3b or 8b"
+    )
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trtedge", type=Path, default=None, help="another checkout to import trtedge from")
+    args = parser.parse_args()
+    if args.trtedge is not None:  # before anything imports trtedge (cpu_scale does)
+        sys.path.insert(0, str(args.trtedge.resolve()))
+    os.environ["TRTEDGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="trtedge-products-")
+    import torch
+
+    from benchmarks.cpu_scale import GEOMETRIES
+    from trtedge.runtime.artifacts.quantize import gguf_blocks, int4_from_gguf_blocks
+    from trtedge.runtime.ops import cpu_kernels
+
+    print(f"trtedge from {Path(cpu_kernels.__file__).parents[3]}")
+    lib = cpu_kernels.load()
+    if lib is None:
+        sys.exit("the native CPU kernels could not be built (see the warning above)")
+    geo = GEOMETRIES[args.geometry]
+    head_dim = geo.hidden // geo.heads
+    shapes = [
+        ("qkv", (geo.heads + 2 * geo.kv_heads) * head_dim, geo.hidden, "int4"),
+        ("o", geo.hidden, geo.heads * head_dim, "int4"),
+        ("gate_up", 2 * geo.inter, geo.hidden, "int4"),
+        ("down", geo.hidden, geo.inter, "int4"),
+        ("lm_head", geo.vocab, geo.hidden, "q8_0"),
+    ]
+    rng = np.random.default_rng(0)
+    weights = {}
+    for name, rows, cols, fmt in shapes:
+        if fmt == "int4":
+            one = int4_from_gguf_blocks(_blocks(rng, rows, cols, 18), "Q4_0", rows, cols)
+        else:
+            one = gguf_blocks(_blocks(rng, rows, cols, 34), "Q8_0", rows, cols)
+        copies = max(1, -(-L3_BYTES // one.nbytes))
+        rest = [
+            int4_from_gguf_blocks(_blocks(rng, rows, cols, 18), "Q4_0", rows, cols)
+            if fmt == "int4"
+            else gguf_blocks(_blocks(rng, rows, cols, 34), "Q8_0", rows, cols)
+            for _ in range(copies - 1)
+        ]
+        weights[name] = (fmt, [one, *rest])
+    copy = torch.empty(256 * 2**20 // 4)
+    target = torch.empty_like(copy)
+    print(f"{geo.name}: one activation row, GB/s of stored weight bytes (best of {args.repeats})")
+    print(
+        "| threads | copy GB/s (read + written) | "
+        + " | ".join(n for n, *_ in shapes)
+        + " | a step's products ms |"
+    )
+    print("|---:|---:|" + "---:|" * (len(shapes) + 1))
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads)
+        best = 1e9
+        for _ in range(5):
+            started = time.perf_counter()
+            target.copy_(copy)
+            best = min(best, time.perf_counter() - started)
+        cells, step_ms = [], 0.0
+        for name, _rows, cols, _ in shapes:
+            fmt, ws = weights[name]
+            x = torch.randn(1, cols)
+
+            def product(w, x=x, fmt=fmt):
+                if fmt == "int4":
+                    return cpu_kernels.int4_linear(lib, x, w, None)
+                return cpu_kernels.gguf_linear(lib, x, w, None)
+
+            for w in ws:  # warm: pages touched, kernels loaded
+                product(w)
+            seconds = 1e9
+            for _ in range(args.repeats):
+                started = time.perf_counter()
+                for w in ws:
+                    product(w)
+                seconds = min(seconds, (time.perf_counter() - started) / len(ws))
+            cells.append(f"{ws[0].nbytes / seconds / 1e9:.1f}")
+            step_ms += seconds * 1000 * (1 if name == "lm_head" else geo.layers)
+        print(
+            f"| {threads} | {2 * copy.nbytes / best / 1e9:.1f} | " + " | ".join(cells) + f" | {step_ms:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
