@@ -269,87 +269,6 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
         default: int4_rows_r(w, scale, mins, G, qx, dx, sx, K, 4, out); break;
     }
 }
-/* Four weight rows (stride bytes apart) against one activation row (a decode step): the blocks, spans
-   and tail of int4_rows_r for four rows at once, each activation vector loaded once for the four and
-   the four sums reduced together. */
-#define INT4_ROWS4 1
-static void int4_rows4_1(const uint8_t *w, int64_t stride, const uint16_t *scale, const uint16_t *mins, int64_t G,
-                         const int16_t *qx, const float *dx, const float *sx, int64_t K, float *out) {
-    const __m256i low4 = _mm256_set1_epi16(0x0f);
-    __m256 acc[4], off[4];
-    for (int i = 0; i < 4; i++) acc[i] = off[i] = _mm256_setzero_ps();
-    const int64_t blocks = G / 16;
-    for (int64_t bl = 0; bl < blocks; bl++) {
-        __m256i a[4][2];
-        for (int i = 0; i < 4; i++) a[i][0] = a[i][1] = _mm256_setzero_si256();
-        for (int ch = 0; ch < 8; ch++) {
-            const int16_t *xr = qx + bl * 512 + ch * 64;
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xr), x1 = _mm256_loadu_si256((const __m256i *)(xr + 16));
-            const __m256i x2 = _mm256_loadu_si256((const __m256i *)(xr + 32)), x3 = _mm256_loadu_si256((const __m256i *)(xr + 48));
-            for (int i = 0; i < 4; i++) {
-                const uint8_t *wb = w + i * stride + bl * 256 + ch * 32;
-                __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
-                __m256i q1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
-                a[i][0] = _mm256_add_epi32(a[i][0], _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(q0, low4), x0),
-                                                                     _mm256_madd_epi16(_mm256_srli_epi16(q0, 4), x2)));
-                a[i][1] = _mm256_add_epi32(a[i][1], _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(q1, low4), x1),
-                                                                     _mm256_madd_epi16(_mm256_srli_epi16(q1, 4), x3)));
-            }
-        }
-        const __m256 d0 = _mm256_loadu_ps(dx + bl * 16), d1 = _mm256_loadu_ps(dx + bl * 16 + 8);
-        const __m256 s0 = _mm256_loadu_ps(sx + bl * 16), s1 = _mm256_loadu_ps(sx + bl * 16 + 8);
-        for (int i = 0; i < 4; i++) {
-            const uint16_t *sc = scale + i * G + bl * 16, *mn = mins + i * G + bl * 16;
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[i][0]),
-                                     _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)), d0), acc[i]);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[i][1]),
-                                     _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 8))), d1), acc[i]);
-            off[i] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mn)), s0, off[i]);
-            off[i] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + 8))), s1, off[i]);
-        }
-    }
-    /* spans of 64 inputs past the blocks: per row, float sums of the two groups a span holds */
-    const int64_t whole = blocks * 512, spans = (K - whole) / 64;
-    __m256 tail[4];
-    for (int i = 0; i < 4; i++) tail[i] = _mm256_setzero_ps();
-    for (int64_t sp = 0; sp < spans; sp++) {
-        const int16_t *xr = qx + whole + sp * 64;
-        const __m256i x0 = _mm256_loadu_si256((const __m256i *)xr), x1 = _mm256_loadu_si256((const __m256i *)(xr + 16));
-        const __m256i x2 = _mm256_loadu_si256((const __m256i *)(xr + 32)), x3 = _mm256_loadu_si256((const __m256i *)(xr + 48));
-        const int64_t g = (whole + sp * 64) / 32;
-        for (int i = 0; i < 4; i++) {
-            const uint8_t *wb = w + i * stride + whole / 2 + sp * 32;
-            __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
-            __m256i q1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
-            __m256i lo = _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(q0, low4), x0),
-                                          _mm256_madd_epi16(_mm256_and_si256(q1, low4), x1));
-            __m256i hi = _mm256_add_epi32(_mm256_madd_epi16(_mm256_srli_epi16(q0, 4), x2),
-                                          _mm256_madd_epi16(_mm256_srli_epi16(q1, 4), x3));
-            const float c0 = half_to_float(scale[i * G + g]) * dx[g], c1 = half_to_float(scale[i * G + g + 1]) * dx[g + 1];
-            tail[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_set1_ps(c0), tail[i]);
-            tail[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_set1_ps(c1), tail[i]);
-        }
-    }
-    /* the four rows' sums at once: lane i of the result is row i */
-    __m256 r01 = _mm256_hadd_ps(_mm256_add_ps(_mm256_add_ps(acc[0], off[0]), tail[0]),
-                                _mm256_add_ps(_mm256_add_ps(acc[1], off[1]), tail[1]));
-    __m256 r23 = _mm256_hadd_ps(_mm256_add_ps(_mm256_add_ps(acc[2], off[2]), tail[2]),
-                                _mm256_add_ps(_mm256_add_ps(acc[3], off[3]), tail[3]));
-    __m256 r = _mm256_hadd_ps(r01, r23);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
-    _mm_storeu_ps(out, s);
-    for (int i = 0; i < 4; i++) {
-        const uint8_t *wr = w + i * stride;
-        const uint16_t *sc = scale + i * G, *mn = mins + i * G;
-        for (int64_t b = whole / 2 + spans * 32; b < K / 2; b++) {  /* a last half span: scalar */
-            int64_t lo, hi;
-            int4_inputs(b, K, &lo, &hi);
-            out[i] += (float)((wr[b] & 0x0f) * qx[lo]) * half_to_float(sc[lo / 32]) * dx[lo / 32];
-            out[i] += (float)((wr[b] >> 4) * qx[hi]) * half_to_float(sc[hi / 32]) * dx[hi / 32];
-        }
-        for (int64_t g = blocks * 16; g < G; g++) out[i] += half_to_float(mn[g]) * sx[g];
-    }
-}
 #else
 /* Without AVX-512 VNNI or AVX2: the same integer sums per group, in loops the compiler vectorizes. Lane i of a chunk of 32 packed bytes pairs its low nibble with input 64 c + i and its high
    nibble with input 64 c + 32 + i of the quantized activations (qx_index); lanes 2 l and 2 l + 1
@@ -385,41 +304,6 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
 }
 #endif
 
-#ifndef INT4_ROWS4
-static void int4_rows4_1(const uint8_t *w, int64_t stride, const uint16_t *scale, const uint16_t *mins, int64_t G,
-                         const int16_t *qx, const float *dx, const float *sx, int64_t K, float *out) {
-    for (int i = 0; i < 4; i++) int4_rows(w + i * stride, scale + i * G, mins + i * G, G, qx, dx, sx, K, 1, out + i);
-}
-#endif
-
-/* y[m * ldy + n] for weight rows n in [lo, hi) against M quantized activation rows (+ bias). One activation
-   row with short weight rows (K < 1024) takes four weight rows at a time: there a row's fixed costs (its
-   tail, its reduction) weigh, and four at once streamed 1.3-1.6x faster at K = 576 on the 2-core AVX2
-   machine; from K = 1536 up the single-row stream read 0.8-1.0x as fast from memory. */
-static void int4_rows_span(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, int64_t K, const int16_t *qx,
-                           const float *dx, const float *sx, int64_t M, const float *bias, float *y, int64_t ldy,
-                           int64_t lo, int64_t hi) {
-    const int64_t G = K / 32, rb = K / 2;
-    int64_t n = lo;
-    if (M == 1 && K < 1024)
-        for (; n + 4 <= hi; n += 4) {
-            float out[4];
-            for (int i = 0; i < 4; i++) int4_prefetch(w + (n + i) * rb, K);
-            int4_rows4_1(w + n * rb, rb, scale + n * G, mins + n * G, G, qx, dx, sx, K, out);
-            for (int i = 0; i < 4; i++) y[n + i] = out[i] + (bias ? bias[n + i] : 0.0f);
-        }
-    for (; n < hi; n++) {
-        const uint8_t *wr = w + n * rb;
-        int4_prefetch(wr, K);
-        for (int64_t m0 = 0; m0 < M; m0 += 4) {
-            int R = (int)(M - m0 < 4 ? M - m0 : 4);
-            float out[4];
-            int4_rows(wr, scale + n * G, mins + n * G, G, qx + m0 * K, dx + m0 * G, sx + m0 * G, K, R, out);
-            for (int r = 0; r < R; r++) y[(m0 + r) * ldy + n] = out[r] + (bias ? bias[n] : 0.0f);
-        }
-    }
-}
-
 /* y[m, n] = sum_k x[m, k] * (scale[n, k/32] * q[n, k] + min[n, k/32]) + bias[n]; K a multiple of 32. */
 void int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uint16_t *scale,
                  const uint16_t *mins, const float *bias, float *y, int64_t N) {
@@ -428,9 +312,17 @@ void int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const u
     float *dx = (float *)malloc(sizeof(float) * M * G * 2);
     float *sx = dx + M * G;
     for (int64_t m = 0; m < M; m++) quantize_row_q16(x + m * K, K, qx + m * K, dx + m * G, sx + m * G);
-    #pragma omp parallel for schedule(dynamic, 1)  /* a descheduled thread holds up one chunk, not its share */
-    for (int64_t c = 0; c < (N + 63) / 64; c++)
-        int4_rows_span(w, scale, mins, K, qx, dx, sx, M, bias, y, N, c * 64, c * 64 + 64 < N ? c * 64 + 64 : N);
+    #pragma omp parallel for schedule(dynamic, 64)  /* a descheduled thread holds up one chunk, not its share */
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *wr = w + n * (K / 2);
+        int4_prefetch(wr, K);
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            int R = (int)(M - m0 < 4 ? M - m0 : 4);
+            float out[4];
+            int4_rows(wr, scale + n * G, mins + n * G, G, qx + m0 * K, dx + m0 * G, sx + m0 * G, K, R, out);
+            for (int r = 0; r < R; r++) y[(m0 + r) * N + n] = out[r] + (bias ? bias[n] : 0.0f);
+        }
+    }
     free(dx);
     free(qx);
 }

@@ -60,8 +60,20 @@ static void linear_rows(const lin_t *l, const float *x, const qact_t *q, int64_t
         return;
     }
     if (l->fmt == 4) {
-        int4_rows_span((const uint8_t *)l->w, (const uint16_t *)l->scale, (const uint16_t *)l->min, K, q->qx, q->dx,
-                       q->sx, B, bias, y, ldy, lo, hi);
+        int64_t G = K / 32;
+        const uint8_t *w = (const uint8_t *)l->w;
+        const uint16_t *scale = (const uint16_t *)l->scale, *mins = (const uint16_t *)l->min;
+        for (int64_t n = lo; n < hi; n++) {
+            const uint8_t *wr = w + n * (K / 2);
+            int4_prefetch(wr, K);
+            for (int64_t m0 = 0; m0 < B; m0 += 4) {
+                int R = (int)(B - m0 < 4 ? B - m0 : 4);
+                float out[4];
+                int4_rows(wr, scale + n * G, mins + n * G, G, q->qx + m0 * K, q->dx + m0 * G, q->sx + m0 * G, K,
+                          R, out);
+                for (int r = 0; r < R; r++) y[(m0 + r) * ldy + n] = out[r] + (bias ? bias[n] : 0.0f);
+            }
+        }
         return;
     }
     const int8_t *w = (const int8_t *)l->w;
