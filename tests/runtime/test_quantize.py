@@ -78,15 +78,15 @@ def test_quantized_linears_match_dequantized_product(rows, shape):
 
 @pytest.mark.parametrize("shape", [(130, 576), (9, 96), (5, 608), (12, 2048)])
 def test_an_int4_row_is_the_same_alone_and_in_a_batch(shape):
-    # a decode row alone takes weight rows four at a time, in a batch one at a time: the same bits either
-    # way, or a request's logprobs would depend on what else the engine was running
+    # the kernel sums up to 4 activation rows per pass (1..4 compiled apart): a row's value must be the
+    # same bits in every batch, or a request's tokens and logprobs depend on what else the engine runs
     torch.manual_seed(2)
     n, k = shape
     layer = make_linear(torch.randn(n, k) * 0.1, torch.randn(n), "int4")
-    x = torch.randn(3, k)
-    batch = layer(x)
-    for i in range(3):
-        assert torch.equal(layer(x[i : i + 1].contiguous()), batch[i : i + 1])
+    x = torch.randn(8, k)
+    alone = torch.cat([layer(x[i : i + 1].contiguous()) for i in range(8)])
+    for rows in (2, 3, 4, 5, 8):
+        assert torch.equal(layer(x[:rows].contiguous()), alone[:rows])
 
 
 def test_int4_profile_has_its_own_cache_key(tmp_path):

@@ -174,13 +174,6 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
     }
 }
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-static inline int32_t int4_hsum_epi32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* AVX2 (no AVX-512): 16-bit multiply-adds (vpmaddwd) of the unpacked nibbles and the activations.
    Bytes 0..15 of a 32-byte chunk hold groups 0..7 of the block (byte 2 l + e: group l), bytes
    16..31 groups 8..15, so each 8-lane sum is one group per lane and the scales apply per block. */
@@ -223,9 +216,10 @@ static inline __attribute__((always_inline)) void int4_rows_r(const uint8_t *w, 
         }
     }
     /* The tail past the last whole block: spans of 64 inputs in their own order (byte i of a span:
-       inputs i and 32 + i, so its low nibbles are one group and its high nibbles the next). */
+       inputs i and 32 + i, so its low nibbles are one group and its high nibbles the next), summed
+       into each row's lanes with vector intrinsics only, so that a row's value is the same bits for
+       every R (scalar expressions here could be vectorized or fused across rows differently per R). */
     const int64_t whole = blocks * 512, spans = (K - whole) / 64;
-    float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t sp = 0; sp < spans; sp++) {
         const uint8_t *wb = w + whole / 2 + sp * 32;
         __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
@@ -233,20 +227,21 @@ static inline __attribute__((always_inline)) void int4_rows_r(const uint8_t *w, 
         __m256i l0 = _mm256_and_si256(q0, low4), h0 = _mm256_srli_epi16(q0, 4);
         __m256i l1 = _mm256_and_si256(q1, low4), h1 = _mm256_srli_epi16(q1, 4);
         const int64_t g = (whole + sp * 64) / 32;
-        const float c0 = half_to_float(scale[g]), c1 = half_to_float(scale[g + 1]);
+        const __m256 c0 = _mm256_set1_ps(half_to_float(scale[g])), c1 = _mm256_set1_ps(half_to_float(scale[g + 1]));
         for (int r = 0; r < R; r++) {
             const int16_t *xr = qx + r * K + whole + sp * 64;
             __m256i s0 = _mm256_add_epi32(_mm256_madd_epi16(l0, _mm256_loadu_si256((const __m256i *)xr)),
                                           _mm256_madd_epi16(l1, _mm256_loadu_si256((const __m256i *)(xr + 16))));
             __m256i s1 = _mm256_add_epi32(_mm256_madd_epi16(h0, _mm256_loadu_si256((const __m256i *)(xr + 32))),
                                           _mm256_madd_epi16(h1, _mm256_loadu_si256((const __m256i *)(xr + 48))));
-            tail[r] += (float)int4_hsum_epi32(s0) * c0 * dx[r * G + g] + (float)int4_hsum_epi32(s1) * c1 * dx[r * G + g + 1];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(c0, _mm256_broadcast_ss(dx + r * G + g)), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(c1, _mm256_broadcast_ss(dx + r * G + g + 1)), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) {
         const int16_t *xr = qx + r * K;
         const float *dr = dx + r * G, *sr = sx + r * G;
-        float lanes[8], total = tail[r];
+        float lanes[8], total = 0.0f;
         _mm256_storeu_ps(lanes, _mm256_add_ps(acc[r], off[r]));
         for (int i = 0; i < 8; i++) total += lanes[i];
         for (int64_t b = whole / 2 + spans * 32; b < K / 2; b++) {  /* a last half span: scalar */
