@@ -29,13 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 L3_BYTES = 64 * 2**20  # copies of a weight cycle through at least this much memory
 
 
-def _blocks(rng: np.random.Generator, rows: int, cols: int, size: int) -> np.ndarray:
-    """Random block bytes with a small float16 scale first in each block (Q4_0: 18 bytes, Q8_0: 34)."""
-    b = rng.integers(0, 256, size=(rows, cols // 32, size), dtype=np.uint8)
-    b[..., 0:2] = np.full((rows, cols // 32), 0.01, np.float16).view(np.uint8).reshape(rows, cols // 32, 2)
-    return b.reshape(rows, -1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -52,7 +45,7 @@ def main() -> None:
     os.environ["TRTEDGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="trtedge-products-")
     import torch
 
-    from benchmarks.cpu_scale import GEOMETRIES
+    from benchmarks.cpu_scale import GEOMETRIES, _quantized
     from trtedge.runtime.artifacts.quantize import gguf_blocks, int4_from_gguf_blocks
     from trtedge.runtime.ops import cpu_kernels
 
@@ -63,27 +56,26 @@ def main() -> None:
     geo = GEOMETRIES[args.geometry]
     head_dim = geo.hidden // geo.heads
     shapes = [
-        ("qkv", (geo.heads + 2 * geo.kv_heads) * head_dim, geo.hidden, "int4"),
-        ("o", geo.hidden, geo.heads * head_dim, "int4"),
-        ("gate_up", 2 * geo.inter, geo.hidden, "int4"),
-        ("down", geo.hidden, geo.inter, "int4"),
-        ("lm_head", geo.vocab, geo.hidden, "q8_0"),
+        ("qkv", (geo.heads + 2 * geo.kv_heads) * head_dim, geo.hidden, "Q4_0"),
+        ("o", geo.hidden, geo.heads * head_dim, "Q4_0"),
+        ("gate_up", 2 * geo.inter, geo.hidden, "Q4_0"),
+        ("down", geo.hidden, geo.inter, "Q4_0"),
+        ("lm_head", geo.vocab, geo.hidden, "Q8_0"),
     ]
     rng = np.random.default_rng(0)
+
+    def weight(kind: str, rows: int, cols: int):
+        """As ``--weights auto`` keeps it: Q4_0 as int4, Q8_0 as the file's blocks."""
+        blocks = _quantized(rng, kind, rows, cols)
+        if kind == "Q4_0":
+            return int4_from_gguf_blocks(blocks, kind, rows, cols)
+        return gguf_blocks(blocks, kind, rows, cols)
+
     weights = {}
-    for name, rows, cols, fmt in shapes:
-        if fmt == "int4":
-            one = int4_from_gguf_blocks(_blocks(rng, rows, cols, 18), "Q4_0", rows, cols)
-        else:
-            one = gguf_blocks(_blocks(rng, rows, cols, 34), "Q8_0", rows, cols)
-        copies = max(1, -(-L3_BYTES // one.nbytes))
-        rest = [
-            int4_from_gguf_blocks(_blocks(rng, rows, cols, 18), "Q4_0", rows, cols)
-            if fmt == "int4"
-            else gguf_blocks(_blocks(rng, rows, cols, 34), "Q8_0", rows, cols)
-            for _ in range(copies - 1)
-        ]
-        weights[name] = (fmt, [one, *rest])
+    for name, rows, cols, kind in shapes:
+        first = weight(kind, rows, cols)
+        copies = max(1, -(-L3_BYTES // first.nbytes))
+        weights[name] = [first] + [weight(kind, rows, cols) for _ in range(copies - 1)]
     copy = torch.empty(256 * 2**20 // 4)
     target = torch.empty_like(copy)
     print(f"{geo.name}: one activation row, GB/s of stored weight bytes (best of {args.repeats})")
@@ -101,14 +93,13 @@ def main() -> None:
             target.copy_(copy)
             best = min(best, time.perf_counter() - started)
         cells, step_ms = [], 0.0
-        for name, _rows, cols, _ in shapes:
-            fmt, ws = weights[name]
+        for name, _rows, cols, kind in shapes:
+            ws = weights[name]
             x = torch.randn(1, cols)
+            linear = cpu_kernels.int4_linear if kind == "Q4_0" else cpu_kernels.gguf_linear
 
-            def product(w, x=x, fmt=fmt):
-                if fmt == "int4":
-                    return cpu_kernels.int4_linear(lib, x, w, None)
-                return cpu_kernels.gguf_linear(lib, x, w, None)
+            def product(w, x=x, linear=linear):
+                return linear(lib, x, w, None)
 
             for w in ws:  # warm: pages touched, kernels loaded
                 product(w)

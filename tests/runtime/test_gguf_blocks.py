@@ -50,6 +50,9 @@ def test_q8_0_product_at_widths_that_are_not_whole_activation_chunks(cols):
         x = torch.randn(m, cols)
         expected = x @ ref.T
         torch.testing.assert_close(layer(x), expected, rtol=2e-3, atol=2e-3 * expected.abs().max().item())
+        # and each row's value is the same bits in the batch as alone (the lm_head of every decode step)
+        alone = torch.cat([layer(x[i : i + 1].contiguous()) for i in range(m)])
+        assert torch.equal(layer(x), alone)
 
 
 def test_rows_of_several_types_in_one_tensor():

@@ -165,20 +165,18 @@ static inline __m256i madd_at(__m256i w, const int16_t *x) {
     return _mm256_madd_epi16(w, _mm256_loadu_si256((const __m256i *)x));
 }
 
-/* Block g of a Q8_0 row into each activation row's float sums into[r] (the block's own scale applied). */
-#define Q8_0_BLOCK(g, into)                                                                           \
-    {                                                                                                 \
-        const uint8_t *b = w + (g) * 34;                                                              \
-        __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));                                     \
-        __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));                                 \
-        __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));                            \
-        const __m256 d = _mm256_set1_ps(f16_at(b));                                                   \
-        for (int r = 0; r < R; r++) {                                                                 \
-            const int16_t *xg = qx + r * K + (g) * 32;                                                \
-            __m256 s = _mm256_cvtepi32_ps(_mm256_add_epi32(madd_at(w0, xg), madd_at(w1, xg + 16)));   \
-            into[r] = _mm256_fmadd_ps(s, d, into[r]);                                                 \
-        }                                                                                             \
+/* Q8_0 block b (scale, then 32 int8) against R activation rows xg (K apart): into[r] += its scaled sum. */
+static inline __attribute__((always_inline)) void q8_0_block(const uint8_t *b, const int16_t *xg, int64_t K,
+                                                             const int R, __m256 *into) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));
+    __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+    __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+    const __m256 d = _mm256_set1_ps(f16_at(b));
+    for (int r = 0; r < R; r++) {
+        __m256 s = _mm256_cvtepi32_ps(_mm256_add_epi32(madd_at(w0, xg + r * K), madd_at(w1, xg + r * K + 16)));
+        into[r] = _mm256_fmadd_ps(s, d, into[r]);
     }
+}
 
 static inline __attribute__((always_inline)) void gguf_row_dot_r(const uint8_t *w, int64_t type, int64_t K,
         const int16_t *qx, const float *dx, const float *sx, const int R, float *out) {
@@ -195,8 +193,8 @@ static inline __attribute__((always_inline)) void gguf_row_dot_r(const uint8_t *
             __m256 even[4], odd[4];
             for (int r = 0; r < R; r++) even[r] = odd[r] = _mm256_setzero_ps();
             for (int64_t g = c; g < end; g += 2) {
-                Q8_0_BLOCK(g, even)
-                if (g + 1 < end) Q8_0_BLOCK(g + 1, odd)
+                q8_0_block(w + g * 34, qx + g * 32, K, R, even);
+                if (g + 1 < end) q8_0_block(w + (g + 1) * 34, qx + (g + 1) * 32, K, R, odd);
             }
             for (int r = 0; r < R; r++)
                 acc[r] = _mm256_fmadd_ps(_mm256_add_ps(even[r], odd[r]), _mm256_set1_ps(dx[r * G + c / 8]), acc[r]);
