@@ -6,7 +6,10 @@ the model wrote; the fixtures under tests/fixtures/agents/ were captured with it
     python -m tests.e2e.agent_proxy --upstream http://127.0.0.1:8000 --port 8001 --out /tmp/capture \\
         --replace "$PWD=/home/user/project"
 
-then point the CLI at port 8001 as docs/claude-code.md or docs/codex.md says."""
+then point the CLI at port 8001 as docs/claude-code.md or docs/codex.md says. With --forward-anonymised
+the server gets the request as the capture records it: the working directory, the OS version, today's
+date and the session ids the CLI writes into its prompt are the same on every machine and every day, so
+a greedy model's answer depends on the model alone (the tests run this way)."""
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ _IDS = [  # what identifies a machine, a person or a session in the CLIs' reques
     (re.compile(r"\b[0-9a-f]{64}\b"), "0" * 64),
     (re.compile(r"\b\d{4}-\d{2}-\d{2}\b"), "2026-01-01"),
     (re.compile(r"\b1\d{12}\b"), "1767225600000"),  # unix milliseconds
+    (re.compile(r"(OS Version: )[^\\\"]*"), r"\g<1>Linux 6.0.0"),  # Claude Code's environment section
 ]
 
 
@@ -44,7 +48,9 @@ def anonymise(text: str, replace: list[tuple[str, str]]) -> str:
     return text
 
 
-def build_app(upstream: str, out: Path, replace: list[tuple[str, str]]) -> Starlette:
+def build_app(
+    upstream: str, out: Path, replace: list[tuple[str, str]], forward_anonymised: bool = False
+) -> Starlette:
     out.mkdir(parents=True, exist_ok=True)
     replace = sorted(replace, key=lambda r: -len(r[0]))
     counter = itertools.count()
@@ -65,6 +71,8 @@ def build_app(upstream: str, out: Path, replace: list[tuple[str, str]]) -> Starl
         stem = out / f"{next(counter):03d}-{request.method}{request.url.path.replace('/', '_')}"
         text = json.dumps(record, indent=1, ensure_ascii=False)
         stem.with_suffix(".json").write_text(anonymise(text, replace) + "\n")
+        if forward_anonymised and "body" in record:
+            body = anonymise(body.decode(), replace).encode()
         headers = {k: v for k, v in request.headers.items() if k not in ("host", "content-length")}
         reply = await client.send(
             client.build_request(request.method, path, headers=headers, content=body), stream=True
@@ -96,9 +104,12 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8001)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--replace", action="append", default=[], metavar="OLD=NEW")
+    ap.add_argument(
+        "--forward-anonymised", action="store_true", help="send the server the anonymised request"
+    )
     args = ap.parse_args()
     replace = [tuple(r.split("=", 1)) for r in args.replace]
-    app = build_app(args.upstream, args.out, replace)
+    app = build_app(args.upstream, args.out, replace, args.forward_anonymised)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 

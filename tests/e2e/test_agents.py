@@ -63,11 +63,15 @@ def server(request, tmp_path_factory):
 
 @pytest.fixture
 def proxy(server, tmp_path):
-    """The agent proxy in front of the server: its directory holds every request and answer."""
+    """The agent proxy in front of the server: its directory holds every request and answer. It forwards
+    the requests anonymised, so that the prompt (Claude Code writes the working directory, the OS version
+    and the date into it) is the same on every machine: a path longer by a few tokens turned SmolLM2's
+    greedy "Say hello" answer into 6,000 tokens of rambling."""
     port = free_port()
     out = tmp_path / "capture"
     command = [sys.executable, "-m", "tests.e2e.agent_proxy", "--upstream", server.url]
-    command += ["--port", str(port), "--out", str(out)]
+    command += ["--port", str(port), "--out", str(out), "--forward-anonymised"]
+    command += ["--replace", f"{workdir_path(tmp_path)}=/home/user/project"]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -92,8 +96,12 @@ def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+def workdir_path(tmp_path: Path) -> Path:
+    return tmp_path / "project"
+
+
 def workdir(tmp_path: Path) -> Path:
-    project = tmp_path / "project"
+    project = workdir_path(tmp_path)
     project.mkdir()
     subprocess.run(["git", "init", "-q", str(project)], check=True)  # codex exec works in a repository
     return project

@@ -23,7 +23,9 @@ def _workers(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         found += [int(c) for c in (task / "children").read_text().split()]
-    return [c for c in found if b"trtedge.runtime.executor.tp_worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return [
+        c for c in found if b"trtedge.runtime.executor.tp_worker" in Path(f"/proc/{c}/cmdline").read_bytes()
+    ]
 
 
 def _complete(server: ServeProcess, model: str) -> httpx.Response:
