@@ -77,6 +77,38 @@ def test_native_batched_decode_matches_reference(tmp_path, family, weights, num_
     torch.testing.assert_close(kv, kv_ref, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128, 24, 20])  # 20: not a multiple of 8, the portable loops
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_paged_decode_attention_matches_a_float64_reference(dtype, head_dim, block_size):
+    # Contexts that end mid-block and cross blocks, scattered tables, grouped heads (6 query heads on
+    # 2 KV heads) and sliding windows whose first key sits mid-block.
+    torch.manual_seed(0)
+    heads, kv_heads, num_blocks = 6, 2, 40
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    context_lens = torch.tensor([1, 5, 37, 70])
+    tables = torch.stack([torch.randperm(num_blocks)[: num_blocks // 2] for _ in context_lens])
+    tables = tables[:, : (int(context_lens.max()) + block_size - 1) // block_size].contiguous()
+    q = torch.randn(len(context_lens), heads, head_dim)
+    scale = head_dim**-0.5
+    for window in (0, 3, 30):
+        out = torch.empty_like(q)
+        cpu_kernels.paged_decode_attention(
+            lib, q, k_cache, v_cache, tables, context_lens, block_size, scale, out, window
+        )
+        for b, ctx in enumerate(context_lens.tolist()):
+            first = max(0, ctx - window) if window else 0
+            slots = [(int(tables[b, t // block_size]), t % block_size) for t in range(first, ctx)]
+            k = torch.stack([k_cache[blk, off] for blk, off in slots]).double()  # [T, kv_heads, D]
+            v = torch.stack([v_cache[blk, off] for blk, off in slots]).double()
+            group = heads // kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            weights = torch.softmax(torch.einsum("hd,thd->ht", q[b].double(), k) * scale, dim=-1)
+            ref = torch.einsum("ht,thd->hd", weights, v)
+            torch.testing.assert_close(out[b].double(), ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_native_decode_step_is_the_same_at_any_thread_count(tmp_path, weights):
     # the step's work queue hands chunks to whichever thread asks: each chunk and each serial part

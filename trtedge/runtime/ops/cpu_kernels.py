@@ -305,10 +305,75 @@ void qkv_rope_store(const float *qkv, int64_t B, int64_t H, int64_t Hkv, int64_t
 
 /* One query head attending over its sequence's paged keys and values (also the fused decode step's).
    scores: scratch for ctx - first floats; window > 0: only the last `window` keys. */
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+/* Eight values of a float32 or float16 cache row, as float32. */
+static inline __m256 kv_load8(const void *cache, int64_t row, int64_t D, int kind, int64_t i) {
+    if (kind == KV_F32) return _mm256_loadu_ps((const float *)cache + row * D + i);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + row * D + i)));
+}
+
+/* attend_head for float32 and float16 caches, D a multiple of 8 (at most 256): the same operations in
+   the same order as its portable loops compile to on an AVX2 machine (a score: eight-lane products added chunk by
+   chunk, the lanes summed in order; the output: one fused multiply-add per key and value), so the
+   results are the same bits, but the output sums stay in registers across the keys (the portable
+   loop loads and stores them for every key) and the keys' positions are walked block by block
+   instead of divided out. */
+static void attend_head_avx2(const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
+                             int64_t first, int64_t ctx, int64_t Hkv, int64_t kvh, int64_t D, int64_t block_size,
+                             float scale, float *scores, float *o, int kind) {
+    __m256 q[32];
+    int64_t chunks = D / 8;
+    for (int64_t c = 0; c < chunks; c++) q[c] = _mm256_loadu_ps(qh + 8 * c);
+    float best = -INFINITY;
+    int64_t blk = first / block_size, off = first % block_size;
+    for (int64_t t = first; t < ctx; t++) {
+        int64_t row = (table[blk] * block_size + off) * Hkv + kvh;
+        if (++off == block_size) off = 0, blk++;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t c = 0; c < chunks; c++) {
+            __m256 m = _mm256_mul_ps(q[c], kv_load8(k_cache, row, D, kind, 8 * c));
+            __asm__("" : "+x"(m));  /* a product rounded, then added: never contracted into an FMA */
+            acc = _mm256_add_ps(acc, m);
+        }
+        float lanes[8], s = 0.0f;
+        _mm256_storeu_ps(lanes, acc);
+        for (int l = 0; l < 8; l++) s += lanes[l];
+        s *= scale;
+        scores[t - first] = s;
+        if (s > best) best = s;
+    }
+    float total = 0.0f;
+    for (int64_t t = first; t < ctx; t++) {
+        scores[t - first] = expf(scores[t - first] - best);
+        total += scores[t - first];
+    }
+    for (int64_t t = first; t < ctx; t++) scores[t - first] = scores[t - first] / total;
+    for (int64_t i0 = 0; i0 < D; i0 += 32) {  /* 32 outputs at a time, in four registers */
+        int64_t n = D - i0 < 32 ? (D - i0) / 8 : 4;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        blk = first / block_size, off = first % block_size;
+        for (int64_t t = first; t < ctx; t++) {
+            int64_t row = (table[blk] * block_size + off) * Hkv + kvh;
+            if (++off == block_size) off = 0, blk++;
+            __m256 p = _mm256_set1_ps(scores[t - first]);
+            for (int64_t j = 0; j < n; j++)
+                acc[j] = _mm256_fmadd_ps(p, kv_load8(v_cache, row, D, kind, i0 + 8 * j), acc[j]);
+        }
+        for (int64_t j = 0; j < n; j++) _mm256_storeu_ps(o + i0 + 8 * j, acc[j]);
+    }
+}
+#endif
+
 static void attend_head(const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
                         int64_t ctx, int64_t window, int64_t Hkv, int64_t kvh, int64_t D, int64_t block_size,
                         float scale, float *scores, float *o, int kind) {
     int64_t first = window > 0 && ctx > window ? ctx - window : 0;
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    if (kind != KV_I8 && D % 8 == 0 && D <= 256) {
+        attend_head_avx2(qh, k_cache, v_cache, table, first, ctx, Hkv, kvh, D, block_size, scale, scores, o, kind);
+        return;
+    }
+#endif
     float best = -INFINITY, tmp[kind == KV_F32 ? 1 : D];
     for (int64_t t = first; t < ctx; t++) {
         int64_t slot = table[t / block_size] * block_size + t % block_size;
