@@ -1,7 +1,7 @@
 """1B-8B models on the CPU: trtedge vs llama.cpp on random-weight GGUF files of real geometries.
 
     python benchmarks/cpu_scale.py [--geometry 1b,3b,8b] [--format q4_0,q4_k_m,q8_0,q5_k,q6_k] [--threads 1,2]
-                                   [--prefill 128,1024] [--tokens 32] [--rounds 2] [--work-dir DIR]
+                                   [--prefill 128,1024] [--tokens 32] [--context 16] [--rounds 2] [--work-dir DIR]
                                    [--kv-cache-dtype auto|fp16|int8] [--llama-venv /work/bench-venv]
                                    [--skip-llama-cpp] [--baseline OTHER_CHECKOUT]
 
@@ -17,7 +17,8 @@ Both engines run as child processes that answer one JSON request per stdin line 
 llama-cpp-python in its own venv, as ``cpu_decode.py`` builds it), one engine alive at a time so
 that the peak RSS of each (VmHWM, read before it exits) is its own and two 8B models never share the
 machine. In each round, for each thread count, each engine is started, warmed up, measured (batch-1
-greedy decode of --tokens tokens after a 16-token prompt; prefill of each --prefill length, timed to
+greedy decode of --tokens tokens after a --context-token prompt (16 by default; 1,500 measures decode
+where attention over the KV cache costs about as much as the weights); prefill of each --prefill length, timed to
 its first token, at the largest thread count only) and stopped; each figure is the best of --rounds.
 trtedge's bundle is built by a child of its own before the rounds, so building is not in its RSS.
 ``--baseline DIR`` adds a third engine, the trtedge of another checkout (``git worktree add DIR COMMIT``),
@@ -360,7 +361,7 @@ def copy_bandwidth(threads: int, mib: int = 256) -> float:
 
 def measure(child: Child, decode_ids: list[int], prefills: dict[int, list[int]], tokens: int) -> dict:
     child.ask(decode_ids, 4)  # warm-up: pages in the weights, sizes the buffers
-    child.ask(decode_ids * 2, 1)
+    child.ask(decode_ids[:16] * 2, 1)
     out = {"decode": child.ask(decode_ids, tokens)["decode"]}
     for n, ids in prefills.items():
         out[f"prefill_{n}"] = n / child.ask(ids, 1)["prefill_s"]
@@ -377,6 +378,9 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--prefill", default="128,1024", help="prompt lengths, at the largest thread count")
     parser.add_argument("--tokens", type=int, default=32, help="decoded tokens per decode measurement")
+    parser.add_argument(
+        "--context", type=int, default=16, help="the decode measurement's prompt length (its KV context)"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--work-dir", type=Path, default=None, help="for the GGUF files and trtedge's bundles"
@@ -402,6 +406,8 @@ def main() -> None:
         parser.error(f"--format: unknown {', '.join(unknown)} (choose from {', '.join(FORMATS)})")
     threads = sorted(int(t) for t in args.threads.split(","))
     lengths = [int(n) for n in args.prefill.split(",")]
+    if not 1 <= args.context <= KV_POSITIONS - args.tokens - 8:
+        parser.error(f"--context: 1 to {KV_POSITIONS - args.tokens - 8} (the KV caches hold {KV_POSITIONS})")
     if args.work_dir is not None:
         args.work_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
@@ -415,7 +421,7 @@ def run(args, work: Path, geometries, formats, threads, lengths) -> None:
     rng = np.random.default_rng(1)
     rows = []
     for geo in geometries:
-        decode_ids = rng.integers(0, 60000, 16).tolist()
+        decode_ids = rng.integers(0, 60000, args.context).tolist()
         prefills = {n: rng.integers(0, 60000, n).tolist() for n in lengths}
         for fmt in formats:
             path = work / f"{geo.name}-{fmt}.gguf"
@@ -427,18 +433,22 @@ def run(args, work: Path, geometries, formats, threads, lengths) -> None:
             )
             t0 = time.time()
             kv = args.kv_cache_dtype
-            start_trtedge(path, work / "cache", 1, max(lengths) + 8, "auto", kv).close()  # builds the bundle
+            start_trtedge(
+                path, work / "cache", 1, max(*lengths, args.context) + 8, "auto", kv
+            ).close()  # builds the bundle
             print(f"trtedge bundle built in {time.time() - t0:.0f} s", file=sys.stderr)
             starters = {
                 "trtedge": lambda t, p=path, kv=kv: start_trtedge(
-                    p, work / "cache", t, max(lengths) + 8, "auto", kv
+                    p, work / "cache", t, max(*lengths, args.context) + 8, "auto", kv
                 )
             }
             if args.baseline is not None:  # its own cache: its bundle layout may differ
                 base = args.baseline
-                start_trtedge(path, work / "cache-baseline", 1, max(lengths) + 8, "auto", kv, base).close()
+                start_trtedge(
+                    path, work / "cache-baseline", 1, max(*lengths, args.context) + 8, "auto", kv, base
+                ).close()
                 starters[BASELINE] = lambda t, p=path, kv=kv, base=base: start_trtedge(
-                    p, work / "cache-baseline", t, max(lengths) + 8, "auto", kv, base
+                    p, work / "cache-baseline", t, max(*lengths, args.context) + 8, "auto", kv, base
                 )
             if python is not None:
                 starters["llama.cpp"] = lambda t, p=path: start_llama_cpp(python, p, t)
@@ -476,7 +486,7 @@ def print_table(args, rows, threads, lengths, bandwidth, load_start, seconds: fl
     load = os.getloadavg()
     bw = ", ".join(f"{t} thread{'s' if t > 1 else ''} {bandwidth[t]:.1f} GB/s" for t in threads)
     print(
-        f"random-weight GGUF files; batch 1; decode: {args.tokens} new tokens after a 16-token prompt; prefill "
+        f"random-weight GGUF files; batch 1; decode: {args.tokens} new tokens after a {args.context}-token prompt; prefill "
         f"at {threads[-1]} threads; best of {args.rounds} rounds, engines in turns, one alive at a time; "
         f"load average {load_start[0]:.2f} at start, {load[0]:.2f} {load[1]:.2f} at end; {seconds:.0f} s; "
         f"copy bandwidth (read + written) {bw}; trtedge KV cache {args.kv_cache_dtype}; "

@@ -80,11 +80,12 @@ def test_native_batched_decode_matches_reference(tmp_path, family, weights, num_
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128, 24, 20])  # 20: not a multiple of 8, the portable loops
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_paged_decode_attention_matches_a_float64_reference(dtype, head_dim, block_size):
-    # Contexts that end mid-block and cross blocks, scattered tables, grouped heads (6 query heads on
-    # 2 KV heads) and sliding windows whose first key sits mid-block.
+@pytest.mark.parametrize("heads, kv_heads", [(6, 2), (18, 1)])  # 18 on 1: groups of 8, 8 and 2 heads
+def test_paged_decode_attention_matches_a_float64_reference(dtype, head_dim, block_size, heads, kv_heads):
+    # Contexts that end mid-block and cross blocks, scattered tables, query heads that share a KV
+    # head, and sliding windows whose first key sits mid-block.
     torch.manual_seed(0)
-    heads, kv_heads, num_blocks = 6, 2, 40
+    num_blocks = 40
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
     v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
     context_lens = torch.tensor([1, 5, 37, 70])

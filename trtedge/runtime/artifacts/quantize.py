@@ -63,9 +63,18 @@ class QuantizedTensor:
     @property
     def shape(self) -> tuple[int, int]:
         if self.format == "gguf":
-            return int(self.scale[:, _SEG_ROWS].sum()), int(self.scale[0, _SEG_COLS])
+            segs = self.segments()
+            return sum(seg[_SEG_ROWS] for seg in segs), segs[0][_SEG_COLS]
         rows, width = self.data.shape
         return (rows, width * 2) if self.format == "int4" else (rows, width)
+
+    def segments(self) -> list[list[int]]:
+        """A "gguf" tensor's segment rows (``scale``) as Python ints, read once: an embedding lookup and
+        the lm_head ask for them every decode step, and each read of the tensor costs tens of us."""
+        cached = self.__dict__.get("_segments")
+        if cached is None or cached[0] is not self.scale:
+            cached = self.__dict__["_segments"] = (self.scale, self.scale.tolist())
+        return cached[1]
 
     @property
     def nbytes(self) -> int:
@@ -280,11 +289,13 @@ def _gguf_segments(parts: list[tuple[int, int, int, int, torch.Tensor]]) -> Quan
             segs.append([rows, type_id, cols, row_bytes, offset])
         offset += data.numel()
     data = torch.cat([p[4].reshape(-1) for p in parts])
-    return QuantizedTensor("gguf", data, torch.tensor(segs, dtype=torch.int64))
+    out = QuantizedTensor("gguf", data, torch.tensor(segs, dtype=torch.int64))
+    out.__dict__["_segments"] = (out.scale, segs)
+    return out
 
 
 def _gguf_runs(q: QuantizedTensor):
-    for rows, type_id, cols, row_bytes, offset in q.scale.tolist():
+    for rows, type_id, cols, row_bytes, offset in q.segments():
         yield rows, type_id, cols, row_bytes, q.data[offset : offset + rows * row_bytes].view(rows, row_bytes)
 
 

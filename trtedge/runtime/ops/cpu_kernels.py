@@ -312,55 +312,107 @@ static inline __m256 kv_load8(const void *cache, int64_t row, int64_t D, int kin
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + row * D + i)));
 }
 
-/* attend_head for float32 and float16 caches, D a multiple of 8 (at most 256): the same operations in
-   the same order as its portable loops compile to on an AVX2 machine (a score: eight-lane products added chunk by
-   chunk, the lanes summed in order; the output: one fused multiply-add per key and value), so the
-   results are the same bits, but the output sums stay in registers across the keys (the portable
-   loop loads and stores them for every key) and the keys' positions are walked block by block
-   instead of divided out. */
-static void attend_head_avx2(const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
-                             int64_t first, int64_t ctx, int64_t Hkv, int64_t kvh, int64_t D, int64_t block_size,
-                             float scale, float *scores, float *o, int kind) {
-    __m256 q[32];
-    int64_t chunks = D / 8;
-    for (int64_t c = 0; c < chunks; c++) q[c] = _mm256_loadu_ps(qh + 8 * c);
-    float best = -INFINITY;
+/* Keys and values are rows of a paged cache: a block's rows are 2 KiB apart and blocks lie anywhere, so
+   the hardware prefetcher cannot follow them; the loops fetch the row KV_AHEAD positions on. */
+#define KV_AHEAD 8
+static inline void kv_prefetch(const void *cache, int64_t row, int64_t D, int kind) {
+    int64_t bytes = kind == KV_F32 ? 4 * D : 2 * D;
+    const char *r = (const char *)cache + row * bytes;
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(r + i, 0, 3);
+}
+
+/* The query heads that share KV head kvh (G of them, at most 8, their rows [G, D] at qh; outputs [G, D]
+   at o; scores: G * (ctx - first) floats), over float32 and float16 caches, D a multiple of 8 (at most
+   256): each key and value row is read once for all G heads. Each head's operations are those of the
+   portable loops of attend_head as they compile on an AVX2 machine, in the same order (a score:
+   eight-lane products added chunk by chunk, the lanes summed in order; an output: one fused
+   multiply-add per key), so a head's result is the same bits alone or in its group. The keys'
+   positions are walked block by block, not divided out. */
+static inline __attribute__((always_inline)) void attend_group_g(const float *qh, const int64_t G,
+        const void *k_cache, const void *v_cache, const int64_t *table, int64_t first, int64_t ctx, int64_t Hkv,
+        int64_t kvh, int64_t D, int64_t block_size, float scale, float *scores, float *o, int kind) {
+    int64_t n = ctx - first, chunks = D / 8;
+    float best[8];
+    for (int64_t g = 0; g < G; g++) best[g] = -INFINITY;
     int64_t blk = first / block_size, off = first % block_size;
-    for (int64_t t = first; t < ctx; t++) {
+    int64_t ahead_blk = blk, ahead_off = off;  /* the key KV_AHEAD positions on, prefetched */
+    for (int64_t t = 0; t < n && t < KV_AHEAD; t++)
+        if (++ahead_off == block_size) ahead_off = 0, ahead_blk++;
+    for (int64_t t = 0; t < n; t++) {
         int64_t row = (table[blk] * block_size + off) * Hkv + kvh;
         if (++off == block_size) off = 0, blk++;
-        __m256 acc = _mm256_setzero_ps();
+        if (t + KV_AHEAD < n) {
+            kv_prefetch(k_cache, (table[ahead_blk] * block_size + ahead_off) * Hkv + kvh, D, kind);
+            if (++ahead_off == block_size) ahead_off = 0, ahead_blk++;
+        }
+        __m256 acc[8];
+        for (int64_t g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
         for (int64_t c = 0; c < chunks; c++) {
-            __m256 m = _mm256_mul_ps(q[c], kv_load8(k_cache, row, D, kind, 8 * c));
-            __asm__("" : "+x"(m));  /* a product rounded, then added: never contracted into an FMA */
-            acc = _mm256_add_ps(acc, m);
+            __m256 k = kv_load8(k_cache, row, D, kind, 8 * c);
+            for (int64_t g = 0; g < G; g++) {
+                __m256 m = _mm256_mul_ps(_mm256_loadu_ps(qh + g * D + 8 * c), k);
+                __asm__("" : "+x"(m));  /* a product rounded, then added: never contracted into an FMA */
+                acc[g] = _mm256_add_ps(acc[g], m);
+            }
         }
-        float lanes[8], s = 0.0f;
-        _mm256_storeu_ps(lanes, acc);
-        for (int l = 0; l < 8; l++) s += lanes[l];
-        s *= scale;
-        scores[t - first] = s;
-        if (s > best) best = s;
-    }
-    float total = 0.0f;
-    for (int64_t t = first; t < ctx; t++) {
-        scores[t - first] = expf(scores[t - first] - best);
-        total += scores[t - first];
-    }
-    for (int64_t t = first; t < ctx; t++) scores[t - first] = scores[t - first] / total;
-    for (int64_t i0 = 0; i0 < D; i0 += 32) {  /* 32 outputs at a time, in four registers */
-        int64_t n = D - i0 < 32 ? (D - i0) / 8 : 4;
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        blk = first / block_size, off = first % block_size;
-        for (int64_t t = first; t < ctx; t++) {
-            int64_t row = (table[blk] * block_size + off) * Hkv + kvh;
-            if (++off == block_size) off = 0, blk++;
-            __m256 p = _mm256_set1_ps(scores[t - first]);
-            for (int64_t j = 0; j < n; j++)
-                acc[j] = _mm256_fmadd_ps(p, kv_load8(v_cache, row, D, kind, i0 + 8 * j), acc[j]);
+        for (int64_t g = 0; g < G; g++) {
+            float lanes[8], s = 0.0f;
+            _mm256_storeu_ps(lanes, acc[g]);
+            for (int l = 0; l < 8; l++) s += lanes[l];
+            s *= scale;
+            scores[g * n + t] = s;
+            if (s > best[g]) best[g] = s;
         }
-        for (int64_t j = 0; j < n; j++) _mm256_storeu_ps(o + i0 + 8 * j, acc[j]);
     }
+    for (int64_t g = 0; g < G; g++) {
+        float *sc = scores + g * n, total = 0.0f;
+        for (int64_t t = 0; t < n; t++) {
+            sc[t] = expf(sc[t] - best[g]);
+            total += sc[t];
+        }
+        for (int64_t t = 0; t < n; t++) sc[t] = sc[t] / total;
+    }
+    /* One pass over the values, each row read once for all heads; the sums in o (in L1). */
+    for (int64_t i = 0; i < G * D; i += 8) _mm256_storeu_ps(o + i, _mm256_setzero_ps());
+    blk = first / block_size, off = first % block_size;
+    ahead_blk = blk, ahead_off = off;
+    for (int64_t t = 0; t < n && t < KV_AHEAD; t++)
+        if (++ahead_off == block_size) ahead_off = 0, ahead_blk++;
+    for (int64_t t = 0; t < n; t++) {
+        int64_t row = (table[blk] * block_size + off) * Hkv + kvh;
+        if (++off == block_size) off = 0, blk++;
+        if (t + KV_AHEAD < n) {
+            kv_prefetch(v_cache, (table[ahead_blk] * block_size + ahead_off) * Hkv + kvh, D, kind);
+            if (++ahead_off == block_size) ahead_off = 0, ahead_blk++;
+        }
+        __m256 p[8];
+        for (int64_t g = 0; g < G; g++) p[g] = _mm256_set1_ps(scores[g * n + t]);
+        for (int64_t c = 0; c < chunks; c++) {
+            __m256 v = kv_load8(v_cache, row, D, kind, 8 * c);
+            for (int64_t g = 0; g < G; g++) {
+                float *og = o + g * D + 8 * c;
+                _mm256_storeu_ps(og, _mm256_fmadd_ps(p[g], v, _mm256_loadu_ps(og)));
+            }
+        }
+    }
+}
+
+/* attend_group_g with G a constant in each case, so that its loops over the heads unroll. */
+static void attend_group_avx2(const float *qh, int64_t G, const void *k_cache, const void *v_cache,
+                              const int64_t *table, int64_t first, int64_t ctx, int64_t Hkv, int64_t kvh,
+                              int64_t D, int64_t block_size, float scale, float *scores, float *o, int kind) {
+#define ATTEND_G(g) attend_group_g(qh, g, k_cache, v_cache, table, first, ctx, Hkv, kvh, D, block_size, scale, scores, o, kind)
+    switch (G) {
+        case 1: ATTEND_G(1); break;
+        case 2: ATTEND_G(2); break;
+        case 3: ATTEND_G(3); break;
+        case 4: ATTEND_G(4); break;
+        case 5: ATTEND_G(5); break;
+        case 6: ATTEND_G(6); break;
+        case 7: ATTEND_G(7); break;
+        default: ATTEND_G(8); break;
+    }
+#undef ATTEND_G
 }
 #endif
 
@@ -368,12 +420,6 @@ static void attend_head(const float *qh, const void *k_cache, const void *v_cach
                         int64_t ctx, int64_t window, int64_t Hkv, int64_t kvh, int64_t D, int64_t block_size,
                         float scale, float *scores, float *o, int kind) {
     int64_t first = window > 0 && ctx > window ? ctx - window : 0;
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-    if (kind != KV_I8 && D % 8 == 0 && D <= 256) {
-        attend_head_avx2(qh, k_cache, v_cache, table, first, ctx, Hkv, kvh, D, block_size, scale, scores, o, kind);
-        return;
-    }
-#endif
     float best = -INFINITY, tmp[kind == KV_F32 ? 1 : D];
     for (int64_t t = first; t < ctx; t++) {
         int64_t slot = table[t / block_size] * block_size + t % block_size;
@@ -400,6 +446,25 @@ static void attend_head(const float *qh, const void *k_cache, const void *v_cach
     }
 }
 
+/* The G query heads that share KV head kvh: rows [G, D] at qh, outputs [G, D] at o; scores: room for
+   min(G, 8) * ctx floats. */
+static void attend_group(const float *qh, int64_t G, const void *k_cache, const void *v_cache,
+                         const int64_t *table, int64_t ctx, int64_t window, int64_t Hkv, int64_t kvh, int64_t D,
+                         int64_t block_size, float scale, float *scores, float *o, int kind) {
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    if (kind != KV_I8 && D % 8 == 0 && D <= 256) {
+        int64_t first = window > 0 && ctx > window ? ctx - window : 0;
+        for (int64_t g0 = 0; g0 < G; g0 += 8)
+            attend_group_avx2(qh + g0 * D, G - g0 < 8 ? G - g0 : 8, k_cache, v_cache, table, first, ctx, Hkv, kvh,
+                              D, block_size, scale, scores, o + g0 * D, kind);
+        return;
+    }
+#endif
+    for (int64_t g = 0; g < G; g++)
+        attend_head(qh + g * D, k_cache, v_cache, table, ctx, window, Hkv, kvh, D, block_size, scale, scores,
+                    o + g * D, kind);
+}
+
 /* Decode attention over a paged cache. q: [B, H, D]; tables: [B, max_blocks]; out: [B, H, D].
    window > 0: only the last `window` keys (sliding-window layers). */
 void paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, const int64_t *tables,
@@ -408,12 +473,11 @@ void paged_decode_attention(const float *q, const void *k_cache, const void *v_c
     int64_t group = H / Hkv;
     #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++) {
-        for (int64_t h = 0; h < H; h++) {
+        for (int64_t kvh = 0; kvh < Hkv; kvh++) {
             int64_t ctx = context_lens[b];
-            int64_t first = window > 0 && ctx > window ? ctx - window : 0;
-            float *scores = (float *)malloc(sizeof(float) * (ctx - first));
-            attend_head(q + (b * H + h) * D, k_cache, v_cache, tables + b * max_blocks, ctx, window, Hkv,
-                        h / group, D, block_size, scale, scores, out + (b * H + h) * D, (int)kind);
+            float *scores = (float *)malloc(sizeof(float) * (group < 8 ? group : 8) * ctx);
+            attend_group(q + (b * H + kvh * group) * D, group, k_cache, v_cache, tables + b * max_blocks, ctx,
+                         window, Hkv, kvh, D, block_size, scale, scores, out + (b * H + kvh * group) * D, (int)kind);
             free(scores);
         }
     }

@@ -114,7 +114,7 @@ static void add_rows(float *x, const float *d, int64_t n) {
 }
 
 /* The step's work queue. A step is a sequence of phases (five per layer: qkv and rope by head,
-   attention by head, o, gate_up with SiLU, down, each in chunks of output rows); a thread claims the
+   attention by KV head, o, gate_up with SiLU, down, each in chunks of output rows); a thread claims the
    next chunk of the current phase, and whoever finishes a phase's last chunk does the short serial
    work after it (residual add, norm, activation quantization) and opens the next phase. */
 typedef struct {
@@ -176,13 +176,13 @@ static int64_t phase_chunks(const step_t *st, int p) {
     const head_t *hd = st->hd;
     switch (p % PH_PER_LAYER) {
         case PH_QKV: return hd->H + 2 * hd->Hkv;
-        case PH_ATTN: return st->B * hd->H;
+        case PH_ATTN: return st->B * hd->Hkv;
         case PH_GATE_UP: return (hd->inter + CHUNK_ROWS - 1) / CHUNK_ROWS;
         default: return (hd->hidden + CHUNK_ROWS - 1) / CHUNK_ROWS;
     }
 }
 
-/* Chunk c of phase p. scores: max_ctx floats; g: B * 2 * inter floats (the thread's own). */
+/* Chunk c of phase p. scores: min(H / Hkv, 8) * max_ctx floats; g: B * 2 * inter floats (the thread's own). */
 static void run_chunk(const step_t *st, int p, int64_t c, float *scores, float *g) {
     const head_t *hd = st->hd;
     const layer_t *ly = &st->layers[p / PH_PER_LAYER];
@@ -206,11 +206,11 @@ static void run_chunk(const step_t *st, int p, int64_t c, float *scores, float *
                 }
             }
             return;
-        case PH_ATTN: {
-            int64_t b = c / H, head = c % H;
-            attend_head(st->qkv + b * width + head * D, (const void *)ly->k_cache, (const void *)ly->v_cache,
-                        st->tables + b * st->max_blocks, st->context_lens[b], ly->window, Hkv, head / (H / Hkv), D,
-                        st->block_size, st->attn_scale, scores, st->attn + (b * H + head) * D, (int)hd->kv_kind);
+        case PH_ATTN: {  /* one KV head and the query heads that share it */
+            int64_t b = c / Hkv, kvh = c % Hkv, G = H / Hkv;
+            attend_group(st->qkv + b * width + kvh * G * D, G, (const void *)ly->k_cache, (const void *)ly->v_cache,
+                         st->tables + b * st->max_blocks, st->context_lens[b], ly->window, Hkv, kvh, D,
+                         st->block_size, st->attn_scale, scores, st->attn + (b * H + kvh * G) * D, (int)hd->kv_kind);
             return;
         }
         case PH_O:
@@ -300,8 +300,9 @@ void llama_decode_step(const int64_t *plan, const float *x_in, int64_t B, const 
     queue_t qu = {0, 0, 0, 0, hd->spin_ns};
     #pragma omp parallel
     {
-        float *scores = (float *)malloc(sizeof(float) * (max_ctx + B * 2 * inter));
-        float *g = scores + max_ctx;
+        int64_t group = H / Hkv < 8 ? H / Hkv : 8;
+        float *scores = (float *)malloc(sizeof(float) * (group * max_ctx + B * 2 * inter));
+        float *g = scores + group * max_ctx;
         for (;;) {
             uint64_t word = __atomic_load_n(&qu.word, __ATOMIC_ACQUIRE);
             int p = (int)(word >> 32);
