@@ -72,6 +72,19 @@ def test_rows_of_several_types_in_one_tensor():
     torch.testing.assert_close(fused.rows(torch.tensor([[1, 8]])), ref[[1, 8]][None])
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_embedding_lookup_reads_the_rows_it_names(kind):
+    # up to 8 ids: each row dequantized in place from the tensor's bytes; more: gathered first
+    rows, cols = 40, 512
+    blocks = _quantized(np.random.default_rng(5), kind, rows, cols)
+    q, ref = gguf_blocks(blocks, kind, rows, cols), _reference(blocks, kind, rows, cols)
+    for ids in ([39], [0, 39, 7, 7], list(range(2, 14))):
+        index = torch.tensor(ids)
+        torch.testing.assert_close(q.rows(index), ref[index], rtol=1e-6, atol=1e-7)
+    with pytest.raises(IndexError, match="40"):
+        q.rows(torch.tensor([40]))
+
+
 TINY_LLAMA = Geometry("tiny", "llama", 256, 512, 2, 4, 2, 1000, False, False, 10000.0)
 
 

@@ -98,6 +98,10 @@ class QuantizedTensor:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized rows ``ids`` (an embedding lookup), float32."""
         if self.format == "gguf":
+            if ids.numel() <= 8 and self.data.device.type == "cpu":  # a decode step's lookup
+                out = _gguf_few_rows(self, ids.reshape(-1).tolist())
+                if out is not None:
+                    return out.view(*ids.shape, self.shape[1])
             return self.select_rows(ids.reshape(-1)).dequantize().view(*ids.shape, self.shape[1])
         part = QuantizedTensor(
             self.format,
@@ -301,6 +305,29 @@ def _gguf_runs(q: QuantizedTensor):
 
 def _gguf_cat(parts: list[QuantizedTensor]) -> QuantizedTensor:
     return _gguf_segments([run for p in parts for run in _gguf_runs(p)])
+
+
+def _gguf_few_rows(q: QuantizedTensor, ids: list[int]) -> torch.Tensor | None:
+    """Rows ``ids`` of a one-segment "gguf" tensor, dequantized by the native kernel straight from the
+    tensor's bytes (no gathered copy; tens of us less than ``select_rows`` a lookup); None without the
+    kernels or with several segments."""
+    from trtedge.runtime.ops import cpu_kernels
+
+    segs = q.segments()
+    lib = cpu_kernels.load()
+    if lib is None or len(segs) != 1:
+        return None
+    rows, type_id, cols, row_bytes, offset = segs[0]
+    one = q.__dict__.get("_one_row")
+    if one is None:
+        one = q.__dict__["_one_row"] = torch.tensor([[1, type_id, cols, row_bytes, 0]], dtype=torch.int64)
+    out = torch.empty(len(ids), cols, dtype=torch.float32)
+    base = q.data.data_ptr() + offset
+    for i, n in enumerate(ids):
+        if not 0 <= n < rows:
+            raise IndexError(f"index {n} is out of bounds for dimension 0 with size {rows}")
+        lib.gguf_dequantize(base + n * row_bytes, one.data_ptr(), 1, out.data_ptr() + 4 * i * cols, 1, cols)
+    return out
 
 
 def _gguf_select_rows(q: QuantizedTensor, index: torch.Tensor) -> QuantizedTensor:

@@ -364,7 +364,7 @@ void gguf_linear(const float *x, int64_t M, int64_t K, const uint8_t *data, cons
 
 /* out [N, K] float32: the rows dequantized as ggml does (value = scale * q - min). */
 void gguf_dequantize(const uint8_t *data, const int64_t *segs, int64_t nsegs, float *out, int64_t N, int64_t K) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if (N * K >= 65536)  /* a few rows (an embedding lookup): no fork */
     for (int64_t n = 0; n < N; n++) {
         int64_t type = 0;
         const uint8_t *w = gguf_row(data, segs, nsegs, n, &type);

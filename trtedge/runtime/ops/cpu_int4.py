@@ -326,7 +326,7 @@ void int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const u
 void int4_dequantize(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, float *out, int64_t N,
                      int64_t K) {
     int64_t G = K / 32, whole = K / 512 * 512;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if (N * K >= 65536)  /* a few rows (an embedding lookup): no fork */
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *wr = w + n * (K / 2);
         float *o = out + n * K;
