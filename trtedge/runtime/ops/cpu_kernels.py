@@ -303,8 +303,6 @@ void qkv_rope_store(const float *qkv, int64_t B, int64_t H, int64_t Hkv, int64_t
     free(k);
 }
 
-/* One query head attending over its sequence's paged keys and values (also the fused decode step's).
-   scores: scratch for ctx - first floats; window > 0: only the last `window` keys. */
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 /* Eight values of a float32 or float16 cache row, as float32. */
 static inline __m256 kv_load8(const void *cache, int64_t row, int64_t D, int kind, int64_t i) {
@@ -312,8 +310,9 @@ static inline __m256 kv_load8(const void *cache, int64_t row, int64_t D, int kin
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + row * D + i)));
 }
 
-/* Keys and values are rows of a paged cache: a block's rows are 2 KiB apart and blocks lie anywhere, so
-   the hardware prefetcher cannot follow them; the loops fetch the row KV_AHEAD positions on. */
+/* Keys and values are rows of a paged cache: one KV head's rows in a block are Hkv rows apart and the
+   blocks lie anywhere, so the hardware prefetcher cannot follow them; the loops fetch the row KV_AHEAD
+   positions on. */
 #define KV_AHEAD 8
 static inline void kv_prefetch(const void *cache, int64_t row, int64_t D, int kind) {
     int64_t bytes = kind == KV_F32 ? 4 * D : 2 * D;
@@ -416,6 +415,8 @@ static void attend_group_avx2(const float *qh, int64_t G, const void *k_cache, c
 }
 #endif
 
+/* One query head attending over its sequence's paged keys and values (the portable path of attend_group).
+   scores: scratch for ctx - first floats; window > 0: only the last `window` keys. */
 static void attend_head(const float *qh, const void *k_cache, const void *v_cache, const int64_t *table,
                         int64_t ctx, int64_t window, int64_t Hkv, int64_t kvh, int64_t D, int64_t block_size,
                         float scale, float *scores, float *o, int kind) {
@@ -446,8 +447,9 @@ static void attend_head(const float *qh, const void *k_cache, const void *v_cach
     }
 }
 
-/* The G query heads that share KV head kvh: rows [G, D] at qh, outputs [G, D] at o; scores: room for
-   min(G, 8) * ctx floats. */
+/* The G query heads that share KV head kvh attending over their sequence's paged keys and values (the
+   fused decode step's and paged_decode_attention's): rows [G, D] at qh, outputs [G, D] at o; scores:
+   scratch for min(G, 8) * ctx floats; window > 0: only the last `window` keys. */
 static void attend_group(const float *qh, int64_t G, const void *k_cache, const void *v_cache,
                          const int64_t *table, int64_t ctx, int64_t window, int64_t Hkv, int64_t kvh, int64_t D,
                          int64_t block_size, float scale, float *scores, float *o, int kind) {
