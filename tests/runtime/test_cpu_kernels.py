@@ -9,7 +9,7 @@ from tests.tiny import make_tiny_checkpoint
 from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
 from trtedge.runtime.artifacts.quantize import quantize_int8
 from trtedge.runtime.models import load_model
-from trtedge.runtime.ops import cpu_kernels
+from trtedge.runtime.ops import cpu_kernels, kv_fp8
 from trtedge.runtime.ops.attention import AttentionBatch
 from trtedge.runtime.ops.linear import DenseLinear, Int8Linear
 
@@ -77,7 +77,7 @@ def test_native_batched_decode_matches_reference(tmp_path, family, weights, num_
     torch.testing.assert_close(kv, kv_ref, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])  # int8: kv_fp8's rows
 @pytest.mark.parametrize("head_dim", [64, 128, 24, 20])  # 20: not a multiple of 8, the portable loops
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("heads, kv_heads", [(6, 2), (18, 1)])  # 18 on 1: groups of 8, 8 and 2 heads
@@ -86,8 +86,13 @@ def test_paged_decode_attention_matches_a_float64_reference(dtype, head_dim, blo
     # head, and sliding windows whose first key sits mid-block.
     torch.manual_seed(0)
     num_blocks = 40
-    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
-    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    k_cache, v_cache = (torch.randn(num_blocks, block_size, kv_heads, head_dim) for _ in range(2))
+    if dtype == torch.int8:  # rows of int8 values and their float32 scale; the reference reads them widened
+        k_cache, v_cache = kv_fp8.quantize_int8(k_cache), kv_fp8.quantize_int8(v_cache)
+        k_ref, v_ref = kv_fp8.dequantize(k_cache), kv_fp8.dequantize(v_cache)
+    else:
+        k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+        k_ref, v_ref = k_cache, v_cache
     context_lens = torch.tensor([1, 5, 37, 70])
     tables = torch.stack([torch.randperm(num_blocks)[: num_blocks // 2] for _ in context_lens])
     tables = tables[:, : (int(context_lens.max()) + block_size - 1) // block_size].contiguous()
@@ -101,8 +106,8 @@ def test_paged_decode_attention_matches_a_float64_reference(dtype, head_dim, blo
         for b, ctx in enumerate(context_lens.tolist()):
             first = max(0, ctx - window) if window else 0
             slots = [(int(tables[b, t // block_size]), t % block_size) for t in range(first, ctx)]
-            k = torch.stack([k_cache[blk, off] for blk, off in slots]).double()  # [T, kv_heads, D]
-            v = torch.stack([v_cache[blk, off] for blk, off in slots]).double()
+            k = torch.stack([k_ref[blk, off] for blk, off in slots]).double()  # [T, kv_heads, D]
+            v = torch.stack([v_ref[blk, off] for blk, off in slots]).double()
             group = heads // kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             weights = torch.softmax(torch.einsum("hd,thd->ht", q[b].double(), k) * scale, dim=-1)

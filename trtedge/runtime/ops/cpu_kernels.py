@@ -304,9 +304,16 @@ void qkv_rope_store(const float *qkv, int64_t B, int64_t H, int64_t Hkv, int64_t
 }
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-/* Eight values of a float32 or float16 cache row, as float32. */
+/* Eight values of a cache row, as float32 (an int8 row's values times its scale: kv_row's arithmetic). */
 static inline __m256 kv_load8(const void *cache, int64_t row, int64_t D, int kind, int64_t i) {
     if (kind == KV_F32) return _mm256_loadu_ps((const float *)cache + row * D + i);
+    if (kind == KV_I8) {
+        const int8_t *q = (const int8_t *)cache + row * (D + 4);
+        float scale;
+        memcpy(&scale, q + D, 4);
+        __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(scale));
+    }
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)cache + row * D + i)));
 }
 
@@ -315,14 +322,14 @@ static inline __m256 kv_load8(const void *cache, int64_t row, int64_t D, int kin
    positions on. */
 #define KV_AHEAD 8
 static inline void kv_prefetch(const void *cache, int64_t row, int64_t D, int kind) {
-    int64_t bytes = kind == KV_F32 ? 4 * D : 2 * D;
+    int64_t bytes = kind == KV_F32 ? 4 * D : kind == KV_I8 ? D + 4 : 2 * D;
     const char *r = (const char *)cache + row * bytes;
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(r + i, 0, 3);
 }
 
 /* The query heads that share KV head kvh (G of them, at most 8, their rows [G, D] at qh; outputs [G, D]
-   at o; scores: G * (ctx - first) floats), over float32 and float16 caches, D a multiple of 8 (at most
-   256): each key and value row is read once for all G heads. Each head's operations are those of the
+   at o; scores: G * (ctx - first) floats), over float32, float16 and int8 caches, D a multiple of 8 (at
+   most 256): each key and value row is read once for all G heads. Each head's operations are those of the
    portable loops of attend_head as they compile on an AVX2 machine, in the same order (a score:
    eight-lane products added chunk by chunk, the lanes summed in order; an output: one fused
    multiply-add per key), so a head's result is the same bits alone or in its group. The keys'
@@ -454,7 +461,7 @@ static void attend_group(const float *qh, int64_t G, const void *k_cache, const 
                          const int64_t *table, int64_t ctx, int64_t window, int64_t Hkv, int64_t kvh, int64_t D,
                          int64_t block_size, float scale, float *scores, float *o, int kind) {
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-    if (kind != KV_I8 && D % 8 == 0 && D <= 256) {
+    if (D % 8 == 0 && D <= 256) {
         int64_t first = window > 0 && ctx > window ? ctx - window : 0;
         for (int64_t g0 = 0; g0 < G; g0 += 8)
             attend_group_avx2(qh + g0 * D, G - g0 < 8 ? G - g0 : 8, k_cache, v_cache, table, first, ctx, Hkv, kvh,
