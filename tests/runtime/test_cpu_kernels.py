@@ -99,10 +99,18 @@ def test_paged_decode_attention_matches_a_float64_reference(dtype, head_dim, blo
     q = torch.randn(len(context_lens), heads, head_dim)
     scale = head_dim**-0.5
     for window in (0, 3, 30):
-        out = torch.empty_like(q)
-        cpu_kernels.paged_decode_attention(
-            lib, q, k_cache, v_cache, tables, context_lens, block_size, scale, out, window
-        )
+        outs, old = [], torch.get_num_threads()
+        try:  # at 5 threads a chunk takes part of a KV head's query heads: the same bits
+            for threads in (1, 5):
+                torch.set_num_threads(threads)
+                outs.append(torch.empty_like(q))
+                cpu_kernels.paged_decode_attention(
+                    lib, q, k_cache, v_cache, tables, context_lens, block_size, scale, outs[-1], window
+                )
+        finally:
+            torch.set_num_threads(old)
+        out = outs[0]
+        assert torch.equal(outs[1], out)
         for b, ctx in enumerate(context_lens.tolist()):
             first = max(0, ctx - window) if window else 0
             slots = [(int(tables[b, t // block_size]), t % block_size) for t in range(first, ctx)]

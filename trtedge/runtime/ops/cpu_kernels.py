@@ -31,6 +31,7 @@ SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -454,6 +455,16 @@ static void attend_head(const float *qh, const void *k_cache, const void *v_cach
     }
 }
 
+/* How many of a KV head's G query heads one chunk of decode attention takes: all of them (each key and
+   value row read once) unless that leaves fewer than two chunks a thread (B x Hkv chunks: a 1-KV-head
+   model at batch 1 would run on one thread), then halved until it does not. A head's result is the
+   same bits in any split, so this may depend on the batch and the thread count. */
+static int64_t attention_split(int64_t B, int64_t Hkv, int64_t G, int threads) {
+    int64_t S = G;
+    while (S > 1 && B * Hkv * ((G + S - 1) / S) < 2 * threads) S = (S + 1) / 2;
+    return S;
+}
+
 /* The G query heads that share KV head kvh attending over their sequence's paged keys and values (the
    fused decode step's and paged_decode_attention's): rows [G, D] at qh, outputs [G, D] at o; scores:
    scratch for min(G, 8) * ctx floats; window > 0: only the last `window` keys. */
@@ -479,15 +490,19 @@ static void attend_group(const float *qh, int64_t G, const void *k_cache, const 
 void paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, const int64_t *tables,
                             int64_t max_blocks, const int64_t *context_lens, int64_t B, int64_t H, int64_t Hkv,
                             int64_t D, int64_t block_size, float scale, float *out, int64_t window, int64_t kind) {
-    int64_t group = H / Hkv;
-    #pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    int64_t group = H / Hkv, S = attention_split(B, Hkv, group, omp_get_max_threads());
+    int64_t parts = (group + S - 1) / S;
+    #pragma omp parallel for collapse(3) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t kvh = 0; kvh < Hkv; kvh++) {
-            int64_t ctx = context_lens[b];
-            float *scores = (float *)malloc(sizeof(float) * (group < 8 ? group : 8) * ctx);
-            attend_group(q + (b * H + kvh * group) * D, group, k_cache, v_cache, tables + b * max_blocks, ctx,
-                         window, Hkv, kvh, D, block_size, scale, scores, out + (b * H + kvh * group) * D, (int)kind);
-            free(scores);
+            for (int64_t part = 0; part < parts; part++) {
+                int64_t ctx = context_lens[b], h0 = kvh * group + part * S;
+                int64_t n = group - part * S < S ? group - part * S : S;
+                float *scores = (float *)malloc(sizeof(float) * (n < 8 ? n : 8) * ctx);
+                attend_group(q + (b * H + h0) * D, n, k_cache, v_cache, tables + b * max_blocks, ctx, window, Hkv,
+                             kvh, D, block_size, scale, scores, out + (b * H + h0) * D, (int)kind);
+                free(scores);
+            }
         }
     }
 }

@@ -166,6 +166,7 @@ typedef struct {
     const head_t *hd;
     const layer_t *layers;
     int64_t B, width, max_blocks, block_size;
+    int64_t attn_heads, attn_parts;  /* query heads a chunk of attention takes; chunks per KV head */
     const int64_t *positions, *slots, *tables, *context_lens;
     float eps, attn_scale;
     float *x, *h, *qkv, *attn, *delta, *act, *out;
@@ -176,7 +177,7 @@ static int64_t phase_chunks(const step_t *st, int p) {
     const head_t *hd = st->hd;
     switch (p % PH_PER_LAYER) {
         case PH_QKV: return hd->H + 2 * hd->Hkv;
-        case PH_ATTN: return st->B * hd->Hkv;
+        case PH_ATTN: return st->B * hd->Hkv * st->attn_parts;
         case PH_GATE_UP: return (hd->inter + CHUNK_ROWS - 1) / CHUNK_ROWS;
         default: return (hd->hidden + CHUNK_ROWS - 1) / CHUNK_ROWS;
     }
@@ -206,11 +207,13 @@ static void run_chunk(const step_t *st, int p, int64_t c, float *scores, float *
                 }
             }
             return;
-        case PH_ATTN: {  /* one KV head and the query heads that share it */
-            int64_t b = c / Hkv, kvh = c % Hkv, G = H / Hkv;
-            attend_group(st->qkv + b * width + kvh * G * D, G, (const void *)ly->k_cache, (const void *)ly->v_cache,
+        case PH_ATTN: {  /* one KV head and (some of) the query heads that share it */
+            int64_t parts = st->attn_parts, S = st->attn_heads, G = H / Hkv;
+            int64_t b = c / (Hkv * parts), kvh = c / parts % Hkv, part = c % parts, h0 = kvh * G + part * S;
+            int64_t n = G - part * S < S ? G - part * S : S;
+            attend_group(st->qkv + b * width + h0 * D, n, (const void *)ly->k_cache, (const void *)ly->v_cache,
                          st->tables + b * st->max_blocks, st->context_lens[b], ly->window, Hkv, kvh, D,
-                         st->block_size, st->attn_scale, scores, st->attn + (b * H + kvh * G) * D, (int)hd->kv_kind);
+                         st->block_size, st->attn_scale, scores, st->attn + (b * H + h0) * D, (int)hd->kv_kind);
             return;
         }
         case PH_O:
@@ -282,8 +285,9 @@ void llama_decode_step(const int64_t *plan, const float *x_in, int64_t B, const 
     int64_t wide = hidden > H * D ? hidden : H * D;
     wide = wide > inter ? wide : inter;
     float *buf = (float *)malloc(sizeof(float) * B * (2 * hidden + wide + width + H * D + inter + wide / 16));
-    step_t st = {hd, (const layer_t *)(plan + 9), B, width, max_blocks, block_size, positions, slots, tables,
-                 context_lens, eps, attn_scale};
+    int64_t attn_heads = attention_split(B, Hkv, H / Hkv, omp_get_max_threads());
+    step_t st = {hd, (const layer_t *)(plan + 9), B, width, max_blocks, block_size, attn_heads,
+                 (H / Hkv + attn_heads - 1) / attn_heads, positions, slots, tables, context_lens, eps, attn_scale};
     st.x = buf;
     st.h = st.x + B * hidden;
     st.qkv = st.h + B * wide;
