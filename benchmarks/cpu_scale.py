@@ -17,8 +17,8 @@ Both engines run as child processes that answer one JSON request per stdin line 
 llama-cpp-python in its own venv, as ``cpu_decode.py`` builds it), one engine alive at a time so
 that the peak RSS of each (VmHWM, read before it exits) is its own and two 8B models never share the
 machine. In each round, for each thread count, each engine is started, warmed up, measured (batch-1
-greedy decode of --tokens tokens after a --context-token prompt (16 by default; 1,500 measures decode
-where attention over the KV cache costs about as much as the weights); prefill of each --prefill length, timed to
+greedy decode of --tokens tokens after a --context-token prompt (16 by default; a longer one, say 1,000,
+weighs the decode attention over the KV cache in too); prefill of each --prefill length, timed to
 its first token, at the largest thread count only) and stopped; each figure is the best of --rounds.
 trtedge's bundle is built by a child of its own before the rounds, so building is not in its RSS.
 ``--baseline DIR`` adds a third engine, the trtedge of another checkout (``git worktree add DIR COMMIT``),
