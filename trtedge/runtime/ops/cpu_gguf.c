@@ -183,7 +183,7 @@ static inline __attribute__((always_inline)) void gguf_row_dot_r(const uint8_t *
     int64_t G = K / 32;
     __m256 acc[4], off[4];
     for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03);
     if (type == GGUF_Q8_0) {
         /* the 8 blocks of one activation scale (256 inputs) sum into even[r] / odd[r] (two chains, so
            that a block's FMA does not wait for the previous block's) with their own scales d, then dx
