@@ -328,6 +328,28 @@ static inline void kv_prefetch(const void *cache, int64_t row, int64_t D, int ki
     for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(r + i, 0, 3);
 }
 
+/* One KV head's rows of a sequence, in position order from `first` (n of them), each call prefetching
+   the row KV_AHEAD positions on. */
+typedef struct { const int64_t *table; int64_t block_size, Hkv, kvh, blk, off, ahead_blk, ahead_off, left; } kv_walk_t;
+
+static inline kv_walk_t kv_walk(const int64_t *table, int64_t first, int64_t n, int64_t block_size, int64_t Hkv,
+                                int64_t kvh) {
+    int64_t ahead = first + KV_AHEAD;
+    kv_walk_t w = {table, block_size, Hkv, kvh, first / block_size, first % block_size, ahead / block_size,
+                   ahead % block_size, n - KV_AHEAD};
+    return w;
+}
+
+static inline int64_t kv_walk_next(kv_walk_t *w, const void *cache, int64_t D, int kind) {
+    int64_t row = (w->table[w->blk] * w->block_size + w->off) * w->Hkv + w->kvh;
+    if (++w->off == w->block_size) w->off = 0, w->blk++;
+    if (w->left-- > 0) {
+        kv_prefetch(cache, (w->table[w->ahead_blk] * w->block_size + w->ahead_off) * w->Hkv + w->kvh, D, kind);
+        if (++w->ahead_off == w->block_size) w->ahead_off = 0, w->ahead_blk++;
+    }
+    return row;
+}
+
 /* The query heads that share KV head kvh (G of them, at most 8, their rows [G, D] at qh; outputs [G, D]
    at o; scores: G * (ctx - first) floats), over float32, float16 and int8 caches, D a multiple of 8 (at
    most 256): each key and value row is read once for all G heads. Each head's operations are those of the
@@ -341,17 +363,9 @@ static inline __attribute__((always_inline)) void attend_group_g(const float *qh
     int64_t n = ctx - first, chunks = D / 8;
     float best[8];
     for (int64_t g = 0; g < G; g++) best[g] = -INFINITY;
-    int64_t blk = first / block_size, off = first % block_size;
-    int64_t ahead_blk = blk, ahead_off = off;  /* the key KV_AHEAD positions on, prefetched */
-    for (int64_t t = 0; t < n && t < KV_AHEAD; t++)
-        if (++ahead_off == block_size) ahead_off = 0, ahead_blk++;
+    kv_walk_t keys = kv_walk(table, first, n, block_size, Hkv, kvh);
     for (int64_t t = 0; t < n; t++) {
-        int64_t row = (table[blk] * block_size + off) * Hkv + kvh;
-        if (++off == block_size) off = 0, blk++;
-        if (t + KV_AHEAD < n) {
-            kv_prefetch(k_cache, (table[ahead_blk] * block_size + ahead_off) * Hkv + kvh, D, kind);
-            if (++ahead_off == block_size) ahead_off = 0, ahead_blk++;
-        }
+        int64_t row = kv_walk_next(&keys, k_cache, D, kind);
         __m256 acc[8];
         for (int64_t g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
         for (int64_t c = 0; c < chunks; c++) {
@@ -381,17 +395,9 @@ static inline __attribute__((always_inline)) void attend_group_g(const float *qh
     }
     /* One pass over the values, each row read once for all heads; the sums in o (in L1). */
     for (int64_t i = 0; i < G * D; i += 8) _mm256_storeu_ps(o + i, _mm256_setzero_ps());
-    blk = first / block_size, off = first % block_size;
-    ahead_blk = blk, ahead_off = off;
-    for (int64_t t = 0; t < n && t < KV_AHEAD; t++)
-        if (++ahead_off == block_size) ahead_off = 0, ahead_blk++;
+    kv_walk_t values = kv_walk(table, first, n, block_size, Hkv, kvh);
     for (int64_t t = 0; t < n; t++) {
-        int64_t row = (table[blk] * block_size + off) * Hkv + kvh;
-        if (++off == block_size) off = 0, blk++;
-        if (t + KV_AHEAD < n) {
-            kv_prefetch(v_cache, (table[ahead_blk] * block_size + ahead_off) * Hkv + kvh, D, kind);
-            if (++ahead_off == block_size) ahead_off = 0, ahead_blk++;
-        }
+        int64_t row = kv_walk_next(&values, v_cache, D, kind);
         __m256 p[8];
         for (int64_t g = 0; g < G; g++) p[g] = _mm256_set1_ps(scores[g * n + t]);
         for (int64_t c = 0; c < chunks; c++) {
