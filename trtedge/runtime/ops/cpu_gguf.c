@@ -1,5 +1,5 @@
 /* Products and dequantization over GGUF blocks as the file holds them: Q8_0, Q4_K, Q5_K, Q6_K.
-   Compiled with the kernels of cpu_kernels.py (it provides half_to_float and the includes).
+   Compiled with the kernels of cpu_kernels.py (it provides half_to_float, hsum8 and the includes).
 
    A "gguf" weight is rows of blocks in segments (a fused q/k/v may hold Q4_K rows and Q6_K rows):
    segment s is int64 words {rows, ggml type, cols, row bytes, byte offset}. Activations are
@@ -143,13 +143,6 @@ static inline __m256i madd16(__m128i q8, int sign, const int16_t *x) {
 }
 
 static inline float f16_at(const uint8_t *b) { return half_to_float((uint16_t)(b[0] | b[1] << 8)); }
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* The int16 weights of 32 inputs (bytes of v, times the sub-block scales) into a row's int32 sums. */
 #define SCALED16(v, sign, s_lo, s_hi, out0, out1)                                                     \

@@ -35,6 +35,14 @@ SOURCE = r"""
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(__AVX2__)
+static inline float hsum8(__m256 v) {  /* the sum of 8 lanes (the AVX2 kernels here and in cpu_gguf.c) */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
 
 static float dot_scalar(const float *x, const int8_t *w, int64_t from, int64_t K) {
     float acc = 0.0f;
@@ -78,6 +86,48 @@ static void dot4x3(const float *x, int64_t ldx, const int8_t *w, const int8_t *p
 static void dot4x4(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(4) }
 
 /* pf: rows a few groups ahead, prefetched while these are summed (doubles the bandwidth reached). */
+static void dot4(const float *x, int64_t ldx, int R, const int8_t *w, const int8_t *pf, int64_t K, float *out) {
+    switch (R) {
+        case 1: dot4x1(x, ldx, w, pf, K, out); break;
+        case 2: dot4x2(x, ldx, w, pf, K, out); break;
+        case 3: dot4x3(x, ldx, w, pf, K, out); break;
+        default: dot4x4(x, ldx, w, pf, K, out); break;
+    }
+}
+#elif defined(__AVX2__)
+static inline __m256 widen8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* AVX2: as above with 8 lanes. Four weight rows and R activation rows keep 4 * R sums in flight:
+   one sum a row (what a vectorized dot_scalar keeps) waits on its own FMA's latency every step. */
+#define DOT4_BODY(R)                                                                    \
+    __m256 acc[R][4];                                                                   \
+    for (int r = 0; r < R; r++)                                                         \
+        for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();                    \
+    int64_t k = 0;                                                                      \
+    for (; k + 8 <= K; k += 8) {                                                        \
+        if ((k & 63) == 0)                                                              \
+            for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(pf + i * K + k), _MM_HINT_T0); \
+        __m256 w0 = widen8(w + k), w1 = widen8(w + K + k);                              \
+        __m256 w2 = widen8(w + 2 * K + k), w3 = widen8(w + 3 * K + k);                  \
+        for (int r = 0; r < R; r++) {                                                   \
+            __m256 xv = _mm256_loadu_ps(x + r * ldx + k);                               \
+            acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);                             \
+            acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);                             \
+            acc[r][2] = _mm256_fmadd_ps(xv, w2, acc[r][2]);                             \
+            acc[r][3] = _mm256_fmadd_ps(xv, w3, acc[r][3]);                             \
+        }                                                                               \
+    }                                                                                   \
+    for (int r = 0; r < R; r++)                                                         \
+        for (int i = 0; i < 4; i++)                                                     \
+            out[r * 4 + i] = hsum8(acc[r][i]) + dot_scalar(x + r * ldx, w + i * K, k, K);
+
+static void dot4x1(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(1) }
+static void dot4x2(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(2) }
+static void dot4x3(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(3) }
+static void dot4x4(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(4) }
+
 static void dot4(const float *x, int64_t ldx, int R, const int8_t *w, const int8_t *pf, int64_t K, float *out) {
     switch (R) {
         case 1: dot4x1(x, ldx, w, pf, K, out); break;
