@@ -56,3 +56,30 @@ def test_domino_parses_with_or_without_a_model_and_is_refused():
     for value in ({"method": "domino"}, {"method": "domino", "model": "draft"}):
         with pytest.raises(ConfigError, match="method domino is not available in trtedge yet; available: "):
             LaunchConfig(model="m", speculative=value)
+
+
+class _Runner:
+    """What build_decoder reads of a runner: a hybrid model (a state pool) with or without decode graphs."""
+
+    def __init__(self, graphs: bool):
+        from types import SimpleNamespace
+
+        self.model = SimpleNamespace(cfg=SimpleNamespace(model_type="qwen3_5"), aux_layers=())
+        self.states = object()
+        self.graphs = SimpleNamespace(aux_layers=()) if graphs else None
+        self.tp = None
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_a_hybrid_target_with_cuda_graphs_warns_that_its_verify_runs_without_them(graphs, caplog):
+    from trtedge.runtime.speculative import build_decoder
+
+    with caplog.at_level("WARNING", logger="trtedge"):
+        decoder = build_decoder(SpeculativeConfig(method="ngram"), None, _Runner(graphs), None, 64, 256)
+    assert decoder.config.method == "ngram"
+    warned = [r.getMessage() for r in caplog.records if "without CUDA graphs" in r.getMessage()]
+    if graphs:
+        assert len(warned) == 1 and "ngram" in warned[0] and "qwen3_5" in warned[0]
+        assert "disable_spec_decode" in warned[0]
+    else:  # the CPU (or graphs off): every step runs eagerly, plain ones too
+        assert warned == []
