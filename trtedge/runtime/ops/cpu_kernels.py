@@ -51,34 +51,53 @@ static float dot_scalar(const float *x, const int8_t *w, int64_t from, int64_t K
     return acc;
 }
 
+#if defined(__AVX512F__) || defined(__AVX2__)
 #ifdef __AVX512F__
 static inline __m512 widen(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
+typedef __m512 vec_t;
+#define LANES 16
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VSUM(v) _mm512_reduce_add_ps(v)
+#else /* AVX2: 8 lanes */
+static inline __m256 widen(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+typedef __m256 vec_t;
+#define LANES 8
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VSUM(v) hsum8(v)
+#endif
 
 /* Four weight rows against R (1..4) activation rows: out[r * 4 + i]. Each widened weight vector
-   feeds R FMAs and each activation load feeds four. */
+   feeds R FMAs and each activation load feeds four, and 4 * R sums are in flight (one sum a row,
+   what a vectorized dot_scalar keeps, waits on its own FMA's latency every step). */
 #define DOT4_BODY(R)                                                                    \
-    __m512 acc[R][4];                                                                   \
+    vec_t acc[R][4];                                                                    \
     for (int r = 0; r < R; r++)                                                         \
-        for (int i = 0; i < 4; i++) acc[r][i] = _mm512_setzero_ps();                    \
+        for (int i = 0; i < 4; i++) acc[r][i] = VZERO();                                \
     int64_t k = 0;                                                                      \
-    for (; k + 16 <= K; k += 16) {                                                      \
+    for (; k + LANES <= K; k += LANES) {                                                \
         if ((k & 63) == 0)                                                              \
             for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(pf + i * K + k), _MM_HINT_T0); \
-        __m512 w0 = widen(w + k), w1 = widen(w + K + k);                                \
-        __m512 w2 = widen(w + 2 * K + k), w3 = widen(w + 3 * K + k);                    \
+        vec_t w0 = widen(w + k), w1 = widen(w + K + k);                                 \
+        vec_t w2 = widen(w + 2 * K + k), w3 = widen(w + 3 * K + k);                     \
         for (int r = 0; r < R; r++) {                                                   \
-            __m512 xv = _mm512_loadu_ps(x + r * ldx + k);                               \
-            acc[r][0] = _mm512_fmadd_ps(xv, w0, acc[r][0]);                             \
-            acc[r][1] = _mm512_fmadd_ps(xv, w1, acc[r][1]);                             \
-            acc[r][2] = _mm512_fmadd_ps(xv, w2, acc[r][2]);                             \
-            acc[r][3] = _mm512_fmadd_ps(xv, w3, acc[r][3]);                             \
+            vec_t xv = VLOAD(x + r * ldx + k);                                          \
+            acc[r][0] = VFMA(xv, w0, acc[r][0]);                                        \
+            acc[r][1] = VFMA(xv, w1, acc[r][1]);                                        \
+            acc[r][2] = VFMA(xv, w2, acc[r][2]);                                        \
+            acc[r][3] = VFMA(xv, w3, acc[r][3]);                                        \
         }                                                                               \
     }                                                                                   \
     for (int r = 0; r < R; r++)                                                         \
         for (int i = 0; i < 4; i++)                                                     \
-            out[r * 4 + i] = _mm512_reduce_add_ps(acc[r][i]) + dot_scalar(x + r * ldx, w + i * K, k, K);
+            out[r * 4 + i] = VSUM(acc[r][i]) + dot_scalar(x + r * ldx, w + i * K, k, K);
 
 static void dot4x1(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(1) }
 static void dot4x2(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(2) }
@@ -86,48 +105,6 @@ static void dot4x3(const float *x, int64_t ldx, const int8_t *w, const int8_t *p
 static void dot4x4(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(4) }
 
 /* pf: rows a few groups ahead, prefetched while these are summed (doubles the bandwidth reached). */
-static void dot4(const float *x, int64_t ldx, int R, const int8_t *w, const int8_t *pf, int64_t K, float *out) {
-    switch (R) {
-        case 1: dot4x1(x, ldx, w, pf, K, out); break;
-        case 2: dot4x2(x, ldx, w, pf, K, out); break;
-        case 3: dot4x3(x, ldx, w, pf, K, out); break;
-        default: dot4x4(x, ldx, w, pf, K, out); break;
-    }
-}
-#elif defined(__AVX2__)
-static inline __m256 widen8(const int8_t *p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-
-/* AVX2: as above with 8 lanes. Four weight rows and R activation rows keep 4 * R sums in flight:
-   one sum a row (what a vectorized dot_scalar keeps) waits on its own FMA's latency every step. */
-#define DOT4_BODY(R)                                                                    \
-    __m256 acc[R][4];                                                                   \
-    for (int r = 0; r < R; r++)                                                         \
-        for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();                    \
-    int64_t k = 0;                                                                      \
-    for (; k + 8 <= K; k += 8) {                                                        \
-        if ((k & 63) == 0)                                                              \
-            for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(pf + i * K + k), _MM_HINT_T0); \
-        __m256 w0 = widen8(w + k), w1 = widen8(w + K + k);                              \
-        __m256 w2 = widen8(w + 2 * K + k), w3 = widen8(w + 3 * K + k);                  \
-        for (int r = 0; r < R; r++) {                                                   \
-            __m256 xv = _mm256_loadu_ps(x + r * ldx + k);                               \
-            acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);                             \
-            acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);                             \
-            acc[r][2] = _mm256_fmadd_ps(xv, w2, acc[r][2]);                             \
-            acc[r][3] = _mm256_fmadd_ps(xv, w3, acc[r][3]);                             \
-        }                                                                               \
-    }                                                                                   \
-    for (int r = 0; r < R; r++)                                                         \
-        for (int i = 0; i < 4; i++)                                                     \
-            out[r * 4 + i] = hsum8(acc[r][i]) + dot_scalar(x + r * ldx, w + i * K, k, K);
-
-static void dot4x1(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(1) }
-static void dot4x2(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(2) }
-static void dot4x3(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(3) }
-static void dot4x4(const float *x, int64_t ldx, const int8_t *w, const int8_t *pf, int64_t K, float *out) { DOT4_BODY(4) }
-
 static void dot4(const float *x, int64_t ldx, int R, const int8_t *w, const int8_t *pf, int64_t K, float *out) {
     switch (R) {
         case 1: dot4x1(x, ldx, w, pf, K, out); break;
