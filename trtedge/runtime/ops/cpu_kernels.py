@@ -51,7 +51,7 @@ static float dot_scalar(const float *x, const int8_t *w, int64_t from, int64_t K
     return acc;
 }
 
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #ifdef __AVX512F__
 static inline __m512 widen(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
@@ -62,7 +62,7 @@ typedef __m512 vec_t;
 #define VLOAD(p) _mm512_loadu_ps(p)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VSUM(v) _mm512_reduce_add_ps(v)
-#else /* AVX2: 8 lanes */
+#else /* AVX2 and FMA: 8 lanes */
 static inline __m256 widen(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
