@@ -3,6 +3,8 @@ with their defaults and are refused at launch naming the method and the methods 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from trtedge import ConfigError
@@ -62,8 +64,6 @@ class _Runner:
     """What build_decoder reads of a runner: a hybrid model (a state pool) with or without decode graphs."""
 
     def __init__(self, graphs: bool):
-        from types import SimpleNamespace
-
         self.model = SimpleNamespace(cfg=SimpleNamespace(model_type="qwen3_5"), aux_layers=())
         self.states = object()
         self.graphs = SimpleNamespace(aux_layers=()) if graphs else None
@@ -76,7 +76,7 @@ def test_a_hybrid_target_with_cuda_graphs_warns_that_its_verify_runs_without_the
 
     with caplog.at_level("WARNING", logger="trtedge"):
         decoder = build_decoder(SpeculativeConfig(method="ngram"), None, _Runner(graphs), None, 64, 256)
-    assert decoder.config.method == "ngram"
+    assert decoder.config.method == "ngram" and not decoder.graph_verify
     warned = [r.getMessage() for r in caplog.records if "without CUDA graphs" in r.getMessage()]
     if graphs:
         assert len(warned) == 1 and "ngram" in warned[0] and "qwen3_5" in warned[0]

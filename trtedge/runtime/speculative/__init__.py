@@ -4,8 +4,6 @@ MTP layers, a DFlash block drafter) draft tokens and the target verifies them in
 
 from __future__ import annotations
 
-import logging
-
 from trtedge.runtime.speculative.config import (
     AVAILABLE_METHODS,
     METHODS,
@@ -13,9 +11,6 @@ from trtedge.runtime.speculative.config import (
     SpeculativeConfig,
     SpeculativeConfigError,
 )
-
-
-log = logging.getLogger("trtedge")
 
 
 class UnsupportedSpeculativeMethod(SpeculativeConfigError):
@@ -58,15 +53,6 @@ def build_decoder(
     from trtedge.runtime.speculative.ngram import NgramProposer
 
     check_supported(config, runner.model.cfg.model_type, hybrid=runner.states is not None)
-    if runner.states is not None and runner.graphs is not None:
-        log.warning(
-            "speculative decoding (%s) on a hybrid model (%s) verifies its drafts without CUDA graphs: "
-            "on CUDA a verify step costs many plain steps (measured ~50x at the Qwen3.5-0.8B shape), so "
-            "this is slower than decoding without --speculative-config; per request, disable_spec_decode "
-            "turns it off",
-            config.method,
-            runner.model.cfg.model_type,
-        )
     if config.method == "ngram":
         proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
     elif config.method == "draft_model":

@@ -4,6 +4,7 @@ and roll the rejected tokens' KV back (and, for hybrid models, the recurrent sta
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.speculative.config import SpeculativeConfig
 from trtedge.runtime.speculative.tree import DeviceChains, Draft, span_mask
 from trtedge.runtime.speculative.verifier import Verdict, accept_greedy, verify
+
+log = logging.getLogger("trtedge")
 
 
 @dataclass
@@ -86,6 +89,21 @@ class SpeculativeDecoder:
         # a proposer's device chains feed the verify forward on the device (False: read back first, as
         # host drafts; benchmarks compare the two)
         self.device_drafts = True
+        if runner.graphs is not None and not self.graph_verify:
+            log.warning(
+                "speculative decoding (%s) on a hybrid model (%s) verifies its drafts without CUDA graphs: "
+                "on CUDA a verify step costs many plain steps (measured ~50x at the Qwen3.5-0.8B shape), so "
+                "this is slower than decoding without --speculative-config; per request, disable_spec_decode "
+                "turns it off",
+                config.method,
+                runner.model.cfg.model_type,
+            )
+
+    @property
+    def graph_verify(self) -> bool:
+        """Whether chain verify steps replay the decode CUDA graphs: not with recurrent states (a hybrid
+        target's layers verify a chain token by token, keeping a state per node, eagerly)."""
+        return self.runner.graphs is not None and self.runner.states is None
 
     def _limit(self, seq: Sequence) -> int:
         left = min(
@@ -235,7 +253,7 @@ class SpeculativeDecoder:
             context_lens.append(start + count)
             tables.append(table[: -(-(start + count) // bs)])
             masks.append(None if draft.is_chain else span_mask(start, draft.ancestor_mask(device)))
-        if rows_per_node and runner.states is None:
+        if rows_per_node and self.graph_verify:
             # raw: the graph's buffer in the model's dtype (the greedy rows' argmax reads it as it is, the
             # others convert their rows); read before the next replay
             logits = runner.graph_logits(
