@@ -179,6 +179,7 @@ def test_prompt_token_ids_outside_vocabulary_are_refused(tmp_path):
 def test_engine_that_keeps_failing_reports_the_error_and_refuses_work(tmp_path):
     path = make_tiny_checkpoint(tmp_path / "m", "llama")
     with LLM(str(path), max_kv_cache_capacity=64) as llm:
+
         def broken(batch):
             raise RuntimeError("device lost")
 

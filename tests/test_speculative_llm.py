@@ -58,7 +58,10 @@ def test_llm_refuses_bad_speculative_config_naming_the_key(paths):
     target, _ = paths
     with pytest.raises(ConfigError, match="unknown key"):
         _llm(target, speculative_config={"method": "ngram", "tokens": 3})
-    with pytest.raises(ConfigError, match="mtp needs the checkpoint's multi-token-prediction layers, and this qwen2 checkpoint has none"):
+    with pytest.raises(
+        ConfigError,
+        match="mtp needs the checkpoint's multi-token-prediction layers, and this qwen2 checkpoint has none",
+    ):
         _llm(target, speculative_config={"method": "mtp"})
     with pytest.raises(ConfigError, match="needs model"):
         _llm(target, speculative_config='{"method": "draft_model"}')

@@ -1,7 +1,8 @@
 """Decode CUDA graphs over hybrid models' recurrent layers (Qwen3.5, Qwen3.5-MoE, Qwen3-Next,
 Nemotron-H): greedy output with the graphs equals eager and HF transformers in float32, batched equals
 alone, and preemption, context reuse (checkpoints taken inside graphed decode steps) and speculative
-verification (eager) keep it; every KV block and state slot is freed. Skips without CUDA."""
+verification (verify chains inside the graphs) keep it; every KV block and state slot is freed. The
+chained recurrent kernels equal their token-by-token torch reference. Skips without CUDA."""
 
 from __future__ import annotations
 
@@ -156,7 +157,9 @@ def test_a_checkpoint_saved_by_a_graphed_decode_step_resumes_the_next_turn(famil
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
-def test_ngram_speculation_verifies_eagerly_between_graphed_decode_steps(family, tmp_path):
+def test_ngram_speculation_verifies_inside_the_decode_graphs(family, tmp_path):
+    """Verify chains replay the captured decode step (the chained recurrent kernels): greedy output
+    equals eager plain decoding, every verify step ran in a graph, no state slot leaks."""
     from tests.runtime.spec_helpers import repetitive_prompts
 
     path = checkpoint(family, tmp_path / "m")
@@ -167,9 +170,33 @@ def test_ngram_speculation_verifies_eagerly_between_graphed_decode_steps(family,
     with hybrid_llm(path, eager=False, speculative_config=spec) as llm:
         outs = [o.token_ids for o in llm.generate(prompts, GREEDY)]
         assert llm.speculative_metrics()["steps"] > 0
+        decoder = llm.engine.speculative
+        assert decoder.graph_verify and decoder.graph_steps == decoder.verify_steps > 0
         stats = llm.stats()
         assert stats["state_slots_free"] == stats["state_slots_total"]
     assert outs == plain
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+def test_graphed_verify_chains_restore_the_state_of_every_accepted_length(family, tmp_path):
+    """A proposer that drafts the true continuation with one wrong token at a rotating place: every
+    accepted length 0..k restores the state its chain kept, alone and batched."""
+    from tests.runtime.spec_helpers import repetitive_prompts
+    from tests.runtime.test_qwen3_5_speculative import KnowingProposer
+
+    path = checkpoint(family, tmp_path / "m")
+    prompts = repetitive_prompts(4)
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    with hybrid_llm(path, eager=True) as llm:
+        plain = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    with hybrid_llm(path, eager=False, speculative_config=spec) as llm:
+        decoder = llm.engine.speculative
+        decoder.proposer = KnowingProposer(prompts, plain)
+        alone = [llm.generate(p, GREEDY).token_ids for p in prompts]
+        batched = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+        assert decoder.graph_steps == decoder.verify_steps > 0
+        assert 0 < decoder.stats.accepted_tokens < decoder.stats.draft_tokens
+    assert alone == plain and batched == plain
 
 
 def test_bfloat16_graphs_track_eager(tmp_path):
@@ -345,3 +372,127 @@ def test_the_qk_norm_rope_kernel_matches_the_gated_attention_reference(dtype):
     tol = 1e-5 if dtype == torch.float32 else 4e-2  # bf16: a rounding of 1/rms apart at most
     assert torch.allclose(got_q.float(), q.float(), atol=tol, rtol=tol)
     assert torch.allclose(got_k.float(), k.float(), atol=tol, rtol=tol)
+
+
+# A verify step inside the decode graphs: rows are chains (consecutive rows of one sequence, each after
+# the one before), lengths [3, 1, 2] here, a 0 at a chain's later rows; a chain's recurrent state comes
+# from its sequence's live row, and the state after every row is kept in the scratch rows (-1: none).
+CHAIN_LENS = [3, 0, 0, 1, 2, 0]
+CHAIN_SAVES = [2, 0, 1, -1, 4, 3]
+CHAIN_ROWS = [5, 5, 5, 0, 2, 2]
+
+
+def _chain_reference(step, rows, *state_lists):
+    """Run ``step(i, states) -> (out_i, new states)`` row by row from the live rows, as the eager
+    verify does; returns the outputs, the live states after and the states kept per row."""
+    outs, kept = [], {}
+    live = [s.clone() for s in state_lists]
+    for i, row in enumerate(rows):
+        out, new = step(i, [s[row : row + 1] for s in live])
+        for s, n in zip(live, new):
+            s[row] = n[0]
+        outs.append(out)
+        kept[i] = [n[0].clone() for n in new]
+    return torch.cat(outs), live, kept
+
+
+def _chains(device, conv_scratch, ssm_scratch):
+    from trtedge.runtime.executor.state_pool import Chains
+
+    def t(values):
+        return torch.tensor(values, device=device)
+
+    return Chains(t(CHAIN_LENS), t(CHAIN_SAVES), conv_scratch, ssm_scratch), t(CHAIN_ROWS)
+
+
+def check_chained_recurrent_kernels(device="cuda") -> None:
+    """The conv, gated-delta and SSM kernels over chains equal the token-by-token torch reference:
+    outputs, the live states after each chain, every kept state; untouched rows stay as they were."""
+    import torch.nn.functional as F
+
+    from trtedge.runtime.ops import gated_delta as gd
+    from trtedge.runtime.ops import ssd
+    from trtedge.runtime.ops import triton_recurrent as tr
+
+    g = torch.Generator().manual_seed(3)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device)
+
+    b = len(CHAIN_ROWS)
+    saved = [i for i, s in enumerate(CHAIN_SAVES) if s >= 0]
+    # conv
+    c = 200
+    x = randn(b, c + 20)[:, :c]
+    conv_states, weight, bias = randn(6, 3, c), randn(c, 4), randn(c)
+    scratch = torch.full((6, 3, c), 7.0, device=device)
+    chains, rows = _chains(device, scratch, None)
+
+    def conv_ref(i, states):
+        out, new = gd.causal_conv_step(x[i : i + 1], states[0], weight, bias)
+        return out, [new]
+
+    ref_out, (ref_live,), kept = _chain_reference(conv_ref, CHAIN_ROWS, conv_states)
+    pool = conv_states.clone()
+    out = tr.conv_step(x, pool, rows, weight, bias, chain=chains)
+    assert torch.allclose(out, ref_out, atol=1e-5, rtol=1e-5)
+    assert torch.equal(pool, ref_live)
+    for i in saved:
+        assert torch.equal(scratch[CHAIN_SAVES[i]], kept[i][0]), i
+    assert torch.equal(scratch[5], torch.full((3, c), 7.0, device=device))  # no row keeps its state there
+    # gated delta (Qwen3.5)
+    hk, hv, dk, dv = 2, 4, 32, 64
+    qkv = randn(b, 2 * hk * dk + hv * dv)
+    proj = randn(b, 2 * hv + 3)
+    beta_in, a_in = proj[:, 1 : 1 + hv], proj[:, 1 + hv : 1 + 2 * hv]
+    a_exp, dt_bias = randn(hv).abs(), randn(hv)
+    ssm_states = randn(6, hv, dk, dv, scale=0.1)
+    scratch = torch.zeros(5, hv, dk, dv, device=device)
+    chains, rows = _chains(device, None, scratch)
+    q, k, v = qkv.split([hk * dk, hk * dk, hv * dv], -1)
+    q = gd.repeat_heads(gd.l2_normalize(q.unflatten(-1, (hk, dk))) * dk**-0.5, hv // hk)
+    k = gd.repeat_heads(gd.l2_normalize(k.unflatten(-1, (hk, dk))), hv // hk)
+    v = v.unflatten(-1, (hv, dv))
+    decay, beta = -a_exp * F.softplus(a_in + dt_bias), beta_in.sigmoid()
+
+    def delta_ref(i, states):
+        s = slice(i, i + 1)
+        out, new = gd.recurrent_gated_delta(q[s], k[s], v[s], decay[s], beta[s], states[0])
+        return out, [new]
+
+    ref_out, (ref_live,), kept = _chain_reference(delta_ref, CHAIN_ROWS, ssm_states)
+    pool = ssm_states.clone()
+    out = tr.gated_delta_step(qkv, a_in, beta_in, a_exp, dt_bias, pool, rows, hk, chain=chains)
+    assert torch.allclose(out, ref_out, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(pool, ref_live, atol=1e-5, rtol=1e-5)
+    for i in saved:
+        assert torch.allclose(scratch[CHAIN_SAVES[i]], kept[i][0], atol=1e-5, rtol=1e-5), i
+    # SSM (Nemotron-H's Mamba-2)
+    h, p, n, groups = 4, 16, 32, 2
+    xbc = randn(b, h * p + 2 * groups * n)
+    dt_in = randn(b, h + 3)[:, 1 : 1 + h]
+    dt_bias, a, d = randn(h), -randn(h).abs() - 0.1, randn(h)
+    ssm_states = randn(6, h, p, n, scale=0.1)
+    scratch = torch.zeros(5, h, p, n, device=device)
+    chains, rows = _chains(device, None, scratch)
+    xs, bb, cc = xbc.split([h * p, groups * n, groups * n], -1)
+    xs = xs.reshape(b, h, p)
+    bb, cc = (gd.repeat_heads(t.reshape(b, groups, n), h // groups) for t in (bb, cc))
+    dt = F.softplus(dt_in + dt_bias).clamp(min=0.001)
+
+    def ssm_ref(i, states):
+        s = slice(i, i + 1)
+        y, new = ssd.recurrent_step(xs[s], dt[s], a, bb[s], cc[s], states[0])
+        return y + d[:, None] * xs[s], [new]
+
+    ref_out, (ref_live,), kept = _chain_reference(ssm_ref, CHAIN_ROWS, ssm_states)
+    pool = ssm_states.clone()
+    y = tr.ssm_step(xbc, dt_in, dt_bias, a, d, 0.001, pool, rows, groups, chain=chains)
+    assert torch.allclose(y, ref_out, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(pool, ref_live, atol=1e-5, rtol=1e-5)
+    for i in saved:
+        assert torch.allclose(scratch[CHAIN_SAVES[i]], kept[i][0], atol=1e-5, rtol=1e-5), i
+
+
+def test_the_recurrent_kernels_run_verify_chains_as_the_token_by_token_reference():
+    check_chained_recurrent_kernels()

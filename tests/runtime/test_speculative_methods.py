@@ -61,25 +61,28 @@ def test_domino_parses_with_or_without_a_model_and_is_refused():
 
 
 class _Runner:
-    """What build_decoder reads of a runner: a hybrid model (a state pool) with or without decode graphs."""
+    """What build_decoder reads of a runner: a hybrid model (a state pool) with decode graphs that take
+    verify chains ("chains"), graphs that do not (tensor parallelism: "plain"), or none."""
 
-    def __init__(self, graphs: bool):
+    def __init__(self, graphs: str):
         self.model = SimpleNamespace(cfg=SimpleNamespace(model_type="qwen3_5"), aux_layers=())
         self.states = object()
-        self.graphs = SimpleNamespace(aux_layers=()) if graphs else None
-        self.tp = None
+        self.graphs = (
+            None if graphs == "none" else SimpleNamespace(aux_layers=(), verify_chains=graphs == "chains")
+        )
+        self.tp = None if graphs != "plain" else object()
 
 
-@pytest.mark.parametrize("graphs", [True, False])
-def test_a_hybrid_target_with_cuda_graphs_warns_that_its_verify_runs_without_them(graphs, caplog):
+@pytest.mark.parametrize("graphs", ["chains", "plain", "none"])
+def test_a_hybrid_target_verifies_in_its_graphs_and_warns_where_it_cannot(graphs, caplog):
     from trtedge.runtime.speculative import build_decoder
 
     with caplog.at_level("WARNING", logger="trtedge"):
         decoder = build_decoder(SpeculativeConfig(method="ngram"), None, _Runner(graphs), None, 64, 256)
-    assert decoder.config.method == "ngram" and not decoder.graph_verify
+    assert decoder.config.method == "ngram" and decoder.graph_verify == (graphs == "chains")
     warned = [r.getMessage() for r in caplog.records if "without CUDA graphs" in r.getMessage()]
-    if graphs:
+    if graphs == "plain":
         assert len(warned) == 1 and "ngram" in warned[0] and "qwen3_5" in warned[0]
-        assert "disable_spec_decode" in warned[0]
-    else:  # the CPU (or graphs off): every step runs eagerly, plain ones too
+        assert "tensor parallelism" in warned[0] and "disable_spec_decode" in warned[0]
+    else:  # graphs that take the chains; or the CPU (graphs off): every step runs eagerly, plain ones too
         assert warned == []

@@ -205,6 +205,7 @@ class Engine:
             num_partial_snapshots=self.num_partial_snapshots,
             graph_rows=graph_rows,
             kv_cache_dtype=config.kv_cache_dtype,
+            verify_chains=spec is not None,
         )
         self.profiler = Profiler(model.device)
         self.speculative = None

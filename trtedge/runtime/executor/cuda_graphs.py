@@ -113,12 +113,17 @@ class StepInputs:
     copy; the graph itself unpacks it (``unstage``, captured at the top of each graph), so that a step
     costs the host one copy and the replay rather than a launch per input. Padding rows and unused
     writes point at scratch: the scratch KV block, the state pool's padding row, the all-scratch
-    padding seat, one spare id slot past the largest size."""
+    padding seat, one spare id slot past the largest size. ``chains``: a hybrid model's steps also take
+    the rows' chain lengths and scratch state rows (``state_pool.Chains``: speculative verify steps)."""
 
-    def __init__(self, sizes, max_blocks, block_size, scratch_block, pad_state, device):
+    def __init__(self, sizes, max_blocks, block_size, scratch_block, pad_state, device, chains: bool = False):
         n = sizes[-1]
         self.sizes, self.block_size = sizes, block_size
         self.scratch_block, self.pad_state = scratch_block, pad_state
+        self.columns = _COLUMNS + (_CHAIN_COLUMNS if chains else ())
+        # chains: each row's chain length (1: a plain decode row) and the scratch row of its state (-1: none)
+        self.state_lens = torch.ones(n, dtype=torch.long, device=device) if chains else None
+        self.state_saves = torch.full((n,), -1, dtype=torch.long, device=device) if chains else None
         # ids, positions, KV slots and state rows ([4, n + 1]: the last column is the spare slot that
         # padding rows of the samples' fill write to)
         self.inputs = torch.zeros(4, n + 1, dtype=torch.long, device=device)
@@ -138,20 +143,23 @@ class StepInputs:
         return 2 * size + 256
 
     def _span(self, size: int) -> int:
-        return len(_COLUMNS) * size + 3 * self.writes(size)
+        return len(self.columns) * size + 3 * self.writes(size)
 
     def _views(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        columns = len(_COLUMNS) * size
-        rows = self.staged[:columns].view(len(_COLUMNS), size)
+        columns = len(self.columns) * size
+        rows = self.staged[:columns].view(len(self.columns), size)
         return rows, self.staged[columns : self._span(size)].view(3, self.writes(size))
 
     def pad(self, size: int) -> None:
         """Staged inputs of a step of padding rows only (the warm-up before a capture)."""
         self.staged[: self._span(size)].copy_(self._pack([], [], [], [], [], [], [], [], [], size))
 
-    def stage(self, ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows=None) -> int:
+    def stage(
+        self, ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows=None, chains=None
+    ) -> int:
         """Copy a step's inputs to the device (one copy; the samples' gather and overflowing table
-        writes apart); the padded size whose graph takes them."""
+        writes apart); the padded size whose graph takes them. ``chains``: (lengths, scratch rows) of
+        a verify step's rows (``state_pool.Chains``), else every row is a plain decode row."""
         size = next(s for s in self.sizes if s >= len(ids))
         seats, update = self.table_rows.plan(seq_ids, tables, size)
         fill_rows, fill_src = (fill.rows, fill.src) if fill is not None else ([], [])
@@ -167,6 +175,7 @@ class StepInputs:
             fill_src,
             [] if overflow else update,
             size,
+            chains,
         )
         self.staged[: packed.numel()].copy_(packed, non_blocking=True)
         if overflow:  # many new tables at once (the first decode step of a wave of prompts)
@@ -182,7 +191,18 @@ class StepInputs:
         return size
 
     def _pack(
-        self, ids, positions, slots, state_rows, context_lens, seats, fill_rows, fill_src, update, size
+        self,
+        ids,
+        positions,
+        slots,
+        state_rows,
+        context_lens,
+        seats,
+        fill_rows,
+        fill_src,
+        update,
+        size,
+        chains=None,
     ):
         writes = self.writes(size)
         k = len(update) // 3
@@ -201,6 +221,11 @@ class StepInputs:
             (fill_rows, spare),
             (fill_src, 0),
         ]
+        if self.state_lens is not None:
+            lens, saves = chains if chains is not None else ([], [])
+            columns += [(lens, 1), (saves, -1)]
+        elif chains is not None:
+            raise RuntimeError("internal error: a chained step staged for graphs captured without chains")
         return stage_rows(columns, size, tail)
 
     def unstage(self, size: int) -> None:
@@ -211,10 +236,15 @@ class StepInputs:
         self.table_rows.apply(writes.flatten())
         torch.index_select(self.table_rows.rows, 0, rows[5], out=self.tables[:size])
         self.ids.index_copy_(0, rows[_COLUMNS.index("fill_rows")], self.fill_values[:size])
+        if self.state_lens is not None:
+            self.state_lens[:size].copy_(rows[len(_COLUMNS)])
+            self.state_saves[:size].copy_(rows[len(_COLUMNS) + 1])
 
 
-# the staged rows of a step, in order (StepInputs._pack); the first four are StepInputs.inputs
+# the staged rows of a step, in order (StepInputs._pack); the first four are StepInputs.inputs; with
+# chains, then _CHAIN_COLUMNS
 _COLUMNS = ("ids", "positions", "slots", "state_rows", "context_lens", "seats", "fill_rows", "fill_src")
+_CHAIN_COLUMNS = ("state_lens", "state_saves")
 
 
 class DecodeGraphs:
@@ -228,10 +258,13 @@ class DecodeGraphs:
         scratch_block: int,
         chain_depth: int = 0,
         states: RecurrentStatePool | None = None,
+        verify_chains: bool = False,
     ):
         """``chain_depth``: also capture, per size, that many decode steps in one graph, each row's
         argmax its next input (a draft model's chain, ``run_chain``). ``states``: a hybrid model's
-        recurrent-state pool, whose rows the steps read and update (one row per sequence)."""
+        recurrent-state pool, whose rows the steps read and update (one row per sequence).
+        ``verify_chains`` (with ``states``): the steps also take speculative verify chains, several
+        rows of one sequence whose recurrent layers run one after the other (``state_pool.Chains``)."""
         device = model.device
         self.model = model
         self.states = states
@@ -239,8 +272,11 @@ class DecodeGraphs:
         self.scratch_block = scratch_block
         self.sizes = graph_batch_sizes(max_batch_size)
         self.pad_state = states.pad_row if states is not None else 0
+        self.verify_chains = verify_chains and states is not None
         # the step's static inputs, filled by one host-to-device copy a step and unpacked inside the graph
-        self.io = StepInputs(self.sizes, max_blocks, block_size, scratch_block, self.pad_state, device)
+        self.io = StepInputs(
+            self.sizes, max_blocks, block_size, scratch_block, self.pad_state, device, self.verify_chains
+        )
         io = self.io
         self.ids, self.positions, self.slots, self.state_rows = io.ids, io.positions, io.slots, io.state_rows
         self.tables, self.context_lens, self.table_rows = io.tables, io.context_lens, io.table_rows
@@ -310,6 +346,9 @@ class DecodeGraphs:
             extra["states"] = RecurrentBatch(
                 self.states, [], [1] * size, [None] * size, rows_tensor=self.state_rows[:size]
             )
+            if self.verify_chains:
+                extra["states"].lens_tensor = self.io.state_lens[:size]
+                extra["states"].saves_tensor = self.io.state_saves[:size]
         hidden = self.model.forward(
             self.ids[:size], self.positions[:size], kv_caches, self._batch(size), **extra
         )
@@ -359,6 +398,7 @@ class DecodeGraphs:
         seq_ids: list[int],
         state_rows: list[int] | None = None,
         raw: bool = False,
+        chains: tuple[list[int], list[int]] | None = None,
     ) -> torch.Tensor:
         """Logits [len(ids), vocab] for one decode token per row. ``fill``: input ids still on the
         device (the last step's samples), written over the placeholders of ``ids``: a
@@ -366,8 +406,8 @@ class DecodeGraphs:
         ``seq_ids``: the rows' sequences, whose block tables stay on the device between steps.
         ``state_rows``: with a state pool, each row's live state row (one row per sequence). ``raw``:
         the graph's buffer as it is (the model's dtype, bf16 say; read it before the next step), else
-        float32."""
-        size = self._stage(ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows)
+        float32. ``chains``: (lengths, scratch rows) of a verify step's rows (``StepInputs.stage``)."""
+        size = self._stage(ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows, chains)
         self.graphs[size].replay()
         self.num_replays += 1
         if getattr(self.model, "keep_hidden", False):
@@ -385,11 +425,13 @@ class DecodeGraphs:
         self.chains[size].replay()
         return self.chain_tokens[size][:, : len(ids)]
 
-    def _stage(self, ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows=None) -> int:
+    def _stage(
+        self, ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows=None, chains=None
+    ) -> int:
         """The step's inputs into the static buffers (the graph unpacks them); the padded size whose
         graph takes them."""
         if (self.states is None) != (state_rows is None):
             raise RuntimeError(
                 "internal error: state rows are given exactly when the graphs hold a state pool"
             )
-        return self.io.stage(ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows)
+        return self.io.stage(ids, positions, slots, tables, context_lens, fill, seq_ids, state_rows, chains)

@@ -3,6 +3,7 @@ into tensors, runs the forward and samples."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -61,9 +62,12 @@ class ModelRunner:
         num_partial_snapshots: int = 0,
         graph_rows: int | None = None,
         kv_cache_dtype: str = "auto",
+        verify_chains: bool = False,
     ):
         """``graph_rows``: the most decode rows a captured step takes (default ``max_batch_size``); a
-        speculative verify step scores one row per draft node. ``kv_cache_dtype`` fp8 (CUDA) / int8
+        speculative verify step scores one row per draft node. ``verify_chains``: speculative decoding
+        is on, so a hybrid model's decode graphs also take verify chains (``state_pool.Chains``; not
+        with tensor parallelism, whose other ranks replay plain steps only). ``kv_cache_dtype`` fp8 (CUDA) / int8
         (the CPU): the pool in the layout of ``ops.kv_fp8``; fp16: a float16 pool (the CPU)."""
         cfg = model.cfg
         self.model = model
@@ -155,6 +159,7 @@ class ModelRunner:
                 block_size,
                 num_blocks,
                 states=self.states,
+                verify_chains=verify_chains and self.tp is None,
             )
 
     @torch.inference_mode()
@@ -221,10 +226,13 @@ class ModelRunner:
         """Copy the first ``rows`` rows of KV block ``block`` into partial snapshot ``entry``."""
         self.partial_kv[:, :, entry, :rows] = self.kv[:, :, block, :rows]
 
-    def recurrent_batch(self, batch: ScheduledBatch, windows: list[int] | None = None) -> RecurrentBatch:
+    def recurrent_batch(
+        self, batch: ScheduledBatch, windows: list[int] | None = None, chains: bool = False
+    ) -> RecurrentBatch:
         """The recurrent layers' view of a step (before ``num_computed_tokens`` advances). ``windows``:
         per sequence, the trailing tokens whose every state is kept so that ``rollback`` can return to
-        any of them (speculative verification, jump-forward drafts)."""
+        any of them (speculative verification, jump-forward drafts). ``chains``: the windows are whole
+        verify chains that the decode graphs run (``graph_logits``): their scratch rows, no eager plan."""
         checkpoints, reached = [], []
         for seq, n in zip(batch.seqs, batch.num_tokens):
             r = self.state.checkpoint_target(seq, n)
@@ -243,7 +251,13 @@ class ModelRunner:
         )
         windows = windows if windows and any(windows) else [0] * len(rows)
         firsts = [0] * len(rows)
-        if any(windows):
+        if chains:
+            if windows != states.query_lens:
+                raise RuntimeError("internal error: graphed verify chains are whole windows")
+            firsts = list(itertools.accumulate(windows, initial=0))[:-1]
+            self.states.scratch(sum(windows))  # raises if the step outgrows the scratch rows
+            states.windows, states.firsts = windows, firsts
+        elif any(windows):
             states.windows = windows
             states.plan = plan_windows(self.states, rows, states.query_lens, checkpoints, windows)
             firsts = states.plan.firsts
@@ -370,23 +384,40 @@ class ModelRunner:
             self._step_parts.append((sampled, result))
         return sampled, result, prompt_scores
 
+    def graph_ready(self, num_rows: int) -> bool:
+        """Whether the decode graphs take a step of ``num_rows`` one-token rows."""
+        graphs = self.graphs
+        return graphs is not None and self.model.aux_layers == graphs.aux_layers and graphs.fits(num_rows)
+
     def graph_logits(
-        self, ids, positions, slots, tables, context_lens, seq_ids, fill=None, raw: bool = False
+        self, ids, positions, slots, tables, context_lens, seq_ids, fill=None, raw: bool = False, states=None
     ) -> torch.Tensor | None:
         """Logits of decode rows (one token each, several rows per sequence allowed: a speculative chain
         scores one row per node) through the decode CUDA graphs; None when the graphs cannot take them.
         ``fill``, ``raw``: as ``DecodeGraphs.run`` (raw logits are the graph's output buffer: read them
-        before the next step)."""
-        graphs = self.graphs
-        if graphs is None or self.model.aux_layers != graphs.aux_layers or not graphs.fits(len(ids)):
+        before the next step). ``states``: a hybrid model's verify chains (``recurrent_batch`` with
+        ``chains``), one chain of rows per sequence, in order; else the step's own states."""
+        if not self.graph_ready(len(ids)):
             return None
-        states = self._step_states if self.states is not None else None
-        if states is not None and not states.is_decode:  # draft windows: eager, token by token
+        if states is None and self.states is not None:
+            states = self._step_states
+        if states is not None and states.firsts is None and not states.is_decode:  # draft windows: eager
             return None
-        rows = states.rows if states is not None else None
-        if self.tp is not None:  # the other ranks replay the same graph
+        rows, chains = (states.rows if states is not None else None), None
+        if states is not None and states.firsts is not None:
+            if not self.graphs.verify_chains:
+                return None
+            rows, lens, saves = [], [], []
+            for row, n, first in zip(states.rows, states.query_lens, states.firsts):
+                rows += [row] * n
+                lens += [n] + [0] * (n - 1)
+                saves += range(first, first + n)
+            chains = (lens, saves)
+        elif self.tp is not None:  # the other ranks replay the same graph
             self.tp.send_graph_step(ids, positions, slots, tables, context_lens, seq_ids, states)
-        logits = self.graphs.run(ids, positions, slots, tables, context_lens, fill, seq_ids, rows, raw)
+        logits = self.graphs.run(
+            ids, positions, slots, tables, context_lens, fill, seq_ids, rows, raw, chains
+        )
         if states is not None:
             self.states.save_checkpoints(states)
         return logits

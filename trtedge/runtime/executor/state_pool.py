@@ -63,12 +63,19 @@ class RecurrentStatePool:
 
     def save_checkpoints(self, batch: RecurrentBatch) -> None:
         """After a decode step that ran in a CUDA graph: copy the live state of the sequences whose
-        step reached a checkpoint (after their one token) into their checkpoint rows."""
-        pairs = [(row, ckpt[1]) for row, ckpt in zip(batch.rows, batch.checkpoints) if ckpt is not None]
+        step reached a checkpoint (after their one token) into their checkpoint rows; for verify
+        chains, the state kept after the checkpoint's token (a scratch row)."""
+        chains = batch.firsts is not None
+        pairs = [
+            (first + ckpt[0] - 1 if chains else row, ckpt[1])
+            for row, first, ckpt in zip(batch.rows, batch.firsts or batch.rows, batch.checkpoints)
+            if ckpt is not None
+        ]
         if pairs:
             src = to_device([a for a, _ in pairs], torch.long, self.device)
             dst = to_device([b for _, b in pairs], torch.long, self.device)
-            copy_states((self.conv, self.ssm), dst, (self.conv, self.ssm), src, dim=1)
+            source = (self.step_conv, self.step_ssm) if chains else (self.conv, self.ssm)
+            copy_states((self.conv, self.ssm), dst, source, src, dim=1)
 
     def restore(self, row: int, scratch_row: int) -> None:
         """Load the state saved in ``scratch_row`` of the last step's windows into live ``row``."""
@@ -152,6 +159,34 @@ def plan_windows(
 
 
 @dataclass
+class Chains:
+    """A decode step's rows as chains (a speculative verify step inside the decode graphs): consecutive
+    rows of one sequence, each after the one before. The recurrent kernels run a chain in one program,
+    from its sequence's live state, and keep the state after each row in the pool's scratch rows.
+    ``lens``: [B] the chain's length at its first row, 0 at its other rows (plain decode: all 1);
+    ``saves``: [B] the scratch row of each row's state (-1: none); ``conv``, ``ssm``: one layer's
+    scratch."""
+
+    lens: torch.Tensor
+    saves: torch.Tensor
+    conv: torch.Tensor
+    ssm: torch.Tensor
+
+
+def chain_steps(chains: Chains, rows: torch.Tensor):
+    """The torch reference's order for a chained step (the fused kernels run each chain in one program):
+    per depth j, the step's rows that are the j-th of their chain, their live state rows, and of those
+    rows the ones whose state is kept (a mask) with their scratch rows."""
+    lens = chains.lens.tolist()
+    starts = [b for b, n in enumerate(lens) if n > 0]
+    for j in range(max(lens, default=0)):
+        index = torch.tensor([b + j for b in starts if lens[b] > j], dtype=torch.long, device=rows.device)
+        saves = chains.saves.index_select(0, index)
+        keep = saves >= 0
+        yield index, rows.index_select(0, index), keep, saves[keep]
+
+
+@dataclass
 class RecurrentBatch:
     """What the linear-attention layers need for one step, sequence by sequence (same order and
     ``query_lens`` as the attention batch): the pool row of each live state and, where the step
@@ -164,7 +199,19 @@ class RecurrentBatch:
     rows_tensor: torch.Tensor | None = None  # for decode: gather/scatter all states at once
     windows: list[int] | None = None  # per sequence: trailing tokens verified one by one (0: none)
     plan: WindowPlan | None = None
+    # a captured decode step that may take chains (``Chains``): their lengths and scratch rows, [B]
+    lens_tensor: torch.Tensor | None = None
+    saves_tensor: torch.Tensor | None = None
+    firsts: list[int] | None = None  # chains: per sequence, the scratch row of its first token's state
 
     @property
     def is_decode(self) -> bool:
         return self.plan is None and all(n == 1 for n in self.query_lens)
+
+    def chains(self, layer: int) -> Chains | None:
+        """Layer ``layer``'s view of the step's chains; None for a plain decode step."""
+        if self.lens_tensor is None:
+            return None
+        return Chains(
+            self.lens_tensor, self.saves_tensor, self.pool.step_conv[layer], self.pool.step_ssm[layer]
+        )

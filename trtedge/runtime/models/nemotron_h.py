@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from trtedge.runtime.artifacts.quantize import QuantizedTensor
-from trtedge.runtime.executor.state_pool import RecurrentBatch, WindowPlan, copy_states
+from trtedge.runtime.executor.state_pool import RecurrentBatch, WindowPlan, chain_steps, copy_states
 from trtedge.runtime.models.config import ModelConfig, UnsupportedModelError
 from trtedge.runtime.models.layers import ACTIVATIONS, require
 from trtedge.runtime.models.nemotron_omni import (
@@ -134,10 +134,10 @@ class Mamba2Mixer:
         z, xbc, dt = proj.split(self.splits, dim=-1)
         conv, ssm = batch.pool.conv[self.index], batch.pool.ssm[self.index]
         if batch.is_decode and self.fused:
-            rows = batch.rows_tensor
-            activated = triton_recurrent.conv_step(xbc, conv, rows, self.conv_weight, self.conv_bias)
+            rows, chain = batch.rows_tensor, batch.chains(self.index)
+            activated = triton_recurrent.conv_step(xbc, conv, rows, self.conv_weight, self.conv_bias, chain)
             y = triton_recurrent.ssm_step(
-                activated, dt, self.dt_bias, self.a, self.d, spec.dt_min, ssm, rows, spec.num_groups
+                activated, dt, self.dt_bias, self.a, self.d, spec.dt_min, ssm, rows, spec.num_groups, chain
             )
             for i, ckpt in enumerate(batch.checkpoints):
                 if ckpt is not None:
@@ -145,7 +145,14 @@ class Mamba2Mixer:
             return self._gate(y, z, dtype)
         dt = F.softplus(dt.float() + self.dt_bias).clamp(min=spec.dt_min)
         if batch.is_decode:
-            y = self._step(xbc, dt, conv, ssm, batch.rows_tensor)
+            chain = batch.chains(self.index)
+            if chain is None:
+                y = self._step(xbc, dt, conv, ssm, batch.rows_tensor)
+            else:  # verify chains (the fused kernels' reference): token by token, every kept state saved
+                y = xbc.new_empty(t, spec.num_heads, spec.head_dim, dtype=torch.float32)
+                for index, rows, keep, saves in chain_steps(chain, batch.rows_tensor):
+                    y[index] = self._step(xbc[index], dt[index], conv, ssm, rows)
+                    copy_states((chain.conv, chain.ssm), saves, (conv, ssm), rows[keep])
             for i, ckpt in enumerate(batch.checkpoints):
                 if ckpt is not None:
                     conv[ckpt[1]], ssm[ckpt[1]] = conv[batch.rows[i]], ssm[batch.rows[i]]

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from trtedge.runtime.executor.state_pool import RecurrentBatch, WindowPlan, copy_states
+from trtedge.runtime.executor.state_pool import RecurrentBatch, WindowPlan, chain_steps, copy_states
 from trtedge.runtime.models.config import ModelConfig
 from trtedge.runtime.models.layers import GatedMLP, require, rotate
 from trtedge.runtime.models.moe import SparseMoE
@@ -69,10 +69,10 @@ class GatedDeltaNet:
         mixed, z, b, a = proj.split(self.splits, dim=-1)
         conv, ssm = batch.pool.conv[self.index], batch.pool.ssm[self.index]
         if batch.is_decode and self.fused:
-            rows = batch.rows_tensor
-            activated = triton_recurrent.conv_step(mixed, conv, rows, self.conv_weight)
+            rows, chain = batch.rows_tensor, batch.chains(self.index)
+            activated = triton_recurrent.conv_step(mixed, conv, rows, self.conv_weight, chain=chain)
             out = triton_recurrent.gated_delta_step(
-                activated, a, b, self.a_log_exp, self.dt_bias, ssm, rows, self.num_k_heads
+                activated, a, b, self.a_log_exp, self.dt_bias, ssm, rows, self.num_k_heads, chain
             )
             self._save_checkpoints(conv, ssm, batch)
             return self._gate(out, z, dtype)
@@ -155,7 +155,14 @@ class GatedDeltaNet:
         return out
 
     def _decode(self, mixed, g, beta, conv, ssm, batch: RecurrentBatch) -> torch.Tensor:
-        out = self._step(mixed, g, beta, conv, ssm, batch.rows_tensor)
+        chain = batch.chains(self.index)
+        if chain is None:
+            out = self._step(mixed, g, beta, conv, ssm, batch.rows_tensor)
+        else:  # verify chains (the fused kernels' reference): token by token, every kept state saved
+            out = mixed.new_empty(mixed.shape[0], self.num_v_heads, self.dv, dtype=torch.float32)
+            for index, rows, keep, saves in chain_steps(chain, batch.rows_tensor):
+                out[index] = self._step(mixed[index], g[index], beta[index], conv, ssm, rows)
+                copy_states((chain.conv, chain.ssm), saves, (conv, ssm), rows[keep])
         self._save_checkpoints(conv, ssm, batch)
         return out
 

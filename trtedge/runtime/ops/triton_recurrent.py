@@ -35,10 +35,14 @@ if triton is not None:
         w_ptr,  # [C, K]
         bias_ptr,  # [C] (HAS_BIAS)
         out_ptr,  # [B, C] float32
+        lens_ptr,  # CHAIN: [B] the chain's length at its first row, 0 at its other rows
+        saves_ptr,  # CHAIN: [B] the scratch row that keeps the state after the row's token (-1: none)
+        save_ptr,  # CHAIN: [scratch rows, K - 1, C]
         x_stride,
         C,
         K: tl.constexpr,
         HAS_BIAS: tl.constexpr,
+        CHAIN: tl.constexpr,
         BLOCK_C: tl.constexpr,
     ):
         b = tl.program_id(0)
@@ -46,17 +50,36 @@ if triton is not None:
         mask = offs < C
         row = tl.load(rows_ptr + b).to(tl.int64)
         base = state_ptr + row * (K - 1) * C
-        x = tl.load(x_ptr + b * x_stride + offs, mask=mask, other=0.0)
-        acc = x.to(tl.float32) * tl.load(w_ptr + offs * K + (K - 1), mask=mask, other=0.0).to(tl.float32)
-        for j in tl.static_range(K - 1):
-            s = tl.load(base + j * C + offs, mask=mask, other=0.0)
-            acc += s.to(tl.float32) * tl.load(w_ptr + offs * K + j, mask=mask, other=0.0).to(tl.float32)
-            if j > 0:  # the window moves one token: state[j - 1] <- state[j]
-                tl.store(base + (j - 1) * C + offs, s, mask=mask)
-        tl.store(base + (K - 2) * C + offs, x.to(state_ptr.dtype.element_ty), mask=mask)
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + b * C + offs, acc * tl.sigmoid(acc), mask=mask)
+        n = 1
+        if CHAIN:  # this program runs the chain that starts at row b, one token after the other
+            n = tl.load(lens_ptr + b)
+        w_last = tl.load(w_ptr + offs * K + (K - 1), mask=mask, other=0.0).to(tl.float32)
+        for t in range(n):
+            r = b + t
+            x = tl.load(x_ptr + r * x_stride + offs, mask=mask, other=0.0)
+            acc = x.to(tl.float32) * w_last
+            keep = mask
+            save = base
+            if CHAIN:
+                s_row = tl.load(saves_ptr + r)
+                keep = mask & (s_row >= 0)
+                save = save_ptr + tl.maximum(s_row, 0).to(tl.int64) * (K - 1) * C
+            for j in tl.static_range(K - 1):
+                s = tl.load(base + j * C + offs, mask=mask, other=0.0)
+                acc += s.to(tl.float32) * tl.load(w_ptr + offs * K + j, mask=mask, other=0.0).to(tl.float32)
+                if j > 0:  # the window moves one token: state[j - 1] <- state[j]
+                    tl.store(base + (j - 1) * C + offs, s, mask=mask)
+                    if CHAIN:
+                        tl.store(save + (j - 1) * C + offs, s, mask=keep)
+            xs = x.to(state_ptr.dtype.element_ty)
+            tl.store(base + (K - 2) * C + offs, xs, mask=mask)
+            if CHAIN:
+                tl.store(save + (K - 2) * C + offs, xs, mask=keep)
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(out_ptr + r * C + offs, acc * tl.sigmoid(acc), mask=mask)
+            if CHAIN:
+                tl.debug_barrier()  # the next token reads the state this one wrote
 
     @triton.jit
     def _gated_delta_step_kernel(
@@ -68,6 +91,9 @@ if triton is not None:
         state_ptr,  # [rows, HV, DK, DV] float32
         rows_ptr,  # [B]
         out_ptr,  # [B, HV, DV] float32
+        lens_ptr,  # CHAIN: as _conv_step_kernel's
+        saves_ptr,  # CHAIN
+        save_ptr,  # CHAIN: [scratch rows, HV, DK, DV]
         ab_stride,
         scale,
         HV,
@@ -77,6 +103,7 @@ if triton is not None:
         DV: tl.constexpr,
         BK: tl.constexpr,
         BV: tl.constexpr,
+        CHAIN: tl.constexpr,
     ):
         b = tl.program_id(0)
         hv = tl.program_id(1)
@@ -86,24 +113,38 @@ if triton is not None:
         mk = offs_k < DK
         offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
         mv = offs_v < DV
-        qkv = qkv_ptr + b * row_len
-        q = tl.load(qkv + hk * DK + offs_k, mask=mk, other=0.0)
-        k = tl.load(qkv + KEY_DIM + hk * DK + offs_k, mask=mk, other=0.0)
-        v = tl.load(qkv + 2 * KEY_DIM + hv * DV + offs_v, mask=mv, other=0.0)
-        q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
-        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-        a = tl.load(a_ptr + b * ab_stride + hv).to(tl.float32) + tl.load(dt_bias_ptr + hv)
-        g = -tl.load(a_exp_ptr + hv) * _softplus(a)
-        beta = tl.sigmoid(tl.load(b_ptr + b * ab_stride + hv).to(tl.float32))
-        row = tl.load(rows_ptr + b).to(tl.int64)
-        ptrs = state_ptr + ((row * HV + hv) * DK + offs_k[:, None]) * DV + offs_v[None, :]
         tile = mk[:, None] & mv[None, :]
-        s = tl.load(ptrs, mask=tile, other=0.0) * tl.exp(g)
-        delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
-        s = s + k[:, None] * delta[None, :]
+        n = 1
+        if CHAIN:  # the chain that starts at row b, its state kept in registers from token to token
+            n = tl.load(lens_ptr + b)
+            tile = tile & (n > 0)
+        a_exp = tl.load(a_exp_ptr + hv)
+        dt_bias = tl.load(dt_bias_ptr + hv)
+        row = tl.load(rows_ptr + b).to(tl.int64)
+        inner = (hv * DK + offs_k[:, None]) * DV + offs_v[None, :]
+        ptrs = state_ptr + row * HV * DK * DV + inner
+        s = tl.load(ptrs, mask=tile, other=0.0)
+        for t in range(n):
+            r = b + t
+            qkv = qkv_ptr + r * row_len
+            q = tl.load(qkv + hk * DK + offs_k, mask=mk, other=0.0)
+            k = tl.load(qkv + KEY_DIM + hk * DK + offs_k, mask=mk, other=0.0)
+            v = tl.load(qkv + 2 * KEY_DIM + hv * DV + offs_v, mask=mv, other=0.0)
+            q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
+            k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+            a = tl.load(a_ptr + r * ab_stride + hv).to(tl.float32) + dt_bias
+            g = -a_exp * _softplus(a)
+            beta = tl.sigmoid(tl.load(b_ptr + r * ab_stride + hv).to(tl.float32))
+            s = s * tl.exp(g)
+            delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+            s = s + k[:, None] * delta[None, :]
+            if CHAIN:
+                s_row = tl.load(saves_ptr + r)
+                save = save_ptr + tl.maximum(s_row, 0).to(tl.int64) * HV * DK * DV + inner
+                tl.store(save, s, mask=tile & (s_row >= 0))
+            o = tl.sum(s * q[:, None], axis=0)
+            tl.store(out_ptr + (r * HV + hv) * DV + offs_v, o, mask=mv)
         tl.store(ptrs, s, mask=tile)
-        o = tl.sum(s * q[:, None], axis=0)
-        tl.store(out_ptr + (b * HV + hv) * DV + offs_v, o, mask=mv)
 
     @triton.jit
     def _ssm_step_kernel(
@@ -115,6 +156,9 @@ if triton is not None:
         state_ptr,  # [rows, H, P, N] float32
         rows_ptr,  # [B]
         out_ptr,  # [B, H, P] float32
+        lens_ptr,  # CHAIN: as _conv_step_kernel's
+        saves_ptr,  # CHAIN
+        save_ptr,  # CHAIN: [scratch rows, H, P, N]
         dt_stride,
         dt_min,
         H,
@@ -124,29 +168,43 @@ if triton is not None:
         N: tl.constexpr,
         BP: tl.constexpr,
         BN: tl.constexpr,
+        CHAIN: tl.constexpr,
     ):
         b = tl.program_id(0)
         h = tl.program_id(1)
         grp = h // REP
         inner = H * P
-        xbc = xbc_ptr + b * (inner + 2 * G * N)
         offs_p = tl.program_id(2) * BP + tl.arange(0, BP)
         mp = offs_p < P
         offs_n = tl.arange(0, BN)
         mn = offs_n < N
-        x = tl.load(xbc + h * P + offs_p, mask=mp, other=0.0)
-        bb = tl.load(xbc + inner + grp * N + offs_n, mask=mn, other=0.0)
-        cc = tl.load(xbc + inner + G * N + grp * N + offs_n, mask=mn, other=0.0)
-        dt = _softplus(tl.load(dt_ptr + b * dt_stride + h).to(tl.float32) + tl.load(dt_bias_ptr + h))
-        dt = tl.maximum(dt, dt_min)
-        row = tl.load(rows_ptr + b).to(tl.int64)
-        ptrs = state_ptr + ((row * H + h) * P + offs_p[:, None]) * N + offs_n[None, :]
         tile = mp[:, None] & mn[None, :]
-        s = tl.load(ptrs, mask=tile, other=0.0) * tl.exp(dt * tl.load(a_ptr + h))
-        s = s + (x * dt)[:, None] * bb[None, :]
+        n = 1
+        if CHAIN:  # the chain that starts at row b, its state kept in registers from token to token
+            n = tl.load(lens_ptr + b)
+            tile = tile & (n > 0)
+        dt_bias, a, d = tl.load(dt_bias_ptr + h), tl.load(a_ptr + h), tl.load(d_ptr + h)
+        row = tl.load(rows_ptr + b).to(tl.int64)
+        within = (h * P + offs_p[:, None]) * N + offs_n[None, :]
+        ptrs = state_ptr + row * H * P * N + within
+        s = tl.load(ptrs, mask=tile, other=0.0)
+        for t in range(n):
+            r = b + t
+            xbc = xbc_ptr + r * (inner + 2 * G * N)
+            x = tl.load(xbc + h * P + offs_p, mask=mp, other=0.0)
+            bb = tl.load(xbc + inner + grp * N + offs_n, mask=mn, other=0.0)
+            cc = tl.load(xbc + inner + G * N + grp * N + offs_n, mask=mn, other=0.0)
+            dt = _softplus(tl.load(dt_ptr + r * dt_stride + h).to(tl.float32) + dt_bias)
+            dt = tl.maximum(dt, dt_min)
+            s = s * tl.exp(dt * a)
+            s = s + (x * dt)[:, None] * bb[None, :]
+            if CHAIN:
+                s_row = tl.load(saves_ptr + r)
+                save = save_ptr + tl.maximum(s_row, 0).to(tl.int64) * H * P * N + within
+                tl.store(save, s, mask=tile & (s_row >= 0))
+            y = tl.sum(s * cc[None, :], axis=1) + d * x
+            tl.store(out_ptr + (r * H + h) * P + offs_p, y, mask=mp)
         tl.store(ptrs, s, mask=tile)
-        y = tl.sum(s * cc[None, :], axis=1) + tl.load(d_ptr + h) * x
-        tl.store(out_ptr + (b * H + h) * P + offs_p, y, mask=mp)
 
     @triton.jit
     def _gated_norm_kernel(
@@ -185,14 +243,16 @@ def _rows_stride(x: torch.Tensor) -> int:
 
 
 def conv_step(
-    x: torch.Tensor, states: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor, bias=None
+    x: torch.Tensor, states: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor, bias=None, chain=None
 ) -> torch.Tensor:
     """One token of each row: ``x`` [B, C], ``states`` [slots, K-1, C] (updated in place at ``rows``),
-    ``weight`` [C, K] -> silu(conv + bias) [B, C] in float32 (``gated_delta.causal_conv_step``)."""
+    ``weight`` [C, K] -> silu(conv + bias) [B, C] in float32 (``gated_delta.causal_conv_step``).
+    ``chain``: ``Chains`` of the rows (consecutive rows of one sequence, its state at ``rows``)."""
     b, c = x.shape
     k = weight.shape[1]
     out = torch.empty(b, c, dtype=torch.float32, device=x.device)
     block = 128
+    lens, saves, save = (chain.lens, chain.saves, chain.conv) if chain is not None else (rows, rows, states)
     _conv_step_kernel[(b, triton.cdiv(c, block))](
         x,
         states,
@@ -200,10 +260,14 @@ def conv_step(
         weight,
         weight if bias is None else bias,
         out,
+        lens,
+        saves,
+        save,
         _rows_stride(x),
         c,
         K=k,
         HAS_BIAS=bias is not None,
+        CHAIN=chain is not None,
         BLOCK_C=block,
     )
     return out
@@ -218,16 +282,18 @@ def gated_delta_step(
     states: torch.Tensor,
     rows: torch.Tensor,
     num_k_heads: int,
+    chain=None,
 ) -> torch.Tensor:
     """Qwen3.5's recurrent step for B rows: ``qkv`` [B, 2*HK*DK + HV*DV] float32 (after the conv),
     ``a``/``b`` [B, HV] raw, ``states`` [slots, HV, DK, DV] (updated in place at ``rows``) ->
-    the outputs [B, HV, DV] float32."""
+    the outputs [B, HV, DV] float32. ``chain``: as ``conv_step``'s."""
     nb = qkv.shape[0]
     hv, dk, dv = states.shape[1:]
     if a.stride() != b.stride():
         raise ValueError("internal error: a and b must be views of one projection")
     out = torch.empty(nb, hv, dv, dtype=torch.float32, device=qkv.device)
     bv = min(32, triton.next_power_of_2(dv))
+    lens, saves, save = (chain.lens, chain.saves, chain.ssm) if chain is not None else (rows, rows, states)
     _gated_delta_step_kernel[(nb, hv, triton.cdiv(dv, bv))](
         qkv,
         a,
@@ -237,6 +303,9 @@ def gated_delta_step(
         states,
         rows,
         out,
+        lens,
+        saves,
+        save,
         _rows_stride(a),
         dk**-0.5,
         hv,
@@ -246,6 +315,7 @@ def gated_delta_step(
         DV=dv,
         BK=triton.next_power_of_2(dk),
         BV=bv,
+        CHAIN=chain is not None,
     )
     return out
 
@@ -260,13 +330,16 @@ def ssm_step(
     states: torch.Tensor,
     rows: torch.Tensor,
     num_groups: int,
+    chain=None,
 ) -> torch.Tensor:
     """Mamba-2's step for B rows: ``xbc`` [B, H*P + 2*G*N] float32 (after the conv), ``dt`` [B, H] raw,
-    ``states`` [slots, H, P, N] (updated in place at ``rows``) -> y + D * x [B, H, P] float32."""
+    ``states`` [slots, H, P, N] (updated in place at ``rows``) -> y + D * x [B, H, P] float32.
+    ``chain``: as ``conv_step``'s."""
     nb = xbc.shape[0]
     h, p, n = states.shape[1:]
     out = torch.empty(nb, h, p, dtype=torch.float32, device=xbc.device)
     bp = min(16, triton.next_power_of_2(p))
+    lens, saves, save = (chain.lens, chain.saves, chain.ssm) if chain is not None else (rows, rows, states)
     _ssm_step_kernel[(nb, h, triton.cdiv(p, bp))](
         xbc,
         dt,
@@ -276,6 +349,9 @@ def ssm_step(
         states,
         rows,
         out,
+        lens,
+        saves,
+        save,
         _rows_stride(dt),
         dt_min,
         h,
@@ -285,6 +361,7 @@ def ssm_step(
         N=n,
         BP=bp,
         BN=triton.next_power_of_2(n),
+        CHAIN=chain is not None,
     )
     return out
 

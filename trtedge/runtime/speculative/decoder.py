@@ -91,19 +91,21 @@ class SpeculativeDecoder:
         self.device_drafts = True
         if runner.graphs is not None and not self.graph_verify:
             log.warning(
-                "speculative decoding (%s) on a hybrid model (%s) verifies its drafts without CUDA graphs: "
-                "on CUDA a verify step costs many plain steps (measured ~50x at the Qwen3.5-0.8B shape), so "
-                "this is slower than decoding without --speculative-config; per request, disable_spec_decode "
-                "turns it off",
+                "speculative decoding (%s) on a hybrid model (%s) with tensor parallelism verifies its drafts "
+                "without CUDA graphs: on CUDA a verify step costs many plain steps (measured ~50x at the "
+                "Qwen3.5-0.8B shape), so this is slower than decoding without --speculative-config; per "
+                "request, disable_spec_decode turns it off",
                 config.method,
                 runner.model.cfg.model_type,
             )
 
     @property
     def graph_verify(self) -> bool:
-        """Whether chain verify steps replay the decode CUDA graphs: not with recurrent states (a hybrid
-        target's layers verify a chain token by token, keeping a state per node, eagerly)."""
-        return self.runner.graphs is not None and self.runner.states is None
+        """Whether chain verify steps replay the decode CUDA graphs. A hybrid target's graphs must take
+        verify chains (its recurrent layers run a chain's nodes one after the other, keeping each
+        node's state for the rollback): not with tensor parallelism, whose ranks replay plain steps."""
+        graphs = self.runner.graphs
+        return graphs is not None and (self.runner.states is None or graphs.verify_chains)
 
     def _limit(self, seq: Sequence) -> int:
         left = min(
@@ -253,15 +255,22 @@ class SpeculativeDecoder:
             context_lens.append(start + count)
             tables.append(table[: -(-(start + count) // bs)])
             masks.append(None if draft.is_chain else span_mask(start, draft.ancestor_mask(device)))
-        if rows_per_node and self.graph_verify:
+        counts = [len(draft) + 1 for _, draft in kept]
+        if rows_per_node and self.graph_verify and runner.graph_ready(len(ids)):
+            states = None
+            if runner.states is not None:  # each chain's recurrent state node by node, inside the graph
+                states = runner.recurrent_batch(
+                    ScheduledBatch([s for s, _ in kept], counts), counts, chains=True
+                )
             # raw: the graph's buffer in the model's dtype (the greedy rows' argmax reads it as it is, the
             # others convert their rows); read before the next replay
             logits = runner.graph_logits(
-                ids, positions, slots, row_tables, context_lens, row_seqs, fill, raw=True
+                ids, positions, slots, row_tables, context_lens, row_seqs, fill, raw=True, states=states
             )
-            if logits is not None:
-                self.graph_steps += 1
-                return logits, getattr(model, "aux_hidden", None)  # MTP's tap: the graphs refresh it
+            if logits is None:
+                raise RuntimeError("internal error: the decode graphs refused a verify step they fit")
+            self.graph_steps += 1
+            return logits, getattr(model, "aux_hidden", None)  # MTP's tap: the graphs refresh it
         attn = runner._attention_batch(slots, query_lens, context_lens, tables, decode=rows_per_node)
         if any(m is not None for m in masks):
             # the Triton varlen kernel is causal only: token trees take the torch reference path
@@ -272,7 +281,6 @@ class SpeculativeDecoder:
             input_ids.index_copy_(0, *fill.on_device())
         extra = {}
         if runner.states is not None:  # recurrent layers: each chain runs token by token, keeping every state
-            counts = [len(draft) + 1 for _, draft in kept]
             extra["states"] = runner.recurrent_batch(ScheduledBatch([s for s, _ in kept], counts), counts)
         hidden = model.forward(
             input_ids,
