@@ -215,9 +215,11 @@ def measure(llm, tokens: int) -> dict:
 def replay_times(graphs, repeats: int = 100, launches: int = 20) -> dict:
     """Mean replay time (ms) of each captured size, CUDA events around ``repeats`` replays; and the
     host's time in one ``replay()`` call with the device idle (median of ``launches``, each after a
-    sync): what a launch costs when nothing is queued before it."""
+    sync): what a launch costs when nothing is queued before it. Each size replays a step of padding
+    rows (context 1; the staged inputs of the last real step are another size's layout)."""
     out, launch = {}, {}
     for size, graph in sorted(graphs.graphs.items()):
+        graphs.io.pad(size)
         graph.replay()
         sync()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
