@@ -377,9 +377,12 @@ def test_the_qk_norm_rope_kernel_matches_the_gated_attention_reference(dtype):
 # A verify step inside the decode graphs: rows are chains (consecutive rows of one sequence, each after
 # the one before), lengths [3, 1, 2] here, a 0 at a chain's later rows; a chain's recurrent state comes
 # from its sequence's live row, and the state after every row is kept in the scratch rows (-1: none).
-CHAIN_LENS = [3, 0, 0, 1, 2, 0]
-CHAIN_SAVES = [2, 0, 1, -1, 4, 3]
-CHAIN_ROWS = [5, 5, 5, 0, 2, 2]
+# The last two rows are a captured step's padding: chains of one on the pool's padding row (1 here),
+# whose outputs and state are scratch (not compared).
+CHAIN_LENS = [3, 0, 0, 1, 2, 0, 1, 1]
+CHAIN_SAVES = [2, 0, 1, -1, 4, 3, -1, -1]
+CHAIN_ROWS = [5, 5, 5, 0, 2, 2, 1, 1]
+REAL, PAD_ROW = 6, 1  # rows before the padding; the padding rows' state row
 
 
 def _chain_reference(step, rows, *state_lists):
@@ -405,7 +408,7 @@ def _chains(device, conv_scratch, ssm_scratch):
     return Chains(t(CHAIN_LENS), t(CHAIN_SAVES), conv_scratch, ssm_scratch), t(CHAIN_ROWS)
 
 
-def check_chained_recurrent_kernels(device="cuda") -> None:
+def check_chained_recurrent_kernels(device="cuda", dtype=torch.float32) -> None:
     """The conv, gated-delta and SSM kernels over chains equal the token-by-token torch reference:
     outputs, the live states after each chain, every kept state; untouched rows stay as they were."""
     import torch.nn.functional as F
@@ -421,22 +424,24 @@ def check_chained_recurrent_kernels(device="cuda") -> None:
 
     b = len(CHAIN_ROWS)
     saved = [i for i, s in enumerate(CHAIN_SAVES) if s >= 0]
+    live_rows = [r for r in range(6) if r != PAD_ROW]
     # conv
     c = 200
-    x = randn(b, c + 20)[:, :c]
-    conv_states, weight, bias = randn(6, 3, c), randn(c, 4), randn(c)
-    scratch = torch.full((6, 3, c), 7.0, device=device)
+    x = randn(b, c + 20)[:, :c].to(dtype)  # a strided view, as split from the input projection
+    conv_states, weight, bias = randn(6, 3, c).to(dtype), randn(c, 4).to(dtype), randn(c).to(dtype)
+    scratch = torch.full((6, 3, c), 7.0, device=device, dtype=dtype)
     chains, rows = _chains(device, scratch, None)
 
     def conv_ref(i, states):
-        out, new = gd.causal_conv_step(x[i : i + 1], states[0], weight, bias)
-        return out, [new]
+        out, new = gd.causal_conv_step(x[i : i + 1].float(), states[0].float(), weight.float(), bias.float())
+        return out, [new.to(dtype)]
 
     ref_out, (ref_live,), kept = _chain_reference(conv_ref, CHAIN_ROWS, conv_states)
     pool = conv_states.clone()
     out = tr.conv_step(x, pool, rows, weight, bias, chain=chains)
-    assert torch.allclose(out, ref_out, atol=1e-5, rtol=1e-5)
-    assert torch.equal(pool, ref_live)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(out[:REAL], ref_out[:REAL], atol=tol, rtol=tol)
+    assert torch.equal(pool[live_rows], ref_live[live_rows])
     for i in saved:
         assert torch.equal(scratch[CHAIN_SAVES[i]], kept[i][0]), i
     assert torch.equal(scratch[5], torch.full((3, c), 7.0, device=device))  # no row keeps its state there
@@ -463,8 +468,8 @@ def check_chained_recurrent_kernels(device="cuda") -> None:
     ref_out, (ref_live,), kept = _chain_reference(delta_ref, CHAIN_ROWS, ssm_states)
     pool = ssm_states.clone()
     out = tr.gated_delta_step(qkv, a_in, beta_in, a_exp, dt_bias, pool, rows, hk, chain=chains)
-    assert torch.allclose(out, ref_out, atol=1e-4, rtol=1e-4)
-    assert torch.allclose(pool, ref_live, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(out[:REAL], ref_out[:REAL], atol=1e-4, rtol=1e-4)
+    assert torch.allclose(pool[live_rows], ref_live[live_rows], atol=1e-5, rtol=1e-5)
     for i in saved:
         assert torch.allclose(scratch[CHAIN_SAVES[i]], kept[i][0], atol=1e-5, rtol=1e-5), i
     # SSM (Nemotron-H's Mamba-2)
@@ -488,11 +493,12 @@ def check_chained_recurrent_kernels(device="cuda") -> None:
     ref_out, (ref_live,), kept = _chain_reference(ssm_ref, CHAIN_ROWS, ssm_states)
     pool = ssm_states.clone()
     y = tr.ssm_step(xbc, dt_in, dt_bias, a, d, 0.001, pool, rows, groups, chain=chains)
-    assert torch.allclose(y, ref_out, atol=1e-4, rtol=1e-4)
-    assert torch.allclose(pool, ref_live, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(y[:REAL], ref_out[:REAL], atol=1e-4, rtol=1e-4)
+    assert torch.allclose(pool[live_rows], ref_live[live_rows], atol=1e-5, rtol=1e-5)
     for i in saved:
         assert torch.allclose(scratch[CHAIN_SAVES[i]], kept[i][0], atol=1e-5, rtol=1e-5), i
 
 
-def test_the_recurrent_kernels_run_verify_chains_as_the_token_by_token_reference():
-    check_chained_recurrent_kernels()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_recurrent_kernels_run_verify_chains_as_the_token_by_token_reference(dtype):
+    check_chained_recurrent_kernels(dtype=dtype)

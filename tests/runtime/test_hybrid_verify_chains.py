@@ -70,6 +70,28 @@ def test_graphed_verify_chains_restore_the_state_of_every_accepted_length(family
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
+class OneRowGraphs(EagerGraphs):
+    """Graphs captured for one row: a verify step (k + 1 rows) does not fit them."""
+
+    def fits(self, num_seqs: int) -> bool:
+        return num_seqs <= 1
+
+
+def test_a_verify_step_the_graphs_cannot_take_runs_eagerly_between_graphed_steps(family):
+    model, tokenizer, prompts, plain = family
+    engine = _engine(model, tokenizer, 1)
+    engine.runner.graphs = graphs = OneRowGraphs(engine.runner, verify_chains=True)
+    engine.speculative.proposer = KnowingProposer(prompts, plain)
+    try:
+        outs = [[t for d in engine.submit(p, GREEDY) for t in d.token_ids] for p in prompts]
+    finally:
+        engine.shutdown()
+    assert outs == plain
+    spec = engine.speculative
+    assert spec.verify_steps > 0 and spec.graph_steps == 0 == graphs.chain_calls and graphs.calls > 0
+    assert engine.blocks.state.num_free_slots == engine.blocks.state.num_slots
+
+
 def test_the_next_turn_resumes_from_the_prompt_snapshot_after_graphed_verify_chains(family):
     """The first turn publishes its prompt's snapshot (speculating requests checkpoint inside their
     prompt only), then decodes in graphed verify chains, whose scratch rows and live row must leave

@@ -210,6 +210,12 @@ class RecurrentBatch:
 
     def chains(self, layer: int) -> Chains | None:
         """Layer ``layer``'s view of the step's chains; None for a plain decode step."""
+        if self.firsts is not None and self.plan is None:
+            # the host's view of graphed verify chains (``ModelRunner.recurrent_batch(chains=True)``):
+            # an eager forward would keep no per-node state for the rollback
+            raise RuntimeError(
+                "internal error: verify chains staged for the decode graphs reached an eager forward"
+            )
         if self.lens_tensor is None:
             return None
         return Chains(
