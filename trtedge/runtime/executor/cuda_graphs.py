@@ -228,6 +228,15 @@ class StepInputs:
             raise RuntimeError("internal error: a chained step staged for graphs captured without chains")
         return stage_rows(columns, size, tail)
 
+    def recurrent_batch(self, pool: RecurrentStatePool, size: int) -> RecurrentBatch:
+        """The recurrent layers' view of a ``size`` step over these buffers: each row's state row and,
+        with chains, its chain length and scratch row. Checkpoints are copied after the replay
+        (``RecurrentStatePool.save_checkpoints``)."""
+        batch = RecurrentBatch(pool, [], [1] * size, [None] * size, rows_tensor=self.state_rows[:size])
+        if self.state_lens is not None:
+            batch.lens_tensor, batch.saves_tensor = self.state_lens[:size], self.state_saves[:size]
+        return batch
+
     def unstage(self, size: int) -> None:
         """On the device (inside the graph): the staged copy into the step's static inputs."""
         rows, writes = self._views(size)
@@ -340,15 +349,7 @@ class DecodeGraphs:
         )
 
     def _step(self, size: int, kv_caches) -> torch.Tensor:
-        extra = {}
-        if self.states is not None:
-            # checkpoints are copied after the replay (RecurrentStatePool.save_checkpoints)
-            extra["states"] = RecurrentBatch(
-                self.states, [], [1] * size, [None] * size, rows_tensor=self.state_rows[:size]
-            )
-            if self.verify_chains:
-                extra["states"].lens_tensor = self.io.state_lens[:size]
-                extra["states"].saves_tensor = self.io.state_saves[:size]
+        extra = {} if self.states is None else {"states": self.io.recurrent_batch(self.states, size)}
         hidden = self.model.forward(
             self.ids[:size], self.positions[:size], kv_caches, self._batch(size), **extra
         )
