@@ -218,6 +218,12 @@ class RecurrentBatch:
             )
         if self.lens_tensor is None:
             return None
+        if any(
+            c is not None for c in self.checkpoints
+        ):  # a chain's checkpoint is copied from its scratch row
+            raise RuntimeError(
+                "internal error: a chained step copies its checkpoints after the step, not in it"
+            )
         return Chains(
             self.lens_tensor, self.saves_tensor, self.pool.step_conv[layer], self.pool.step_ssm[layer]
         )
