@@ -256,7 +256,7 @@ class ModelRunner:
                 raise RuntimeError("internal error: graphed verify chains are whole windows")
             firsts = list(itertools.accumulate(windows, initial=0))[:-1]
             self.states.scratch(sum(windows))  # raises if the step outgrows the scratch rows
-            states.windows, states.firsts = windows, firsts
+            states.firsts = firsts
         elif any(windows):
             states.windows = windows
             states.plan = plan_windows(self.states, rows, states.query_lens, checkpoints, windows)
@@ -404,9 +404,7 @@ class ModelRunner:
         if states is not None and states.firsts is None and not states.is_decode:  # draft windows: eager
             return None
         rows, chains = (states.rows if states is not None else None), None
-        if states is not None and states.firsts is not None:
-            if not self.graphs.verify_chains:
-                return None
+        if states is not None and states.firsts is not None:  # graphs captured without chains refuse them
             rows, lens, saves = [], [], []
             for row, n, first in zip(states.rows, states.query_lens, states.firsts):
                 rows += [row] * n

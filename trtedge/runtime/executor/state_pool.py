@@ -65,16 +65,15 @@ class RecurrentStatePool:
         """After a decode step that ran in a CUDA graph: copy the live state of the sequences whose
         step reached a checkpoint (after their one token) into their checkpoint rows; for verify
         chains, the state kept after the checkpoint's token (a scratch row)."""
-        chains = batch.firsts is not None
-        pairs = [
-            (first + ckpt[0] - 1 if chains else row, ckpt[1])
-            for row, first, ckpt in zip(batch.rows, batch.firsts or batch.rows, batch.checkpoints)
-            if ckpt is not None
-        ]
+        if batch.firsts is not None:  # a chain's checkpoint: the scratch row of its ckpt[0]-th token
+            source = self.step_conv, self.step_ssm
+            pairs = [(f + c[0] - 1, c[1]) for f, c in zip(batch.firsts, batch.checkpoints) if c is not None]
+        else:
+            source = self.conv, self.ssm
+            pairs = [(row, c[1]) for row, c in zip(batch.rows, batch.checkpoints) if c is not None]
         if pairs:
             src = to_device([a for a, _ in pairs], torch.long, self.device)
             dst = to_device([b for _, b in pairs], torch.long, self.device)
-            source = (self.step_conv, self.step_ssm) if chains else (self.conv, self.ssm)
             copy_states((self.conv, self.ssm), dst, source, src, dim=1)
 
     def restore(self, row: int, scratch_row: int) -> None:
@@ -208,19 +207,19 @@ class RecurrentBatch:
     def is_decode(self) -> bool:
         return self.plan is None and all(n == 1 for n in self.query_lens)
 
-    def chains(self, layer: int) -> Chains | None:
-        """Layer ``layer``'s view of the step's chains; None for a plain decode step."""
-        if self.firsts is not None and self.plan is None:
-            # the host's view of graphed verify chains (``ModelRunner.recurrent_batch(chains=True)``):
-            # an eager forward would keep no per-node state for the rollback
+    def require_eager(self) -> None:
+        """Before an eager forward over this batch: the host's view of graphed verify chains
+        (``ModelRunner.recurrent_batch(chains=True)``) has no eager plan and would keep no state."""
+        if self.firsts is not None:
             raise RuntimeError(
                 "internal error: verify chains staged for the decode graphs reached an eager forward"
             )
+
+    def chains(self, layer: int) -> Chains | None:
+        """Layer ``layer``'s view of the step's chains; None for a plain decode step."""
         if self.lens_tensor is None:
             return None
-        if any(
-            c is not None for c in self.checkpoints
-        ):  # a chain's checkpoint is copied from its scratch row
+        if any(c is not None for c in self.checkpoints):  # copied from the scratch rows after the step
             raise RuntimeError(
                 "internal error: a chained step copies its checkpoints after the step, not in it"
             )

@@ -28,6 +28,14 @@ if triton is not None:
         return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))  # torch's threshold
 
     @triton.jit
+    def _keep_state(saves_ptr, r, save_ptr, row_size, within, s, tile):
+        """Verify chains: store the state tile ``s`` (offsets ``within`` of a state row of ``row_size``)
+        in the scratch row that row ``r``'s token keeps, if it keeps one (``saves[r]`` >= 0)."""
+        s_row = tl.load(saves_ptr + r)
+        save = save_ptr + tl.maximum(s_row, 0).to(tl.int64) * row_size + within
+        tl.store(save, s, mask=tile & (s_row >= 0))
+
+    @triton.jit
     def _conv_step_kernel(
         x_ptr,  # [B, C] this token's conv inputs (row stride x_stride)
         state_ptr,  # [rows, K - 1, C] the layer's conv states
@@ -139,9 +147,7 @@ if triton is not None:
             delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
             s = s + k[:, None] * delta[None, :]
             if CHAIN:
-                s_row = tl.load(saves_ptr + r)
-                save = save_ptr + tl.maximum(s_row, 0).to(tl.int64) * HV * DK * DV + inner
-                tl.store(save, s, mask=tile & (s_row >= 0))
+                _keep_state(saves_ptr, r, save_ptr, HV * DK * DV, inner, s, tile)
             o = tl.sum(s * q[:, None], axis=0)
             tl.store(out_ptr + (r * HV + hv) * DV + offs_v, o, mask=mv)
         tl.store(ptrs, s, mask=tile)
@@ -199,9 +205,7 @@ if triton is not None:
             s = s * tl.exp(dt * a)
             s = s + (x * dt)[:, None] * bb[None, :]
             if CHAIN:
-                s_row = tl.load(saves_ptr + r)
-                save = save_ptr + tl.maximum(s_row, 0).to(tl.int64) * H * P * N + within
-                tl.store(save, s, mask=tile & (s_row >= 0))
+                _keep_state(saves_ptr, r, save_ptr, H * P * N, within, s, tile)
             y = tl.sum(s * cc[None, :], axis=1) + d * x
             tl.store(out_ptr + (r * H + h) * P + offs_p, y, mask=mp)
         tl.store(ptrs, s, mask=tile)
