@@ -288,6 +288,13 @@ def make_tiny_ple_checkpoint(directory: Path, family: str, seed: int = 0, **over
     return directory
 
 
+def make_tiny_hybrid_family(directory: Path, family: str) -> Path:
+    """The tiny checkpoint of a hybrid ``family``: "qwen3_5" (text only) or "nemotron_h"."""
+    if family == "nemotron_h":
+        return make_tiny_nemotron_h_checkpoint(directory)
+    return make_tiny_hybrid_checkpoint(directory, vision=False, family=family)
+
+
 def make_tiny_nemotron_h_checkpoint(directory: Path, seed: int = 0, **overrides) -> Path:
     """A random 4-layer Nemotron-H with every layer type (Mamba-2, MoE, attention, MLP): hidden 64, a
     16-token scan chunk (prompts longer than it run several chunks), 2 Mamba groups of 4 heads, 4

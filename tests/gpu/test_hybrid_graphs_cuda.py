@@ -156,18 +156,26 @@ def test_a_checkpoint_saved_by_a_graphed_decode_step_resumes_the_next_turn(famil
     assert second.token_ids == reference
 
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def repetitive(family: str, directory):
+    """(checkpoint, prompts that n-gram lookup drafts for, their eager plain greedy output)."""
+    from tests.runtime.spec_helpers import repetitive_prompts
+
+    path = checkpoint(family, directory)
+    prompts = repetitive_prompts(4)
+    with hybrid_llm(path, eager=True) as llm:
+        plain = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    return path, prompts, plain
+
+
 @pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
 def test_ngram_speculation_verifies_inside_the_decode_graphs(family, tmp_path):
     """Verify chains replay the captured decode step (the chained recurrent kernels): greedy output
     equals eager plain decoding, every verify step ran in a graph, no state slot leaks."""
-    from tests.runtime.spec_helpers import repetitive_prompts
-
-    path = checkpoint(family, tmp_path / "m")
-    prompts = repetitive_prompts(4)
-    spec = {"method": "ngram", "num_speculative_tokens": 4}
-    with hybrid_llm(path, eager=True) as llm:
-        plain = [o.token_ids for o in llm.generate(prompts, GREEDY)]
-    with hybrid_llm(path, eager=False, speculative_config=spec) as llm:
+    path, prompts, plain = repetitive(family, tmp_path / "m")
+    with hybrid_llm(path, eager=False, speculative_config=NGRAM) as llm:
         outs = [o.token_ids for o in llm.generate(prompts, GREEDY)]
         assert llm.speculative_metrics()["steps"] > 0
         decoder = llm.engine.speculative
@@ -181,15 +189,10 @@ def test_ngram_speculation_verifies_inside_the_decode_graphs(family, tmp_path):
 def test_graphed_verify_chains_restore_the_state_of_every_accepted_length(family, tmp_path):
     """A proposer that drafts the true continuation with one wrong token at a rotating place: every
     accepted length 0..k restores the state its chain kept, alone and batched."""
-    from tests.runtime.spec_helpers import repetitive_prompts
     from tests.runtime.test_qwen3_5_speculative import KnowingProposer
 
-    path = checkpoint(family, tmp_path / "m")
-    prompts = repetitive_prompts(4)
-    spec = {"method": "ngram", "num_speculative_tokens": 4}
-    with hybrid_llm(path, eager=True) as llm:
-        plain = [o.token_ids for o in llm.generate(prompts, GREEDY)]
-    with hybrid_llm(path, eager=False, speculative_config=spec) as llm:
+    path, prompts, plain = repetitive(family, tmp_path / "m")
+    with hybrid_llm(path, eager=False, speculative_config=NGRAM) as llm:
         decoder = llm.engine.speculative
         decoder.proposer = KnowingProposer(prompts, plain)
         alone = [llm.generate(p, GREEDY).token_ids for p in prompts]

@@ -50,6 +50,18 @@ def generate(
     return outs, eng
 
 
+def collect(engine, prompts, params=GREEDY, one_by_one: bool = False) -> list[list[int]]:
+    """Token ids per prompt from ``engine``, the prompts submitted all at once (or each after the last
+    one finished); the engine is shut down afterwards."""
+    try:
+        if one_by_one:
+            return [[t for delta in engine.submit(p, params) for t in delta.token_ids] for p in prompts]
+        streams = [engine.submit(p, params) for p in prompts]
+        return [[t for delta in s for t in delta.token_ids] for s in streams]
+    finally:
+        engine.shutdown()
+
+
 def repetitive_prompts(count: int = 8, vocab: int = 512, seed: int = 0) -> list[list[int]]:
     """Prompts that repeat a phrase, so n-gram lookup finds drafts."""
     rng = random.Random(seed)

@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.tiny import make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
-from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+from tests.runtime.spec_helpers import load
+from tests.tiny import make_tiny_hybrid_family
 from trtedge.runtime.engine import Engine, EngineConfig
-from trtedge.runtime.models import load_model
 from trtedge.runtime.sampling_params import SamplingParams
 
 pytest.importorskip("transformers")
@@ -21,14 +20,7 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 @pytest.fixture(scope="module", params=["qwen3_5", "nemotron_h"])
 def hybrid(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(request.param) / "m"
-    if request.param == "nemotron_h":
-        path = make_tiny_nemotron_h_checkpoint(directory)
-    else:
-        path = make_tiny_hybrid_checkpoint(directory, vision=False)
-    checkpoint = resolve_checkpoint(str(path))
-    model = load_model(checkpoint, dtype="float32", device="cpu", weights="auto", max_positions=512)
-    return model, checkpoint.load_tokenizer()
+    return load(make_tiny_hybrid_family(tmp_path_factory.mktemp(request.param) / "m", request.param))
 
 
 def prompt(n: int, seed: int) -> list[int]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from tests.eager_graphs import EagerGraphs
-from tests.runtime.spec_helpers import generate, load, repetitive_prompts
+from tests.runtime.spec_helpers import collect, generate, load, repetitive_prompts
 from tests.runtime.test_qwen3_5_speculative import KnowingProposer
-from tests.tiny import make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
+from tests.tiny import make_tiny_hybrid_family
 from trtedge.runtime.engine import Engine, EngineConfig
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig
@@ -25,12 +25,9 @@ GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
 
 @pytest.fixture(scope="module", params=["qwen3_5", "nemotron_h"])
 def family(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(request.param) / "m"
-    if request.param == "nemotron_h":
-        path = make_tiny_nemotron_h_checkpoint(directory)
-    else:
-        path = make_tiny_hybrid_checkpoint(directory, vision=False)
-    model, tokenizer = load(path)
+    model, tokenizer = load(
+        make_tiny_hybrid_family(tmp_path_factory.mktemp(request.param) / "m", request.param)
+    )
     prompts = repetitive_prompts(6)
     plain, _ = generate(model, tokenizer, prompts, GREEDY, batch=1)
     return model, tokenizer, prompts, plain
@@ -56,12 +53,7 @@ def test_graphed_verify_chains_restore_the_state_of_every_accepted_length(family
     engine = _engine(model, tokenizer, batch)
     engine.speculative.proposer = KnowingProposer(prompts, plain)
     assert engine.speculative.graph_verify
-    try:
-        streams = [engine.submit(p, GREEDY) for p in prompts]
-        outs = [[t for d in s for t in d.token_ids] for s in streams]
-    finally:
-        engine.shutdown()
-    assert outs == plain
+    assert collect(engine, prompts, GREEDY) == plain
     spec = engine.speculative
     assert spec.graph_steps == spec.verify_steps > 0 and engine.runner.graphs.chain_calls == spec.graph_steps
     assert 0 < spec.stats.accepted_tokens < spec.stats.draft_tokens and spec.stats.mean_accepted_length > 2
@@ -82,11 +74,7 @@ def test_a_verify_step_the_graphs_cannot_take_runs_eagerly_between_graphed_steps
     engine = _engine(model, tokenizer, 1)
     engine.runner.graphs = graphs = OneRowGraphs(engine.runner, verify_chains=True)
     engine.speculative.proposer = KnowingProposer(prompts, plain)
-    try:
-        outs = [[t for d in engine.submit(p, GREEDY) for t in d.token_ids] for p in prompts]
-    finally:
-        engine.shutdown()
-    assert outs == plain
+    assert collect(engine, prompts, GREEDY, one_by_one=True) == plain
     spec = engine.speculative
     assert spec.verify_steps > 0 and spec.graph_steps == 0 == graphs.chain_calls and graphs.calls > 0
     assert engine.blocks.state.num_free_slots == engine.blocks.state.num_slots

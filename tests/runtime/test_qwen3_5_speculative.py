@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.runtime.spec_helpers import generate, load, repetitive_prompts
+from tests.runtime.spec_helpers import collect, generate, load, repetitive_prompts
 from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint
 from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.engine import Engine, EngineConfig
@@ -89,12 +89,7 @@ def test_every_accepted_length_restores_the_state(target, prompts, plain, batch)
     )
     engine = Engine(model, tokenizer, config)
     engine.speculative.proposer = KnowingProposer(prompts, plain)
-    try:
-        streams = [engine.submit(p, GREEDY) for p in prompts]
-        outs = [[t for d in s for t in d.token_ids] for s in streams]
-    finally:
-        engine.shutdown()
-    assert outs == plain
+    assert collect(engine, prompts, GREEDY) == plain
     stats = engine.speculative.stats
     assert 0 < stats.accepted_tokens < stats.draft_tokens and stats.mean_accepted_length > 2
     assert_nothing_leaked(engine)
