@@ -64,6 +64,8 @@ class TorchAttention:
     ) -> torch.Tensor:
         kv_fp8.store(k_cache, batch.slot_mapping, k)
         kv_fp8.store(v_cache, batch.slot_mapping, v)
+        if batch.tables_tensor is not None and not batch.block_tables:
+            return self._decode_from_tables(q, k_cache, v_cache, batch)
         out = torch.empty_like(q)
         start = 0
         masks = batch.masks or [None] * len(batch.query_lens)
@@ -77,6 +79,30 @@ class TorchAttention:
             out[start:end] = self._attend(q[start:end], keys, values, ctx - qlen, mask)
             start = end
         return out
+
+    def _decode_from_tables(self, q, k_cache, v_cache, batch: AttentionBatch) -> torch.Tensor:
+        """A decode step (one query row a sequence) given only the device's block tables and context
+        lengths (a CUDA graph's static inputs): every row gathers its whole table and masks what lies
+        past its context; nothing is read back to the host."""
+        tables = batch.tables_tensor.long()
+        rows, width = tables.shape
+        keys = kv_fp8.read(k_cache[tables].flatten(1, 2), q.dtype)  # [rows, width * block_size, Hkv, D]
+        values = kv_fp8.read(v_cache[tables].flatten(1, 2), q.dtype)
+        place = torch.arange(keys.shape[1], device=q.device)
+        context = batch.context_lens_tensor.long()[:, None]
+        visible = place[None, :] < context
+        if self.window:
+            visible = visible & (place[None, :] >= context - self.window)
+        qt, kt, vt = q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2)  # [rows, heads, ., D]
+        mask = visible[:, None, None, :]
+        if self.softcap is not None:
+            group = qt.shape[1] // kt.shape[1]
+            kt, vt = kt.repeat_interleave(group, 1), vt.repeat_interleave(group, 1)
+            scores = torch.tanh((qt.float() @ kt.float().transpose(-1, -2)) * self.scale / self.softcap)
+            scores = (scores * self.softcap).masked_fill(~mask, float("-inf"))
+            return (scores.softmax(-1) @ vt.float()).to(q.dtype)[:, :, 0]
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=self.scale, enable_gqa=True)
+        return o[:, :, 0]
 
     def _attend(self, q, k, v, offset: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         qlen, klen = q.shape[0], k.shape[0]

@@ -78,7 +78,8 @@ def build_decoder(
         from trtedge.runtime.speculative.mtp import MtpProposer, check_mtp
 
         check_mtp(runner.model.cfg)
-        proposer = MtpProposer(draft, runner.model, blocks.num_blocks, blocks.block_size)
+        graphs = _head_graphs(runner, config.num_speculative_tokens, max_kv_cache_capacity, blocks.block_size)
+        proposer = MtpProposer(draft, runner.model, blocks.num_blocks, blocks.block_size, graphs)
     elif config.method == "dflash":
         from trtedge.runtime.speculative.dflash import DFlashProposer
 
@@ -86,10 +87,26 @@ def build_decoder(
     else:
         from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
 
-        proposer = Eagle3Proposer(draft, runner.model, config, blocks.num_blocks, blocks.block_size)
+        depth = min(config.num_speculative_tokens, config.verify_tokens)
+        graphs = _head_graphs(runner, depth, max_kv_cache_capacity, blocks.block_size)
+        proposer = Eagle3Proposer(draft, runner.model, config, blocks.num_blocks, blocks.block_size, graphs)
     if runner.graphs is not None and runner.graphs.aux_layers != runner.model.aux_layers:
         runner.graphs.recapture()  # the proposer taps hidden states (eagle3, dflash): the graphs keep them
     return SpeculativeDecoder(config, proposer, runner, blocks, max_num_batched_tokens, max_kv_cache_capacity)
+
+
+def _head_graphs(runner, depth: int, max_kv_cache_capacity: int, block_size: int):
+    """The CUDA graphs' geometry of a draft head's chains (``head_graphs``) where the target captures
+    its decode graphs: as many rows as they take. None (eager drafting) without them, and under tensor
+    parallelism, whose head runs on the first rank alone."""
+    from trtedge.runtime.speculative.head_graphs import HeadGraphSpec
+
+    graphs = runner.graphs
+    if graphs is None or runner.tp is not None:
+        return None
+    # a chain's rows reach depth - 1 past the sequence's last token
+    max_blocks = -(-(max_kv_cache_capacity + depth) // block_size)
+    return HeadGraphSpec(depth=depth, max_rows=graphs.sizes[-1], max_blocks=max_blocks)
 
 
 __all__ = [

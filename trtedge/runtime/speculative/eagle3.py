@@ -23,10 +23,12 @@ from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.models.config import RopeConfig
 from trtedge.runtime.models.layers import rms_norm, rotate
 from trtedge.runtime.models.rope import rope_tables
-from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
+from trtedge.runtime.ops import triton_attention
+from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAttention
 from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, draft_chains, last_rows
 from trtedge.runtime.speculative.head_files import read_head
+from trtedge.runtime.speculative.head_graphs import HeadGraphSpec
 from trtedge.runtime.speculative.tree import DeviceChains, Draft
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -83,7 +85,10 @@ class Eagle3Head:
         )
         cos, sin = rope_tables(RopeConfig(theta=theta), self.head_dim, self.head_dim, max_positions)
         self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
-        self.attention = TorchAttention(self.head_dim**-0.5)
+        # the Triton decode kernel where the head's steps run in CUDA graphs (their batches carry the
+        # tables tensor); any other batch takes the reference path
+        cuda = self.device.type == "cuda" and triton_attention.available()
+        self.attention = (CudaAttention if cuda else TorchAttention)(self.head_dim**-0.5)
 
     def forward(
         self, ids, hidden, positions, kv_cache, attn: AttentionBatch
@@ -119,7 +124,17 @@ def load_eagle3(path: str | Path, target, max_positions: int = 8192) -> Eagle3He
 
 
 class Eagle3Proposer:
-    def __init__(self, head: Eagle3Head, target, config, num_blocks: int, block_size: int):
+    def __init__(
+        self,
+        head: Eagle3Head,
+        target,
+        config,
+        num_blocks: int,
+        block_size: int,
+        graphs: HeadGraphSpec | None = None,
+    ):
+        """``graphs``: linear chains (``draft_top_k`` 1) in CUDA graphs (``head_graphs``) of that
+        geometry, else eagerly."""
         if head is None:
             raise ValueError("--speculative-config method eagle3 needs model (no EAGLE-3 head was loaded)")
         self.head = head
@@ -130,11 +145,22 @@ class Eagle3Proposer:
         # (a tree drops the children that do not)
         self.device_chains = self.top_k == 1 and bool((head.draft_to_target < self.target_vocab).all())
         target.aux_layers = head.aux_layers  # the target keeps these layers' inputs from every forward
+        graphs = graphs if self.device_chains else None
         self.cache = DraftCache(
-            1, head.num_kv_heads, head.head_dim, num_blocks, block_size, head.dtype, head.device
+            1,
+            head.num_kv_heads,
+            head.head_dim,
+            num_blocks,
+            block_size,
+            head.dtype,
+            head.device,
+            scratch=graphs is not None,
         )
         self.kv = self.cache.kv_caches[0]
         self.hiddens = TargetHiddens(self.cache, 3 * target.cfg.hidden_size, head.dtype, head.device)
+        self.graphs = None
+        if graphs is not None:
+            self.graphs = graphs.build(self._step, self.cache, 3 * target.cfg.hidden_size, head.hidden)
 
     # ---- target hidden states ------------------------------------------------------------------
     def observe(self, seqs: list[Sequence], num_tokens: list[int], aux: torch.Tensor | None) -> None:
@@ -154,6 +180,8 @@ class Eagle3Proposer:
             n = seq.num_tokens
             start = min(st.num_computed_tokens, n - 2)
             scratch = depth * self.top_k
+            if self.graphs is not None:  # every chain in the graphs runs their whole depth
+                scratch = max(scratch, self.graphs.depth)
             if start < 0 or not self.cache.reserve(st, n - 1 + scratch):
                 continue
             rows.append(Row(st, seq.token_ids[start + 1 : n], list(range(start, n - 1)), start))
@@ -161,12 +189,18 @@ class Eagle3Proposer:
             live.append(i)
         if not rows:
             return [None] * len(seqs)
+        depths = [min(limits[i], self.max_nodes) for i in live]
+        if self.graphs is not None and self.graphs.takes(rows, depths):
+            for row, i in zip(rows, live):
+                row.state.num_computed_tokens = seqs[i].num_tokens - 1
+            seq_ids = [seqs[i].seq_id for i in live]
+            return self.graphs.propose(rows, hiddens, seq_ids, depths, live, len(seqs))
         ids, positions, attn = self.cache.attention_batch(rows)
         logits, out = self.head.forward(ids, torch.cat(hiddens), positions, self.kv, attn)
         last = to_device(last_rows(rows), torch.long, logits.device)
         logits, out = logits.index_select(0, last), out.index_select(0, last)
         if self.device_chains:
-            return self._chains(seqs, limits, rows, live, logits, out)
+            return self._chains(seqs, depths, rows, live, logits, out)
         trees = {}
         for j, (row, i) in enumerate(zip(rows, live)):
             row.state.num_computed_tokens = seqs[i].num_tokens - 1
@@ -197,23 +231,24 @@ class Eagle3Proposer:
             drafts[i] = trees[i].select(self.max_nodes)
         return drafts
 
-    def _chains(self, seqs, limits, rows: list[Row], live: list[int], logits, out) -> DeviceChains:
-        """Linear drafts (``draft_top_k`` 1) on the device: each step's best token (as ``top_children``
-        ranks them) is the next step's input, never read by the host here."""
+    def _best(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each row's best token (as ``top_children`` ranks them), as a target id."""
+        return self.head.draft_to_target[torch.log_softmax(logits, dim=-1).topk(1).indices[:, 0]]
+
+    def _step(self, tokens, hidden, positions, attn) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, hidden = self.head.forward(tokens, hidden, positions, self.kv, attn)
+        return self._best(logits), hidden
+
+    def _chains(self, seqs, depths, rows: list[Row], live: list[int], logits, out) -> DeviceChains:
+        """Linear drafts (``draft_top_k`` 1) on the device: each step's best token is the next step's
+        input, never read by the host here."""
         for row, i in zip(rows, live):
             row.state.num_computed_tokens = seqs[i].num_tokens - 1
-
-        def best(logits):
-            return self.head.draft_to_target[torch.log_softmax(logits, dim=-1).topk(1).indices[:, 0]]
-
-        def step(tokens, hidden, positions, attn):
-            logits, hidden = self.head.forward(tokens, hidden, positions, self.kv, attn)
-            return best(logits), hidden
-
         ends = [seqs[i].num_tokens - 1 for i in live]
-        depths = [min(limits[i], self.max_nodes) for i in live]
         states = [row.state for row in rows]
-        return draft_chains(step, self.cache, states, ends, depths, live, len(seqs), best(logits), out)
+        return draft_chains(
+            self._step, self.cache, states, ends, depths, live, len(seqs), self._best(logits), out
+        )
 
     def top_children(self, logits: torch.Tensor) -> tuple[list[int], list[float]]:
         logp = torch.log_softmax(logits, dim=-1)

@@ -26,6 +26,7 @@ from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative import UnsupportedSpeculativeMethod
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, draft_chains, last_rows
+from trtedge.runtime.speculative.head_graphs import HeadGraphSpec
 from trtedge.runtime.speculative.tree import DeviceChains, Draft
 
 MTP_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h")
@@ -213,8 +214,9 @@ def random_mtp_tensors(cfg, dtype: torch.dtype, device: torch.device):
 
 
 class MtpProposer:
-    def __init__(self, head, target, num_blocks: int, block_size: int):
-        """``head``: an ``MtpHead`` or ``NemotronHMtpHead`` (``load_mtp``)."""
+    def __init__(self, head, target, num_blocks: int, block_size: int, graphs: HeadGraphSpec | None = None):
+        """``head``: an ``MtpHead`` or ``NemotronHMtpHead`` (``load_mtp``); ``graphs``: draft in CUDA
+        graphs (``head_graphs``) of that geometry, else eagerly."""
         if head is None:
             raise ValueError("--speculative-config method mtp: no MTP layers were loaded for the target")
         self.head = head
@@ -228,9 +230,13 @@ class MtpProposer:
             block_size,
             head.dtype,
             head.device,
+            scratch=graphs is not None,
         )
         self.kv = self.cache.kv_caches
         self.hiddens = TargetHiddens(self.cache, cfg.hidden_size, head.dtype, head.device)
+        self.graphs = None
+        if graphs is not None:
+            self.graphs = graphs.build(self._step, self.cache, cfg.hidden_size, cfg.hidden_size)
 
     def observe(self, seqs: list[Sequence], num_tokens: list[int], aux: torch.Tensor | None) -> None:
         self.hiddens.observe(seqs, num_tokens, aux)
@@ -241,38 +247,41 @@ class MtpProposer:
     def release(self, seq: Sequence) -> None:
         self.cache.release(seq)
 
+    def _step(self, tokens, hidden, positions, attn) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, hidden = self.head.forward(tokens, hidden, positions, self.kv, attn)
+        return logits.argmax(dim=-1), hidden
+
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], limits: list[int]) -> DeviceChains | list[Draft | None]:
+        graphs = self.graphs
         rows, hiddens, live = [], [], []
         for i, (seq, k) in enumerate(zip(seqs, limits)):
             st = self.cache.state(seq)
             n = seq.num_tokens
             start = min(st.num_computed_tokens, n - 2)
             # rows 0..n-2 hold the real tokens; the chain's steps 1..k-1 write the k - 1 rows after them
-            if start < 0 or not self.cache.reserve(st, n - 2 + k):
+            # (in the graphs every chain runs their whole depth)
+            if start < 0 or not self.cache.reserve(st, n - 2 + max(k, graphs.depth if graphs else 0)):
                 continue
             rows.append(Row(st, seq.token_ids[start + 1 : n], list(range(start, n - 1)), start))
             hiddens.append(self.hiddens.take(st, start, n - 1))
             live.append(i)
         if not rows:
             return [None] * len(seqs)
+        for row, i in zip(rows, live):
+            row.state.num_computed_tokens = seqs[i].num_tokens - 1  # chained rows are redrafted next time
+        depths = [limits[i] for i in live]
+        # the chains stay on the device: the verifier reads them back with its verdict
+        if graphs is not None and graphs.takes(rows, depths):
+            seq_ids = [seqs[i].seq_id for i in live]
+            return graphs.propose(rows, hiddens, seq_ids, depths, live, len(seqs))
         ids, positions, attn = self.cache.attention_batch(rows)
         logits, out = self.head.forward(ids, torch.cat(hiddens), positions, self.kv, attn)
         last = to_device(last_rows(rows), torch.long, logits.device)
         tokens, hidden = logits.index_select(0, last).argmax(dim=-1), out.index_select(0, last)
-        for row, i in zip(rows, live):
-            row.state.num_computed_tokens = seqs[i].num_tokens - 1  # chained rows are redrafted next time
-
-        def step(tokens, hidden, positions, attn):
-            logits, hidden = self.head.forward(tokens, hidden, positions, self.kv, attn)
-            return logits.argmax(dim=-1), hidden
-
-        # the chains stay on the device: the verifier reads them back with its verdict
         ends = [seqs[i].num_tokens - 1 for i in live]
         states = [row.state for row in rows]
-        return draft_chains(
-            step, self.cache, states, ends, [limits[i] for i in live], live, len(seqs), tokens, hidden
-        )
+        return draft_chains(self._step, self.cache, states, ends, depths, live, len(seqs), tokens, hidden)
 
 
 def _require(tensors: dict, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:

@@ -1,0 +1,86 @@
+"""A draft head's chains in CUDA graphs (``speculative/head_graphs.py``: MTP layers of Qwen3.5 and
+Nemotron-H, an EAGLE-3 head): in float32 the chains the captured steps draft equal the eager
+proposer's, proposal after proposal of a batch whose requests end at different steps; greedy output
+equals plain decoding; the draft rows are freed. Skips cleanly without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.runtime.eagle3_tiny import make_eagle3_head
+from tests.runtime.mtp_tiny import add_mtp_layers, add_nemotron_mtp_layers
+from tests.runtime.spec_helpers import host_drafts, repetitive_prompts
+from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
+from trtedge import LLM, SamplingParams
+from trtedge.runtime import speculative
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _target(tmp_path, family):
+    if family == "eagle3":
+        path = make_tiny_checkpoint(tmp_path / "t", "qwen3")
+        head = make_eagle3_head(tmp_path / "e", 64, 512)
+        return path, {"method": "eagle3", "model": str(head), "num_speculative_tokens": 4}
+    if family == "nemotron_h":
+        path = make_tiny_nemotron_h_checkpoint(tmp_path / "m")
+        add_nemotron_mtp_layers(path)
+    else:
+        path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False)
+        add_mtp_layers(path)
+    return path, {"method": "mtp", "num_speculative_tokens": 4}
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "eagle3"])
+def test_head_chains_in_cuda_graphs_are_the_eager_chains(tmp_path, family, monkeypatch):
+    from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
+    from trtedge.runtime.speculative.mtp import MtpProposer
+
+    path, spec = _target(tmp_path, family)
+    proposer_class = Eagle3Proposer if family == "eagle3" else MtpProposer
+    original = proposer_class.propose
+    prompts = repetitive_prompts(6, seed=3)
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (5, 9, 17, 24, 31, 40)]
+
+    def run(spec, graphs: bool):
+        calls = []
+
+        def recording(self, seqs, limits):
+            drafts = original(self, seqs, limits)
+            calls.append([(list(s.token_ids), d) for s, d in zip(seqs, host_drafts(drafts))])
+            return drafts
+
+        with monkeypatch.context() as patch:
+            patch.setattr(proposer_class, "propose", recording)
+            if not graphs:
+                patch.setattr(speculative, "_head_graphs", lambda *args: None)
+            with LLM(
+                str(path),
+                device="cuda",
+                dtype="float32",
+                max_kv_cache_capacity=256,
+                max_input_len=128,
+                max_batch_size=8,
+                engine_process=False,  # the test reads the proposer
+                speculative_config=spec,
+            ) as llm:
+                streams = [llm.generate_stream(p, sp) for p, sp in zip(prompts, params)]
+                outs = [[t for delta in s for t in delta.token_ids] for s in streams]
+                if spec is not None:
+                    proposer = llm.engine.speculative.proposer
+                    assert (proposer.graphs is not None) == graphs
+                    if graphs:
+                        assert proposer.graphs.num_replays >= len(calls) - len(prompts) > 0
+                    cache = proposer.cache
+                    assert not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
+        return outs, calls
+
+    plain, _ = run(None, False)
+    eager, eager_calls = run(spec, False)
+    graphed, graph_calls = run(spec, True)
+    assert eager == plain and graphed == plain
+    assert graph_calls == eager_calls and len(graph_calls) > 3

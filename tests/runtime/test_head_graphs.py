@@ -1,0 +1,122 @@
+"""A draft head's chains through its CUDA graphs' steps (``speculative/head_graphs.py``): on the CPU
+the same steps run eagerly over the same static buffers (the staged copy, the block tables kept per
+seat, the first step as one decode row per token, the chain's slots computed from the tables). The
+chains they draft equal the eager proposer's, proposal after proposal of a batch of 8 whose requests
+end at different steps (so chains are cut short); outputs equal plain decoding; nothing is leaked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.runtime.spec_helpers import generate, host_drafts, load, repetitive_prompts
+from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
+from trtedge.runtime import speculative
+from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
+from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
+from trtedge.runtime.sampling_params import SamplingParams
+from trtedge.runtime.speculative import SpeculativeConfig
+from trtedge.runtime.speculative.head_graphs import HeadGraphSpec
+
+pytest.importorskip("transformers")
+
+MAX_ROWS = 16  # a prompt's whole catch-up after its prefill is longer: that proposal runs eagerly
+
+
+def _eager_graphs(runner, depth, capacity, block_size):
+    return HeadGraphSpec(depth, MAX_ROWS, -(-(capacity + depth) // block_size), capture=False)
+
+
+def _mtp(tmp_path, family):
+    from tests.runtime.mtp_tiny import add_mtp_layers, add_nemotron_mtp_layers
+    from trtedge.runtime.speculative.mtp import load_mtp
+
+    if family == "nemotron_h":
+        path = make_tiny_nemotron_h_checkpoint(tmp_path / "m")
+        add_nemotron_mtp_layers(path)
+    else:
+        path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False)
+        add_mtp_layers(path)
+    model, tokenizer = load(path)
+    return (
+        model,
+        tokenizer,
+        SpeculativeConfig("mtp", num_speculative_tokens=3),
+        lambda: load_mtp(resolve_checkpoint(str(path)), model),
+    )
+
+
+def _eagle3(tmp_path):
+    from tests.runtime.eagle3_tiny import make_eagle3_head
+    from trtedge.runtime.speculative.eagle3 import load_eagle3
+
+    model, tokenizer = load(make_tiny_checkpoint(tmp_path / "t", "qwen3"))
+    head = make_eagle3_head(tmp_path / "e", model.cfg.hidden_size, model.cfg.vocab_size)
+    spec = SpeculativeConfig("eagle3", model=str(head), num_speculative_tokens=3)
+    return model, tokenizer, spec, lambda: load_eagle3(head, model)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "eagle3"])
+def test_head_graph_chains_are_the_eager_chains(tmp_path, family, monkeypatch):
+    from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
+    from trtedge.runtime.speculative.mtp import MtpProposer
+
+    model, tokenizer, spec, head = _eagle3(tmp_path) if family == "eagle3" else _mtp(tmp_path, family)
+    proposer_class = Eagle3Proposer if family == "eagle3" else MtpProposer
+    original = proposer_class.propose
+    prompts = repetitive_prompts(8, seed=3)
+    params = [SamplingParams(max_tokens=24 - 3 * (i % 4), temperature=0, ignore_eos=True) for i in range(8)]
+    plain, _ = generate(model, tokenizer, prompts, params)
+    seen = {}
+    try:
+        for graphs in (False, True):
+            if graphs:
+                monkeypatch.setattr(speculative, "_head_graphs", _eager_graphs)
+            calls = seen[graphs] = []
+
+            def recording(self, seqs, limits, calls=calls):
+                drafts = original(self, seqs, limits)
+                calls.append([(list(s.token_ids), d) for s, d in zip(seqs, host_drafts(drafts))])
+                return drafts
+
+            monkeypatch.setattr(proposer_class, "propose", recording)
+            outs, engine = generate(model, tokenizer, prompts, params, speculative=spec, draft=head())
+            assert outs == plain
+            proposer = engine.speculative.proposer
+            assert (proposer.graphs is not None) == graphs
+            if graphs:  # every proposal but the ones right after a prefill ran the graphs' steps
+                assert proposer.graphs.num_replays >= len(calls) - len(prompts) > 0
+            cache = proposer.cache
+            assert not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
+            if engine.blocks.state is not None:
+                assert engine.blocks.state.num_free_slots == engine.blocks.state.num_slots
+    finally:
+        model.aux_layers, model.aux_hidden = (), None
+    assert seen[True] == seen[False] and len(seen[True]) > 3
+    lengths = {len(d) for step in seen[True] for _, d in step if d is not None}
+    assert 3 in lengths and len(lengths) > 1  # whole chains, and chains cut at a request's end
+
+
+def test_the_reference_attention_reads_a_decode_step_from_the_tables_tensor():
+    """The tables-tensor path (what a graph's static inputs carry) equals the per-sequence path over
+    host tables, with a sliding window and with a softcap."""
+    torch.manual_seed(0)
+    k_cache, v_cache = torch.randn(10, 4, 2, 8), torch.randn(10, 4, 2, 8)
+    tables, context = [torch.tensor([3, 1, 7]), torch.tensor([2, 5, 0])], [9, 6]
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 2, 8), torch.randn(2, 2, 8)
+    slots = torch.tensor([1 * 4 + 0, 5 * 4 + 1])  # each row's last context position
+    for window, softcap in ((0, None), (3, None), (0, 5.0)):
+        attention = TorchAttention(0.3, window, softcap)
+        host = AttentionBatch(slots, [1, 1], context, tables, 4)
+        device = AttentionBatch(
+            slots,
+            [1, 1],
+            [1, 1],
+            [],
+            4,
+            tables_tensor=torch.stack(tables).int(),
+            context_lens_tensor=torch.tensor(context, dtype=torch.int32),
+        )
+        expected = attention(q, k, v, k_cache.clone(), v_cache.clone(), host)
+        got = attention(q, k, v, k_cache.clone(), v_cache.clone(), device)
+        torch.testing.assert_close(got, expected)

@@ -1,0 +1,225 @@
+"""A draft head's linear chains as CUDA graphs (EAGLE-3 and MTP heads, ``draft_top_k`` 1).
+
+A proposal is two replays. The first step runs every row a sequence brings (the tokens it has not
+drafted over yet, each with the target's hidden state) as one decode row each: row ``p`` writes its key
+at storage ``p`` and attends to storage ``[0, p]``, which is the causal catch-up forward, so that it
+fits the paged decode kernel and the graphs' static inputs (``StepInputs``, the decode graphs' own
+staging: one pinned copy, block tables kept on the device). The chain graph then takes each
+sequence's last row and runs the remaining ``depth - 1`` steps, each step's token and hidden state the
+next one's input at the next position, the slots computed on the device from the rows' tables. The
+tokens stay on the device (``DeviceChains``): the verifier reads them back with its verdict.
+
+With ``capture`` off the same steps run eagerly over the same buffers: the CPU tests' stand-in for
+the graphs (``TorchAttention`` reads the tables tensor there)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from trtedge.runtime.executor.cuda_graphs import StepInputs, graph_batch_sizes, stage_rows
+from trtedge.runtime.ops.attention import AttentionBatch
+from trtedge.runtime.speculative.draft_cache import DraftCache, Row
+from trtedge.runtime.speculative.tree import DeviceChains
+
+log = logging.getLogger("trtedge")
+
+# step(tokens [n], hidden [n, width], positions [n], attention batch) -> (next tokens [n], hidden)
+Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionBatch], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class HeadGraphSpec:
+    """The geometry of a head's graphs, as ``build_decoder`` sizes them after the target's decode
+    graphs: ``depth`` tokens a chain, first steps and chains up to ``max_rows`` rows, draft tables up
+    to ``max_blocks`` blocks. ``capture`` off: the same steps eagerly (tests on the CPU)."""
+
+    depth: int
+    max_rows: int
+    max_blocks: int
+    capture: bool = True
+
+    def build(self, step: Step, cache: DraftCache, input_width: int, width: int) -> HeadGraphs:
+        return HeadGraphs(
+            step,
+            cache,
+            input_width,
+            width,
+            self.depth,
+            self.max_rows,
+            self.max_rows,
+            self.max_blocks,
+            self.capture,
+        )
+
+
+class HeadGraphs:
+    def __init__(
+        self,
+        step: Step,
+        cache: DraftCache,
+        input_width: int,
+        width: int,
+        depth: int,
+        max_rows: int,
+        max_seqs: int,
+        max_blocks: int,
+        capture: bool = True,
+    ):
+        """``step``: one head step; ``input_width``: the width of the target's hidden rows the first
+        step reads (EAGLE-3: three layers' worth), ``width``: the head's own output the chain feeds
+        back; ``depth``: tokens a chain drafts; ``max_rows`` / ``max_seqs``: the largest first step
+        and chain captured; ``max_blocks``: blocks a sequence's draft table may reach. The cache
+        needs its scratch block (``DraftCache(scratch=True)``): padding rows write there."""
+        device, dtype = cache.device, cache.kv.dtype
+        self.step, self.cache, self.depth = step, cache, depth
+        self.block_size = cache.block_size
+        self.row_sizes = graph_batch_sizes(max_rows)
+        self.seq_sizes = graph_batch_sizes(max_seqs)
+        self.io = StepInputs(self.row_sizes, max_blocks, cache.block_size, cache.scratch_block, 0, device)
+        n, m = self.row_sizes[-1], self.seq_sizes[-1]
+        self.hidden_in = torch.zeros(n, input_width, dtype=dtype, device=device)
+        # the first step's picks and outputs, every row (the chain graph gathers each sequence's last)
+        self.picks = torch.zeros(n, dtype=torch.long, device=device)
+        self.outs = torch.zeros(n, width, dtype=dtype, device=device)
+        # per chain row: its sequence's last first-step row, its step-1 position, its block-table seat
+        self.chain_in = torch.zeros(3, m, dtype=torch.long, device=device)
+        self.capture = capture
+        self.first_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.chain_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.chain_out: dict[int, torch.Tensor] = {}  # [depth, size] tokens
+        self.num_replays = 0
+        if capture:
+            self._capture()
+
+    def _capture(self) -> None:
+        start, pool = time.perf_counter(), None
+        self.chain_in[1].zero_()
+        self.chain_in[2].fill_(self.io.table_rows.pad_seat)
+        for size in reversed(self.row_sizes):
+            self.io.pad(size)  # warm-up on padding rows, then the capture
+            self._first(size)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._first(size)
+            pool = graph.pool()
+            self.first_graphs[size] = graph
+        for size in reversed(self.seq_sizes):
+            self._chain(size)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.chain_out[size] = self._chain(size)
+            pool = graph.pool()
+            self.chain_graphs[size] = graph
+        torch.cuda.synchronize()
+        log.info(
+            "captured %d draft-head CUDA graphs (first steps up to %d rows, %d-token chains up to %d) in %.1f s",
+            len(self.first_graphs) + len(self.chain_graphs),
+            self.row_sizes[-1],
+            self.depth,
+            self.seq_sizes[-1],
+            time.perf_counter() - start,
+        )
+
+    def takes(self, rows: list[Row], depths: list[int]) -> bool:
+        """Whether a proposal fits the captured sizes (a prompt's whole catch-up after its prefill
+        does not: that one runs eagerly)."""
+        return (
+            sum(len(row.ids) for row in rows) <= self.row_sizes[-1]
+            and len(rows) <= self.seq_sizes[-1]
+            and max(depths) <= self.depth
+        )
+
+    def _first(self, size: int) -> None:
+        """The first step over ``size`` staged rows; its picks and outputs into ``picks`` / ``outs``."""
+        io = self.io
+        io.unstage(size)
+        attn = AttentionBatch(
+            slot_mapping=io.slots[:size],
+            query_lens=[1] * size,
+            context_lens=[1] * size,
+            block_tables=[],
+            block_size=self.block_size,
+            tables_tensor=io.tables[:size],
+            context_lens_tensor=io.context_lens[:size],
+        )
+        tokens, hidden = self.step(io.ids[:size], self.hidden_in[:size], io.positions[:size], attn)
+        self.picks[:size].copy_(tokens)
+        self.outs[:size].copy_(hidden)
+
+    def _chain(self, size: int) -> torch.Tensor:
+        """Each sequence's chain from its last first-step row: the tokens [depth, size]."""
+        last, start, seats = self.chain_in[:, :size]
+        tokens, hidden = self.picks.index_select(0, last), self.outs.index_select(0, last)
+        tables = self.io.table_rows.rows.index_select(0, seats)
+        bs, out = self.block_size, [tokens]
+        for s in range(1, self.depth):
+            positions = start + (s - 1)
+            block = tables.gather(1, (positions // bs)[:, None])[:, 0].long()
+            attn = AttentionBatch(
+                slot_mapping=block * bs + positions % bs,
+                query_lens=[1] * size,
+                context_lens=[1] * size,
+                block_tables=[],
+                block_size=bs,
+                tables_tensor=tables,
+                context_lens_tensor=(positions + 1).to(torch.int32),
+            )
+            tokens, hidden = self.step(tokens, hidden, positions, attn)
+            out.append(tokens)
+        return torch.stack(out)
+
+    def propose(
+        self,
+        rows: list[Row],
+        hiddens: list[torch.Tensor],
+        seq_ids: list[int],
+        depths: list[int],
+        live: list[int],
+        num_seqs: int,
+    ) -> DeviceChains:
+        """Chains for ``rows`` (one a sequence, its catch-up tokens with ``hiddens``, the target's rows
+        for them; its draft table reserved ``depth - 1`` rows past them), of which row r keeps
+        ``depths[r]`` tokens (at most ``depth``: every chain runs the whole depth); ``live``: the
+        sequences drafted for, indices of ``num_seqs``."""
+        bs = self.block_size
+        ids, positions, slots, tables, context_lens, row_seqs, last, starts = [], [], [], [], [], [], [], []
+        for row, sid in zip(rows, seq_ids):
+            table = list(row.state.block_table)
+            for j, token in enumerate(row.ids):
+                store = row.storage_start + j
+                ids.append(token)
+                positions.append(row.positions[j])
+                slots.append(table[store // bs] * bs + store % bs)
+                tables.append(table)
+                context_lens.append(store + 1)
+                row_seqs.append(sid)
+            last.append(len(ids) - 1)
+            starts.append(row.storage_start + len(row.ids))  # the chain's step 1 row
+        size = self.io.stage(ids, positions, slots, tables, context_lens, None, row_seqs)
+        torch.cat(hiddens, out=self.hidden_in[: len(ids)])
+        chain_size = next(s for s in self.seq_sizes if s >= len(rows))
+        seats, _ = self.io.table_rows.plan(seq_ids, [tables[i] for i in last], chain_size)
+        m = self.chain_in.shape[1]
+        staged = stage_rows([(last, 0), (starts, 0), (seats, self.io.table_rows.pad_seat)], m)
+        self.chain_in.copy_(staged, non_blocking=True)
+        if self.capture:
+            self.first_graphs[size].replay()
+            self.chain_graphs[chain_size].replay()
+            out = self.chain_out[chain_size]
+        else:
+            self._first(size)
+            out = self._chain(chain_size)
+        self.num_replays += 1
+        tokens = out[:, : len(rows)].t().contiguous()  # a copy: the next proposal rewrites the buffer
+        chains_rows: list[int | None] = [None] * num_seqs
+        lengths = [0] * num_seqs
+        for r, i in enumerate(live):
+            chains_rows[i], lengths[i] = r, depths[r]
+        return DeviceChains(tokens, chains_rows, lengths)
