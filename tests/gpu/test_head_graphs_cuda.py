@@ -1,5 +1,5 @@
 """A draft head's chains in CUDA graphs (``speculative/head_graphs.py``: MTP layers of Qwen3.5 and
-Nemotron-H, an EAGLE-3 head): in float32 the chains the captured steps draft equal the eager
+Nemotron-H, an EAGLE-3 head, DFlash blocks): in float32 the chains the captured steps draft equal the eager
 proposer's, proposal after proposal of a batch whose requests end at different steps; greedy output
 equals plain decoding; the draft rows are freed. Skips cleanly without CUDA."""
 
@@ -22,6 +22,12 @@ pytestmark = [
 
 
 def _target(tmp_path, family):
+    if family == "dflash":
+        from tests.runtime.dflash_tiny import write_dflash
+
+        path = make_tiny_checkpoint(tmp_path / "t", "qwen3")
+        write_dflash(tmp_path / "d")  # a block of 4
+        return path, {"method": "dflash", "model": str(tmp_path / "d"), "num_speculative_tokens": 3}
     if family == "eagle3":
         path = make_tiny_checkpoint(tmp_path / "t", "qwen3")
         head = make_eagle3_head(tmp_path / "e", 64, 512)
@@ -35,13 +41,14 @@ def _target(tmp_path, family):
     return path, {"method": "mtp", "num_speculative_tokens": 4}
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "eagle3"])
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "eagle3", "dflash"])
 def test_head_chains_in_cuda_graphs_are_the_eager_chains(tmp_path, family, monkeypatch):
+    from trtedge.runtime.speculative.dflash import DFlashProposer
     from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
     from trtedge.runtime.speculative.mtp import MtpProposer
 
     path, spec = _target(tmp_path, family)
-    proposer_class = Eagle3Proposer if family == "eagle3" else MtpProposer
+    proposer_class = {"eagle3": Eagle3Proposer, "dflash": DFlashProposer}.get(family, MtpProposer)
     original = proposer_class.propose
     prompts = repetitive_prompts(6, seed=3)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (5, 9, 17, 24, 31, 40)]

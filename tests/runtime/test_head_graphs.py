@@ -1,7 +1,8 @@
-"""A draft head's chains through its CUDA graphs' steps (``speculative/head_graphs.py``): on the CPU
-the same steps run eagerly over the same static buffers (the staged copy, the block tables kept per
-seat, the first step as one decode row per token, the chain's slots computed from the tables). The
-chains they draft equal the eager proposer's, proposal after proposal of a batch of 8 whose requests
+"""A draft head's chains through its CUDA graphs' steps (``speculative/head_graphs.py``: MTP layers
+and EAGLE-3 heads, DFlash blocks): on the CPU the same steps run eagerly over the same static buffers
+(the staged copy, the block tables kept per seat, the first step as one decode row per token, the
+chain's slots computed from the tables; a block's padded context rows). The chains they draft equal
+the eager proposer's, proposal after proposal of a batch of 8 whose requests
 end at different steps (so chains are cut short); outputs equal plain decoding; nothing is leaked."""
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ pytest.importorskip("transformers")
 MAX_ROWS = 16  # a prompt's whole catch-up after its prefill is longer: that proposal runs eagerly
 
 
-def _eager_graphs(runner, depth, capacity, block_size):
-    return HeadGraphSpec(depth, MAX_ROWS, -(-(capacity + depth) // block_size), capture=False)
+def _eager_graphs(rows: int):
+    def spec(runner, depth, capacity, block_size):
+        return HeadGraphSpec(depth, rows, -(-(capacity + depth) // block_size), capture=False)
+
+    return spec
 
 
 def _mtp(tmp_path, family):
@@ -56,13 +60,25 @@ def _eagle3(tmp_path):
     return model, tokenizer, spec, lambda: load_eagle3(head, model)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "eagle3"])
+def _dflash(tmp_path):
+    from tests.runtime.dflash_tiny import write_dflash
+    from trtedge.runtime.speculative.dflash import load_dflash
+
+    model, tokenizer = load(make_tiny_checkpoint(tmp_path / "t", "qwen3"))
+    write_dflash(tmp_path / "d")  # a block of 4
+    spec = SpeculativeConfig("dflash", model=str(tmp_path / "d"), num_speculative_tokens=3)
+    return model, tokenizer, spec, lambda: load_dflash(tmp_path / "d", model, 512, 3)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "eagle3", "dflash"])
 def test_head_graph_chains_are_the_eager_chains(tmp_path, family, monkeypatch):
+    from trtedge.runtime.speculative.dflash import DFlashProposer
     from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
     from trtedge.runtime.speculative.mtp import MtpProposer
 
-    model, tokenizer, spec, head = _eagle3(tmp_path) if family == "eagle3" else _mtp(tmp_path, family)
-    proposer_class = Eagle3Proposer if family == "eagle3" else MtpProposer
+    setups = {"eagle3": _eagle3, "dflash": _dflash}
+    model, tokenizer, spec, head = setups[family](tmp_path) if family in setups else _mtp(tmp_path, family)
+    proposer_class = {"eagle3": Eagle3Proposer, "dflash": DFlashProposer}.get(family, MtpProposer)
     original = proposer_class.propose
     prompts = repetitive_prompts(8, seed=3)
     params = [SamplingParams(max_tokens=24 - 3 * (i % 4), temperature=0, ignore_eos=True) for i in range(8)]
@@ -71,7 +87,12 @@ def test_head_graph_chains_are_the_eager_chains(tmp_path, family, monkeypatch):
     try:
         for graphs in (False, True):
             if graphs:
-                monkeypatch.setattr(speculative, "_head_graphs", _eager_graphs)
+                # DFlash: 8 blocks of 4 rows
+                monkeypatch.setattr(
+                    speculative,
+                    "_head_graphs",
+                    _eager_graphs(2 * MAX_ROWS if family == "dflash" else MAX_ROWS),
+                )
             calls = seen[graphs] = []
 
             def recording(self, seqs, limits, calls=calls):

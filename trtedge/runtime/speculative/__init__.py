@@ -83,7 +83,11 @@ def build_decoder(
     elif config.method == "dflash":
         from trtedge.runtime.speculative.dflash import DFlashProposer
 
-        proposer = DFlashProposer(draft, runner.model, config, blocks.num_blocks, blocks.block_size)
+        # a proposal writes its whole block past the anchor
+        graphs = None
+        if draft is not None:
+            graphs = _head_graphs(runner, draft.block_size, max_kv_cache_capacity, blocks.block_size)
+        proposer = DFlashProposer(draft, runner.model, config, blocks.num_blocks, blocks.block_size, graphs)
     else:
         from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
 

@@ -40,6 +40,7 @@ from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative import SpeculativeConfigError, UnsupportedSpeculativeMethod
 from trtedge.runtime.speculative.draft_cache import DraftCache, TargetHiddens
 from trtedge.runtime.speculative.head_files import read_head
+from trtedge.runtime.speculative.head_graphs import BlockGraphs, HeadGraphSpec
 from trtedge.runtime.speculative.tree import DeviceChains, Draft
 
 ARCHITECTURES = ("DFlashDraftModel",)
@@ -236,7 +237,17 @@ def draft_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int) -> Dra
 
 
 class DFlashProposer:
-    def __init__(self, head: DFlashHead, target, config, num_blocks: int, block_size: int):
+    def __init__(
+        self,
+        head: DFlashHead,
+        target,
+        config,
+        num_blocks: int,
+        block_size: int,
+        graphs: HeadGraphSpec | None = None,
+    ):
+        """``graphs``: linear drafts (``draft_top_k`` 1) in CUDA graphs (``head_graphs.BlockGraphs``)
+        of that geometry (``max_rows`` block rows), else eagerly."""
         if head is None:
             raise UnsupportedSpeculativeMethod(
                 "--speculative-config method dflash: no DFlash draft was loaded"
@@ -244,6 +255,7 @@ class DFlashProposer:
         self.head = head
         self.top_k, self.max_nodes = config.draft_top_k, config.verify_tokens
         target.aux_layers = head.taps  # the target keeps these layers' inputs from every forward
+        graphs = graphs if self.top_k == 1 else None
         self.cache = DraftCache(
             head.num_kv_layers,
             head.num_kv_heads,
@@ -252,9 +264,21 @@ class DFlashProposer:
             block_size,
             head.dtype,
             head.device,
+            scratch=graphs is not None,
         )
         width = len(head.taps) * target.cfg.hidden_size
         self.hiddens = TargetHiddens(self.cache, width, head.dtype, head.device)
+        self.graphs = None
+        if graphs is not None:  # a verified chain brings its accepted tokens and the bonus one
+            self.graphs = BlockGraphs(
+                head,
+                self.cache,
+                width,
+                config.num_speculative_tokens + 1,
+                max(1, graphs.max_rows // head.block_size),
+                graphs.max_blocks,
+                graphs.capture,
+            )
 
     def observe(self, seqs: list[Sequence], num_tokens: list[int], aux: torch.Tensor | None) -> None:
         self.hiddens.observe(seqs, num_tokens, aux)
@@ -284,6 +308,15 @@ class DFlashProposer:
             live.append(i)
         if not live:
             return [None] * len(seqs)
+        if self.graphs is not None and self.graphs.takes([anchor - start for _, start, anchor in entries]):
+            chains: list[int | None] = [None] * len(seqs)
+            lengths = [0] * len(seqs)
+            for j, i in enumerate(live):
+                chains[i], lengths[i] = j, limits[i]
+            tokens = self.graphs.propose(
+                [(seqs[i].seq_id, *entry) for i, entry in zip(live, entries)], taps, block_ids
+            )
+            return DeviceChains(tokens, chains, lengths)
         staged = to_device(block_ids + context_positions + block_positions, torch.long, head.device)
         attn = head.block_batch(entries, self.cache.block_size)
         logits = head.forward(

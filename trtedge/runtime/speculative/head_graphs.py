@@ -223,3 +223,130 @@ class HeadGraphs:
         for r, i in enumerate(live):
             chains_rows[i], lengths[i] = r, depths[r]
         return DeviceChains(tokens, chains_rows, lengths)
+
+
+class BlockGraphs:
+    """A block drafter's proposal (DFlash, ``draft_top_k`` 1) as CUDA graphs, one per padded count of
+    sequences. Each sequence brings up to ``context_rows`` context rows (the target's tapped states
+    since its last proposal; the rest of its share are padding rows writing to scratch) whose keys and
+    values every layer writes, and ``block_size`` block rows (its anchor, then masks) that attend as
+    decode rows over its context and whole block, staged through ``StepInputs`` as the decode graphs'
+    rows are. With ``capture`` off the same forward runs eagerly over the same buffers."""
+
+    def __init__(
+        self,
+        head,
+        cache: DraftCache,
+        input_width: int,
+        context_rows: int,
+        max_seqs: int,
+        max_blocks: int,
+        capture: bool = True,
+    ):
+        device = cache.device
+        self.head, self.cache, self.context_rows = head, cache, context_rows
+        self.block_size, self.rows_per_seq = cache.block_size, head.block_size
+        self.seq_sizes = graph_batch_sizes(max_seqs)
+        self.io = StepInputs(
+            [s * self.rows_per_seq for s in self.seq_sizes],
+            max_blocks,
+            cache.block_size,
+            cache.scratch_block,
+            0,
+            device,
+        )
+        m = self.seq_sizes[-1] * context_rows
+        # the context rows' slots and positions; where each real row's taps go (m: the spare row)
+        self.context_in = torch.zeros(3, m, dtype=torch.long, device=device)
+        self.taps_in = torch.zeros(m + 1, input_width, dtype=cache.kv.dtype, device=device)
+        self.capture = capture
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.out: dict[int, torch.Tensor] = {}  # [size, block_size - 1] tokens
+        self.num_replays = 0
+        if capture:
+            self._capture()
+
+    def _capture(self) -> None:
+        start, pool = time.perf_counter(), None
+        self.context_in[0].fill_(self.cache.scratch_block * self.block_size)
+        self.context_in[1].zero_()
+        for size in reversed(self.seq_sizes):
+            self.io.pad(size * self.rows_per_seq)
+            self._draft(size)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.out[size] = self._draft(size)
+            pool = graph.pool()
+            self.graphs[size] = graph
+        torch.cuda.synchronize()
+        log.info(
+            "captured %d draft-block CUDA graphs (up to %d sequences) in %.1f s",
+            len(self.graphs),
+            self.seq_sizes[-1],
+            time.perf_counter() - start,
+        )
+
+    def takes(self, catch_up: list[int]) -> bool:
+        """Whether a proposal fits: ``catch_up``, each sequence's context rows (a prompt's whole
+        context after its prefill does not fit: that one runs eagerly)."""
+        return len(catch_up) <= self.seq_sizes[-1] and max(catch_up) <= self.context_rows
+
+    def _draft(self, size: int) -> torch.Tensor:
+        head, io = self.head, self.io
+        rows, context = size * self.rows_per_seq, size * self.context_rows
+        io.unstage(rows)
+        slots, positions, _ = self.context_in[:, :context]
+        attn = AttentionBatch(
+            slot_mapping=torch.cat([slots, io.slots[:rows]]),
+            query_lens=[1] * rows,
+            context_lens=[1] * rows,
+            block_tables=[],
+            block_size=self.block_size,
+            tables_tensor=io.tables[:rows],
+            context_lens_tensor=io.context_lens[:rows],
+        )
+        logits = head.forward(
+            head.features(self.taps_in[:context]),
+            io.ids[:rows],
+            torch.cat([positions, io.positions[:rows]]),
+            self.cache.kv_caches,
+            attn,
+        )
+        return logits.view(size, self.rows_per_seq, -1)[:, 1:].argmax(dim=-1)
+
+    def propose(self, entries: list[tuple], taps: list[torch.Tensor], block_ids: list[int]) -> torch.Tensor:
+        """The block tokens [len(entries), block_size - 1] (a copy) for ``entries``: per sequence
+        (its seq id, block table, first context position this proposal writes, its anchor's
+        position), ``taps`` its context rows' target states, ``block_ids`` every sequence's block."""
+        bs, n_rows, c = self.block_size, self.rows_per_seq, self.context_rows
+        positions, slots, tables, lens, row_seqs = [], [], [], [], []
+        context_slots, context_positions, dest = [], [], []
+        scratch = self.cache.scratch_block * bs
+        for j, (sid, table, start, anchor) in enumerate(entries):
+            table = list(table)
+            end = anchor + n_rows
+            for p in range(anchor, end):
+                positions.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+                tables.append(table)
+                lens.append(end)
+                row_seqs.append(sid)
+            real = list(range(start, anchor))
+            context_slots += [table[p // bs] * bs + p % bs for p in real] + [scratch] * (c - len(real))
+            context_positions += real + [0] * (c - len(real))
+            dest += range(j * c, j * c + len(real))
+        rows = self.io.stage(block_ids, positions, slots, tables, lens, None, row_seqs)
+        size = rows // n_rows
+        m = self.context_in.shape[1]
+        staged = stage_rows([(context_slots, scratch), (context_positions, 0), (dest, m)], m)
+        self.context_in.copy_(staged, non_blocking=True)
+        if dest:
+            self.taps_in.index_copy_(0, self.context_in[2, : len(dest)], torch.cat(taps))
+        if self.capture:
+            self.graphs[size].replay()
+            out = self.out[size]
+        else:
+            out = self._draft(size)
+        self.num_replays += 1
+        return out[: len(entries)].clone()
