@@ -141,3 +141,26 @@ def test_the_reference_attention_reads_a_decode_step_from_the_tables_tensor():
         expected = attention(q, k, v, k_cache.clone(), v_cache.clone(), host)
         got = attention(q, k, v, k_cache.clone(), v_cache.clone(), device)
         torch.testing.assert_close(got, expected)
+
+
+def test_a_head_whose_graphs_fail_to_capture_drafts_eagerly_and_says_so(tmp_path, monkeypatch, caplog):
+    """A capture that raises (as CUDA does for an operation a graph cannot hold) leaves the proposer
+    drafting eagerly, with a warning naming the method; output still equals plain decoding."""
+
+    class Failing(HeadGraphSpec):
+        def build(self, *args):
+            raise RuntimeError("operation not permitted when stream is capturing\ndetails")
+
+    model, tokenizer, spec, head = _mtp(tmp_path, "qwen3_5")
+    prompts = repetitive_prompts(2, seed=3)
+    plain, _ = generate(model, tokenizer, prompts)
+    monkeypatch.setattr(speculative, "_head_graphs", lambda runner, depth, *a: Failing(depth, 16, 64))
+    with caplog.at_level("WARNING", logger="trtedge"):
+        outs, engine = generate(model, tokenizer, prompts, speculative=spec, draft=head())
+    assert outs == plain and engine.speculative.proposer.graphs is None
+    assert engine.speculative.stats.draft_tokens > 0
+    assert any(
+        "(mtp): the draft's CUDA graphs could not be captured (operation not permitted" in r.getMessage()
+        and "drafts eagerly" in r.getMessage()
+        for r in caplog.records
+    )

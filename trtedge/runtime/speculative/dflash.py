@@ -40,7 +40,7 @@ from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative import SpeculativeConfigError, UnsupportedSpeculativeMethod
 from trtedge.runtime.speculative.draft_cache import DraftCache, TargetHiddens
 from trtedge.runtime.speculative.head_files import read_head
-from trtedge.runtime.speculative.head_graphs import BlockGraphs, HeadGraphSpec
+from trtedge.runtime.speculative.head_graphs import BlockGraphs, HeadGraphSpec, capture_or_eager
 from trtedge.runtime.speculative.tree import DeviceChains, Draft
 
 ARCHITECTURES = ("DFlashDraftModel",)
@@ -270,14 +270,17 @@ class DFlashProposer:
         self.hiddens = TargetHiddens(self.cache, width, head.dtype, head.device)
         self.graphs = None
         if graphs is not None:  # a verified chain brings its accepted tokens and the bonus one
-            self.graphs = BlockGraphs(
-                head,
-                self.cache,
-                width,
-                config.num_speculative_tokens + 1,
-                max(1, graphs.max_rows // head.block_size),
-                graphs.max_blocks,
-                graphs.capture,
+            self.graphs = capture_or_eager(
+                "dflash",
+                lambda: BlockGraphs(
+                    head,
+                    self.cache,
+                    width,
+                    config.num_speculative_tokens + 1,
+                    max(1, graphs.max_rows // head.block_size),
+                    graphs.max_blocks,
+                    graphs.capture,
+                ),
             )
 
     def observe(self, seqs: list[Sequence], num_tokens: list[int], aux: torch.Tensor | None) -> None:

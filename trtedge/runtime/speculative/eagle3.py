@@ -28,7 +28,7 @@ from trtedge.runtime.ops.attention import AttentionBatch, CudaAttention, TorchAt
 from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, draft_chains, last_rows
 from trtedge.runtime.speculative.head_files import read_head
-from trtedge.runtime.speculative.head_graphs import HeadGraphSpec
+from trtedge.runtime.speculative.head_graphs import HeadGraphSpec, capture_or_eager
 from trtedge.runtime.speculative.tree import DeviceChains, Draft
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -160,7 +160,10 @@ class Eagle3Proposer:
         self.hiddens = TargetHiddens(self.cache, 3 * target.cfg.hidden_size, head.dtype, head.device)
         self.graphs = None
         if graphs is not None:
-            self.graphs = graphs.build(self._step, self.cache, 3 * target.cfg.hidden_size, head.hidden)
+            width = 3 * target.cfg.hidden_size
+            self.graphs = capture_or_eager(
+                "eagle3", lambda: graphs.build(self._step, self.cache, width, head.hidden)
+            )
 
     # ---- target hidden states ------------------------------------------------------------------
     def observe(self, seqs: list[Sequence], num_tokens: list[int], aux: torch.Tensor | None) -> None:

@@ -57,6 +57,21 @@ class HeadGraphSpec:
         )
 
 
+def capture_or_eager(method: str, build: Callable[[], object]):
+    """The graphs ``build()`` captures, or None where capturing them fails: the proposer then drafts
+    eagerly (the output is the same, the drafting slower), and the log says why."""
+    try:
+        return build()
+    except RuntimeError as e:
+        log.warning(
+            "speculative decoding (%s): the draft's CUDA graphs could not be captured (%s); it drafts "
+            "eagerly, which costs more host time a step",
+            method,
+            str(e).splitlines()[0] if str(e) else type(e).__name__,
+        )
+        return None
+
+
 class HeadGraphs:
     def __init__(
         self,

@@ -26,7 +26,7 @@ from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.ops.linear import embedding
 from trtedge.runtime.speculative import UnsupportedSpeculativeMethod
 from trtedge.runtime.speculative.draft_cache import DraftCache, Row, TargetHiddens, draft_chains, last_rows
-from trtedge.runtime.speculative.head_graphs import HeadGraphSpec
+from trtedge.runtime.speculative.head_graphs import HeadGraphSpec, capture_or_eager
 from trtedge.runtime.speculative.tree import DeviceChains, Draft
 
 MTP_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h")
@@ -236,7 +236,9 @@ class MtpProposer:
         self.hiddens = TargetHiddens(self.cache, cfg.hidden_size, head.dtype, head.device)
         self.graphs = None
         if graphs is not None:
-            self.graphs = graphs.build(self._step, self.cache, cfg.hidden_size, cfg.hidden_size)
+            self.graphs = capture_or_eager(
+                "mtp", lambda: graphs.build(self._step, self.cache, cfg.hidden_size, cfg.hidden_size)
+            )
 
     def observe(self, seqs: list[Sequence], num_tokens: list[int], aux: torch.Tensor | None) -> None:
         self.hiddens.observe(seqs, num_tokens, aux)
