@@ -91,7 +91,8 @@ class Reference:
         )
         x = torch.cat([e, self._norm(hidden, w["mtp.pre_fc_norm_hidden.weight"])], -1) @ w["mtp.fc.weight"].T
         pos = torch.tensor([positions])
-        cos_sin = self.model.model.rotary_emb(x[None], pos)
+        # (3, batch, positions), the rotary's grid form: transformers 5.17 needs it (5.25 also takes [1, T])
+        cos_sin = self.model.model.rotary_emb(x[None], pos[None].expand(3, -1, -1))
         t = x.shape[0]
         mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
         x = self.layer(x[None], position_embeddings=cos_sin, attention_mask=mask, position_ids=pos)[0]
