@@ -109,6 +109,55 @@ def instrument(llm) -> tuple[Spans, callable]:
     return spans, dec
 
 
+def device_timeline(llm, tokens: int) -> dict:
+    """Per speculative step, on the device's clock (CUDA events, no sync added): the draft's span,
+    from the step's start to the end of the proposer's queued work, and the verify's, from there to
+    the end of the target's verify forward. A gap the device idles while the host stages the verify
+    counts in the verify's span; host staging done while the draft still runs does not. The verify
+    span is the cost a verify step adds to a step's device time, the figure to compare with a plain
+    step's."""
+    dec = llm.engine.speculative
+    step, propose, score = dec.step, dec.proposer.propose, dec._score
+    marks: list[list] = []
+
+    def event():
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def timed_step(batch):
+        marks.append([event()])
+        return step(batch)
+
+    def timed_propose(*a, **k):
+        out = propose(*a, **k)
+        marks[-1].append(event())
+        return out
+
+    def timed_score(*a, **k):
+        out = score(*a, **k)
+        marks[-1].append(event())
+        return out
+
+    dec.step, dec.proposer.propose, dec._score = timed_step, timed_propose, timed_score
+    try:
+        llm.generate(PROMPT, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+    finally:
+        dec.step, dec.proposer.propose, dec._score = step, propose, score
+    sync()
+    whole = [m for m in marks if len(m) == 3]
+    draft = sorted(m[0].elapsed_time(m[1]) for m in whole)
+    verify = sorted(m[1].elapsed_time(m[2]) for m in whole)
+    if not whole:
+        return {"steps": 0}
+    return {
+        "steps": len(whole),
+        "draft_device_ms_median": round(draft[len(draft) // 2], 4),
+        "verify_device_ms_median": round(verify[len(verify) // 2], 4),
+        "verify_device_ms_p90": round(verify[int(0.9 * (len(verify) - 1))], 4),
+    }
+
+
 def sm_clock() -> int | None:
     """The device's SM clock (MHz) through NVML, None where it cannot be read."""
     try:
@@ -315,6 +364,8 @@ def method_spec(method: str, tmp: Path, shape: str, k: int, layers: int = 0) -> 
         return {"method": "dflash", "model": str(write_dflash_draft(tmp / "dflash", cfg))}
     if method == "mtp":  # its default depth (1)
         return {"method": "mtp"}
+    if method == "mtp4":  # 4 tokens a chain
+        return {"method": "mtp", "num_speculative_tokens": 4}
     raise ValueError(f"unknown method {method!r}")
 
 
@@ -323,7 +374,7 @@ def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -
     qwen35 = tmp / "qwen3.5"
     spec = method_spec(method, tmp, args.shape, args.k, args.layers)
     path = target
-    if method in ("mtp", "mtp-plain"):
+    if method in ("mtp", "mtp4", "mtp-plain"):
         if not qwen35.exists():
             write_config_shape(qwen35, qwen3_5_config(args.mtp_layers))
         path = qwen35
@@ -383,6 +434,14 @@ def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -
         if dec is not None:
             figure["verify_steps"], figure["graph_steps"] = dec.verify_steps, dec.graph_steps
         print(json.dumps(figure), flush=True)
+        if dec is not None and torch.cuda.is_available():
+            timeline = device_timeline(llm, args.tokens)
+            plain = plain_ms.get((path, "as_is"))
+            if plain and timeline.get("steps"):
+                timeline["verify_device_over_plain_step"] = round(
+                    timeline["verify_device_ms_median"] / plain, 3
+                )
+            print(json.dumps(dict(figure="device_timeline", method=method) | timeline), flush=True)
         if dec is not None:  # each part of the span closed by a sync (the figure above has none)
             figure = dict(figure="verify_spans", method=method)
             spans, dec = instrument(llm)
