@@ -17,7 +17,7 @@ from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
 from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
 from trtedge.runtime.sampling_params import SamplingParams
 from trtedge.runtime.speculative import SpeculativeConfig
-from trtedge.runtime.speculative.head_graphs import HeadGraphSpec
+from trtedge.runtime.speculative.head_graphs import CaptureFailed, HeadGraphSpec
 
 pytest.importorskip("transformers")
 
@@ -31,7 +31,10 @@ def _eager_graphs(rows: int):
     return spec
 
 
-def _mtp(tmp_path, family):
+CAPACITY = 256  # the engines' max_kv_cache_capacity (spec_helpers.generate)
+
+
+def _mtp(tmp_path, family, k, max_positions):
     from tests.runtime.mtp_tiny import add_mtp_layers, add_nemotron_mtp_layers
     from trtedge.runtime.speculative.mtp import load_mtp
 
@@ -41,61 +44,99 @@ def _mtp(tmp_path, family):
     else:
         path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False)
         add_mtp_layers(path)
-    model, tokenizer = load(path)
-    return (
-        model,
-        tokenizer,
-        SpeculativeConfig("mtp", num_speculative_tokens=3),
-        lambda: load_mtp(resolve_checkpoint(str(path)), model),
-    )
+    model, tokenizer = load(path, max_positions)
+    spec = SpeculativeConfig("mtp", num_speculative_tokens=k)
+    return model, tokenizer, spec, lambda: load_mtp(resolve_checkpoint(str(path)), model)
 
 
-def _eagle3(tmp_path):
+def _eagle3(tmp_path, family, k, max_positions):
     from tests.runtime.eagle3_tiny import make_eagle3_head
     from trtedge.runtime.speculative.eagle3 import load_eagle3
 
-    model, tokenizer = load(make_tiny_checkpoint(tmp_path / "t", "qwen3"))
+    model, tokenizer = load(make_tiny_checkpoint(tmp_path / "t", "qwen3"), max_positions)
     head = make_eagle3_head(tmp_path / "e", model.cfg.hidden_size, model.cfg.vocab_size)
-    spec = SpeculativeConfig("eagle3", model=str(head), num_speculative_tokens=3)
-    return model, tokenizer, spec, lambda: load_eagle3(head, model)
+    spec = SpeculativeConfig("eagle3", model=str(head), num_speculative_tokens=k)
+    return model, tokenizer, spec, lambda: load_eagle3(head, model, max_positions)
 
 
-def _dflash(tmp_path):
+def _dflash(tmp_path, family, k, max_positions):
     from tests.runtime.dflash_tiny import write_dflash
     from trtedge.runtime.speculative.dflash import load_dflash
 
-    model, tokenizer = load(make_tiny_checkpoint(tmp_path / "t", "qwen3"))
-    write_dflash(tmp_path / "d")  # a block of 4
-    spec = SpeculativeConfig("dflash", model=str(tmp_path / "d"), num_speculative_tokens=3)
-    return model, tokenizer, spec, lambda: load_dflash(tmp_path / "d", model, 512, 3)
+    model, tokenizer = load(make_tiny_checkpoint(tmp_path / "t", "qwen3"), max_positions)
+    write_dflash(tmp_path / "d")  # a block of 4: at most 3 tokens
+    k = min(k, 3)
+    spec = SpeculativeConfig("dflash", model=str(tmp_path / "d"), num_speculative_tokens=k)
+    return model, tokenizer, spec, lambda: load_dflash(tmp_path / "d", model, max_positions, k)
 
 
+def _largest_catch_up(graphs) -> list[int]:
+    """Wraps ``graphs.propose``: the list it returns fills with each proposal's largest catch-up (rows a
+    sequence brings to its first step, or context rows to its block)."""
+    seen, propose = [], graphs.propose
+
+    def recording(rows, taps, *args):
+        sizes = [len(r.ids) for r in rows] if hasattr(rows[0], "ids") else [t.shape[0] for t in taps]
+        seen.append(max(sizes))
+        return propose(rows, taps, *args)
+
+    graphs.propose = recording
+    return seen
+
+
+CASES = {
+    # requests ending at different steps, so chains are cut short
+    "mixed-ends": dict(k=3, every=1, prompts=8, prompt_len=None, max_tokens=lambda i: 24 - 3 * (i % 4)),
+    # drafting only every third token: a proposal catches up several tokens (as after accepted drafts)
+    "catch-up": dict(k=3, every=3, prompts=8, prompt_len=None, max_tokens=lambda i: 24 - 3 * (i % 4)),
+    # requests running into the KV capacity, the rotary tables exactly that long: a chain's tokens a
+    # request may no longer take must not reach past them (depth 6)
+    "at-capacity": dict(k=6, every=1, prompts=2, prompt_len=220, max_tokens=lambda i: 200),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "eagle3", "dflash"])
-def test_head_graph_chains_are_the_eager_chains(tmp_path, family, monkeypatch):
+def test_head_graph_chains_are_the_eager_chains(tmp_path, family, case, monkeypatch):
+    from trtedge.runtime.speculative.decoder import SpeculativeDecoder
     from trtedge.runtime.speculative.dflash import DFlashProposer
     from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
     from trtedge.runtime.speculative.mtp import MtpProposer
 
-    setups = {"eagle3": _eagle3, "dflash": _dflash}
-    model, tokenizer, spec, head = setups[family](tmp_path) if family in setups else _mtp(tmp_path, family)
+    if family == "nemotron_h" and case != "mixed-ends":
+        pytest.skip("the graph steps do not depend on the MTP module's layout past one case")
+    c = CASES[case]
+    setup = {"eagle3": _eagle3, "dflash": _dflash}.get(family, _mtp)
+    max_positions = CAPACITY if case == "at-capacity" else 512
+    model, tokenizer, spec, head = setup(tmp_path, family, c["k"], max_positions)
     proposer_class = {"eagle3": Eagle3Proposer, "dflash": DFlashProposer}.get(family, MtpProposer)
     original = proposer_class.propose
-    prompts = repetitive_prompts(8, seed=3)
-    params = [SamplingParams(max_tokens=24 - 3 * (i % 4), temperature=0, ignore_eos=True) for i in range(8)]
+    prompts = repetitive_prompts(c["prompts"], seed=3)
+    if c["prompt_len"]:
+        prompts = [(p * 20)[: c["prompt_len"]] for p in prompts]
+    params = [
+        SamplingParams(max_tokens=c["max_tokens"](i), temperature=0, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     plain, _ = generate(model, tokenizer, prompts, params)
-    seen = {}
+    if c["every"] > 1:
+        limit = SpeculativeDecoder._limit
+        monkeypatch.setattr(
+            SpeculativeDecoder,
+            "_limit",
+            lambda self, s: limit(self, s) if s.num_tokens % c["every"] == 0 else 0,
+        )
+    seen, catch_up = {}, []
     try:
         for graphs in (False, True):
-            if graphs:
-                # DFlash: 8 blocks of 4 rows
-                monkeypatch.setattr(
-                    speculative,
-                    "_head_graphs",
-                    _eager_graphs(2 * MAX_ROWS if family == "dflash" else MAX_ROWS),
-                )
+            if graphs:  # DFlash: 8 blocks of 4 rows
+                rows = 2 * MAX_ROWS if family == "dflash" else MAX_ROWS
+                monkeypatch.setattr(speculative, "_head_graphs", _eager_graphs(rows))
             calls = seen[graphs] = []
 
-            def recording(self, seqs, limits, calls=calls):
+            def recording(self, seqs, limits, calls=calls, graphs=graphs):
+                if graphs and not catch_up and self.graphs is not None:
+                    catch_up.append(_largest_catch_up(self.graphs))
                 drafts = original(self, seqs, limits)
                 calls.append([(list(s.token_ids), d) for s, d in zip(seqs, host_drafts(drafts))])
                 return drafts
@@ -106,7 +147,7 @@ def test_head_graph_chains_are_the_eager_chains(tmp_path, family, monkeypatch):
             proposer = engine.speculative.proposer
             assert (proposer.graphs is not None) == graphs
             if graphs:  # every proposal but the ones right after a prefill ran the graphs' steps
-                assert proposer.graphs.num_replays >= len(calls) - len(prompts) > 0
+                assert proposer.graphs.num_replays >= max(len(calls) - len(prompts), 1)
             cache = proposer.cache
             assert not cache.states and cache.blocks.num_free_blocks == cache.blocks.num_blocks
             if engine.blocks.state is not None:
@@ -115,7 +156,10 @@ def test_head_graph_chains_are_the_eager_chains(tmp_path, family, monkeypatch):
         model.aux_layers, model.aux_hidden = (), None
     assert seen[True] == seen[False] and len(seen[True]) > 3
     lengths = {len(d) for step in seen[True] for _, d in step if d is not None}
-    assert 3 in lengths and len(lengths) > 1  # whole chains, and chains cut at a request's end
+    k = spec.num_speculative_tokens
+    assert k in lengths and len(lengths) > 1  # whole chains, and chains cut at a request's end
+    if case == "catch-up":
+        assert max(catch_up[0]) > 1
 
 
 def test_the_reference_attention_reads_a_decode_step_from_the_tables_tensor():
@@ -143,18 +187,25 @@ def test_the_reference_attention_reads_a_decode_step_from_the_tables_tensor():
         torch.testing.assert_close(got, expected)
 
 
-def test_a_head_whose_graphs_fail_to_capture_drafts_eagerly_and_says_so(tmp_path, monkeypatch, caplog):
-    """A capture that raises (as CUDA does for an operation a graph cannot hold) leaves the proposer
-    drafting eagerly, with a warning naming the method; output still equals plain decoding."""
+def test_a_head_whose_graphs_cuda_refuses_to_capture_drafts_eagerly_and_says_so(
+    tmp_path, monkeypatch, caplog
+):
+    """A capture CUDA refuses (an operation a graph cannot hold) leaves the proposer drafting eagerly,
+    with a warning naming the method and the cause; output still equals plain decoding. Any other error
+    while building the graphs is a real one and stops the engine's start."""
 
-    class Failing(HeadGraphSpec):
+    class Refused(HeadGraphSpec):
         def build(self, *args):
-            raise RuntimeError("operation not permitted when stream is capturing\ndetails")
+            raise CaptureFailed("operation not permitted when stream is capturing")
 
-    model, tokenizer, spec, head = _mtp(tmp_path, "qwen3_5")
+    class Broken(HeadGraphSpec):
+        def build(self, *args):
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    model, tokenizer, spec, head = _mtp(tmp_path, "qwen3_5", 3, 512)
     prompts = repetitive_prompts(2, seed=3)
     plain, _ = generate(model, tokenizer, prompts)
-    monkeypatch.setattr(speculative, "_head_graphs", lambda runner, depth, *a: Failing(depth, 16, 64))
+    monkeypatch.setattr(speculative, "_head_graphs", lambda runner, depth, *a: Refused(depth, 16, 64))
     with caplog.at_level("WARNING", logger="trtedge"):
         outs, engine = generate(model, tokenizer, prompts, speculative=spec, draft=head())
     assert outs == plain and engine.speculative.proposer.graphs is None
@@ -164,3 +215,6 @@ def test_a_head_whose_graphs_fail_to_capture_drafts_eagerly_and_says_so(tmp_path
         and "drafts eagerly" in r.getMessage()
         for r in caplog.records
     )
+    monkeypatch.setattr(speculative, "_head_graphs", lambda runner, depth, *a: Broken(depth, 16, 64))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        generate(model, tokenizer, prompts, speculative=spec, draft=head())

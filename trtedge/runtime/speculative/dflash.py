@@ -110,7 +110,8 @@ class DFlashHead:
         if not self.layers:
             raise ValueError("DFlash draft: num_hidden_layers must be at least 1")
         rope = _rope_config(config, "DFlash draft", "full_attention")
-        cos, sin = rope_tables(rope, self.head_dim, self.head_dim, max_positions)
+        # a block's rows reach block_size - 1 positions past the last one the target may take
+        cos, sin = rope_tables(rope, self.head_dim, self.head_dim, max_positions + self.block_size)
         self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
         on_cuda = device.type == "cuda" and triton_attention.available()
         self.attention = (CudaAttention if on_cuda else TorchAttention)(self.head_dim**-0.5)

@@ -183,8 +183,6 @@ class Eagle3Proposer:
             n = seq.num_tokens
             start = min(st.num_computed_tokens, n - 2)
             scratch = depth * self.top_k
-            if self.graphs is not None:  # every chain in the graphs runs their whole depth
-                scratch = max(scratch, self.graphs.depth)
             if start < 0 or not self.cache.reserve(st, n - 1 + scratch):
                 continue
             rows.append(Row(st, seq.token_ids[start + 1 : n], list(range(start, n - 1)), start))

@@ -57,17 +57,38 @@ class HeadGraphSpec:
         )
 
 
+class CaptureFailed(RuntimeError):
+    """CUDA refused to capture a draft's step (an operation a graph cannot hold)."""
+
+
+def _captured(graph: torch.cuda.CUDAGraph, pool, step: Callable[[], object]):
+    """``step()`` captured into ``graph`` (its warm-up already ran: an error there is a real one and
+    propagates); a refused capture raises ``CaptureFailed`` with the cause CUDA gave first."""
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            return step()
+    except RuntimeError as e:
+        # a capture that ends in an error leaves the capture's side stream current
+        torch.cuda.set_stream(stream)
+        cause = e.__context__ if isinstance(e.__context__, Exception) else e
+        raise CaptureFailed(str(cause).splitlines()[0] if str(cause) else type(cause).__name__) from e
+
+
 def capture_or_eager(method: str, build: Callable[[], object]):
-    """The graphs ``build()`` captures, or None where capturing them fails: the proposer then drafts
-    eagerly (the output is the same, the drafting slower), and the log says why."""
+    """The graphs ``build()`` captures, or None where CUDA refuses to capture them: the proposer then
+    drafts eagerly (the output is the same, the drafting slower), and the log says why. Any other
+    error (a broken kernel, a dead CUDA context) propagates."""
     try:
         return build()
-    except RuntimeError as e:
+    except CaptureFailed as e:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # a context left broken raises here, not later somewhere else
         log.warning(
             "speculative decoding (%s): the draft's CUDA graphs could not be captured (%s); it drafts "
             "eagerly, which costs more host time a step",
             method,
-            str(e).splitlines()[0] if str(e) else type(e).__name__,
+            e,
         )
         return None
 
@@ -101,8 +122,10 @@ class HeadGraphs:
         # the first step's picks and outputs, every row (the chain graph gathers each sequence's last)
         self.picks = torch.zeros(n, dtype=torch.long, device=device)
         self.outs = torch.zeros(n, width, dtype=dtype, device=device)
-        # per chain row: its sequence's last first-step row, its step-1 position, its block-table seat
-        self.chain_in = torch.zeros(3, m, dtype=torch.long, device=device)
+        # per chain row: its sequence's last first-step row, its step-1 position, its block-table seat,
+        # the tokens it keeps (its steps past them write to scratch at position 0: a request near its
+        # end must not reach past the rotary tables and the cache it reserved)
+        self.chain_in = torch.zeros(4, m, dtype=torch.long, device=device)
         self.capture = capture
         self.first_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.chain_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -115,21 +138,20 @@ class HeadGraphs:
         start, pool = time.perf_counter(), None
         self.chain_in[1].zero_()
         self.chain_in[2].fill_(self.io.table_rows.pad_seat)
+        self.chain_in[3].zero_()
         for size in reversed(self.row_sizes):
             self.io.pad(size)  # warm-up on padding rows, then the capture
             self._first(size)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._first(size)
+            _captured(graph, pool, lambda size=size: self._first(size))
             pool = graph.pool()
             self.first_graphs[size] = graph
         for size in reversed(self.seq_sizes):
             self._chain(size)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.chain_out[size] = self._chain(size)
+            self.chain_out[size] = _captured(graph, pool, lambda size=size: self._chain(size))
             pool = graph.pool()
             self.chain_graphs[size] = graph
         torch.cuda.synchronize()
@@ -170,15 +192,17 @@ class HeadGraphs:
 
     def _chain(self, size: int) -> torch.Tensor:
         """Each sequence's chain from its last first-step row: the tokens [depth, size]."""
-        last, start, seats = self.chain_in[:, :size]
+        last, start, seats, depths = self.chain_in[:, :size]
         tokens, hidden = self.picks.index_select(0, last), self.outs.index_select(0, last)
         tables = self.io.table_rows.rows.index_select(0, seats)
         bs, out = self.block_size, [tokens]
+        scratch = self.cache.scratch_block * bs
         for s in range(1, self.depth):
-            positions = start + (s - 1)
+            live = depths > s
+            positions = (start + (s - 1)) * live
             block = tables.gather(1, (positions // bs)[:, None])[:, 0].long()
             attn = AttentionBatch(
-                slot_mapping=block * bs + positions % bs,
+                slot_mapping=(block * bs + positions % bs).masked_fill(~live, scratch),
                 query_lens=[1] * size,
                 context_lens=[1] * size,
                 block_tables=[],
@@ -200,9 +224,9 @@ class HeadGraphs:
         num_seqs: int,
     ) -> DeviceChains:
         """Chains for ``rows`` (one a sequence, its catch-up tokens with ``hiddens``, the target's rows
-        for them; its draft table reserved ``depth - 1`` rows past them), of which row r keeps
-        ``depths[r]`` tokens (at most ``depth``: every chain runs the whole depth); ``live``: the
-        sequences drafted for, indices of ``num_seqs``."""
+        for them; its draft table reserved ``depths[r] - 1`` rows past them), of which row r drafts
+        ``depths[r]`` tokens (at most ``depth``); ``live``: the sequences drafted for, indices of
+        ``num_seqs``."""
         bs = self.block_size
         ids, positions, slots, tables, context_lens, row_seqs, last, starts = [], [], [], [], [], [], [], []
         for row, sid in zip(rows, seq_ids):
@@ -222,7 +246,7 @@ class HeadGraphs:
         chain_size = next(s for s in self.seq_sizes if s >= len(rows))
         seats, _ = self.io.table_rows.plan(seq_ids, [tables[i] for i in last], chain_size)
         m = self.chain_in.shape[1]
-        staged = stage_rows([(last, 0), (starts, 0), (seats, self.io.table_rows.pad_seat)], m)
+        staged = stage_rows([(last, 0), (starts, 0), (seats, self.io.table_rows.pad_seat), (depths, 0)], m)
         self.chain_in.copy_(staged, non_blocking=True)
         if self.capture:
             self.first_graphs[size].replay()
@@ -232,7 +256,8 @@ class HeadGraphs:
             self._first(size)
             out = self._chain(chain_size)
         self.num_replays += 1
-        tokens = out[:, : len(rows)].t().contiguous()  # a copy: the next proposal rewrites the buffer
+        # a copy: the next proposal rewrites the buffer
+        tokens = out[:, : len(rows)].t().clone(memory_format=torch.contiguous_format)
         chains_rows: list[int | None] = [None] * num_seqs
         lengths = [0] * num_seqs
         for r, i in enumerate(live):
@@ -290,8 +315,7 @@ class BlockGraphs:
             self._draft(size)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.out[size] = self._draft(size)
+            self.out[size] = _captured(graph, pool, lambda size=size: self._draft(size))
             pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize()

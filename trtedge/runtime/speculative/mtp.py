@@ -262,8 +262,7 @@ class MtpProposer:
             n = seq.num_tokens
             start = min(st.num_computed_tokens, n - 2)
             # rows 0..n-2 hold the real tokens; the chain's steps 1..k-1 write the k - 1 rows after them
-            # (in the graphs every chain runs their whole depth)
-            if start < 0 or not self.cache.reserve(st, n - 2 + max(k, graphs.depth if graphs else 0)):
+            if start < 0 or not self.cache.reserve(st, n - 2 + k):
                 continue
             rows.append(Row(st, seq.token_ids[start + 1 : n], list(range(start, n - 1)), start))
             hiddens.append(self.hiddens.take(st, start, n - 1))
