@@ -41,17 +41,27 @@ def _target(tmp_path, family):
     return path, {"method": "mtp", "num_speculative_tokens": 4}
 
 
+@pytest.mark.parametrize("case", ["mixed-ends", "at-capacity"])
 @pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "eagle3", "dflash"])
-def test_head_chains_in_cuda_graphs_are_the_eager_chains(tmp_path, family, monkeypatch):
+def test_head_chains_in_cuda_graphs_are_the_eager_chains(tmp_path, family, case, monkeypatch):
+    """``at-capacity``: requests run into the KV capacity with 6 draft tokens (DFlash: 3), the rotary
+    tables exactly that long: a chain's steps past what a request may take write to scratch."""
     from trtedge.runtime.speculative.dflash import DFlashProposer
     from trtedge.runtime.speculative.eagle3 import Eagle3Proposer
     from trtedge.runtime.speculative.mtp import MtpProposer
 
+    if family == "nemotron_h" and case == "at-capacity":
+        pytest.skip("the chain's steps do not depend on the MTP module's layout")
     path, spec = _target(tmp_path, family)
     proposer_class = {"eagle3": Eagle3Proposer, "dflash": DFlashProposer}.get(family, MtpProposer)
     original = proposer_class.propose
     prompts = repetitive_prompts(6, seed=3)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (5, 9, 17, 24, 31, 40)]
+    if case == "at-capacity":
+        prompts = [(p * 20)[:220] for p in prompts[:2]]
+        params = [SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)] * 2
+        if family != "dflash":
+            spec = spec | {"num_speculative_tokens": 6}
 
     def run(spec, graphs: bool):
         calls = []
@@ -70,7 +80,7 @@ def test_head_chains_in_cuda_graphs_are_the_eager_chains(tmp_path, family, monke
                 device="cuda",
                 dtype="float32",
                 max_kv_cache_capacity=256,
-                max_input_len=128,
+                max_input_len=240,
                 max_batch_size=8,
                 engine_process=False,  # the test reads the proposer
                 speculative_config=spec,
@@ -91,3 +101,5 @@ def test_head_chains_in_cuda_graphs_are_the_eager_chains(tmp_path, family, monke
     graphed, graph_calls = run(spec, True)
     assert eager == plain and graphed == plain
     assert graph_calls == eager_calls and len(graph_calls) > 3
+    if case == "at-capacity":
+        assert max(len(p) + len(o) for p, o in zip(prompts, graphed)) == 256
