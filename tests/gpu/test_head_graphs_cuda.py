@@ -59,7 +59,7 @@ def test_head_chains_in_cuda_graphs_are_the_eager_chains(tmp_path, family, case,
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (5, 9, 17, 24, 31, 40)]
     if case == "at-capacity":
         prompts = [(p * 20)[:220] for p in prompts[:2]]
-        params = [SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)] * 2
+        params = [SamplingParams(max_tokens=36, temperature=0, ignore_eos=True)] * 2  # to the capacity
         if family != "dflash":
             spec = spec | {"num_speculative_tokens": 6}
 
