@@ -1,6 +1,7 @@
-"""A draft head's linear chains as CUDA graphs (EAGLE-3 and MTP heads, ``draft_top_k`` 1).
+"""A draft head's proposals as CUDA graphs (``draft_top_k`` 1): the linear chains of EAGLE-3 and MTP
+heads (``HeadGraphs``) and DFlash's blocks (``BlockGraphs``, one replay a proposal, below).
 
-A proposal is two replays. The first step runs every row a sequence brings (the tokens it has not
+A chain's proposal is two replays. The first step runs every row a sequence brings (the tokens it has not
 drafted over yet, each with the target's hidden state) as one decode row each: row ``p`` writes its key
 at storage ``p`` and attends to storage ``[0, p]``, which is the causal catch-up forward, so that it
 fits the paged decode kernel and the graphs' static inputs (``StepInputs``, the decode graphs' own
