@@ -8,10 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runtime.eagle3_tiny import make_eagle3_head
-from tests.runtime.mtp_tiny import add_mtp_layers, add_nemotron_mtp_layers
-from tests.runtime.spec_helpers import host_drafts, repetitive_prompts
-from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
+from tests.runtime.spec_helpers import head_checkpoint, host_drafts, repetitive_prompts
 from trtedge import LLM, SamplingParams
 from trtedge.runtime import speculative
 
@@ -22,23 +19,11 @@ pytestmark = [
 
 
 def _target(tmp_path, family):
-    if family == "dflash":
-        from tests.runtime.dflash_tiny import write_dflash
-
-        path = make_tiny_checkpoint(tmp_path / "t", "qwen3")
-        write_dflash(tmp_path / "d")  # a block of 4
-        return path, {"method": "dflash", "model": str(tmp_path / "d"), "num_speculative_tokens": 3}
-    if family == "eagle3":
-        path = make_tiny_checkpoint(tmp_path / "t", "qwen3")
-        head = make_eagle3_head(tmp_path / "e", 64, 512)
-        return path, {"method": "eagle3", "model": str(head), "num_speculative_tokens": 4}
-    if family == "nemotron_h":
-        path = make_tiny_nemotron_h_checkpoint(tmp_path / "m")
-        add_nemotron_mtp_layers(path)
-    else:
-        path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False)
-        add_mtp_layers(path)
-    return path, {"method": "mtp", "num_speculative_tokens": 4}
+    path, draft = head_checkpoint(tmp_path, family)
+    if draft is None:  # MTP layers in the target's checkpoint
+        return path, {"method": "mtp", "num_speculative_tokens": 4}
+    k = 3 if family == "dflash" else 4  # DFlash: a block of 4
+    return path, {"method": family, "model": str(draft), "num_speculative_tokens": k}
 
 
 @pytest.mark.parametrize("case", ["mixed-ends", "at-capacity"])

@@ -70,3 +70,33 @@ def repetitive_prompts(count: int = 8, vocab: int = 512, seed: int = 0) -> list[
         phrase = [rng.randrange(3, vocab) for _ in range(5 + i % 3)]
         prompts.append(phrase * 3 + phrase[:2])
     return prompts
+
+
+def head_checkpoint(root, family: str):
+    """A tiny target and its draft head, written under ``root``: (target directory, draft directory
+    or None where the head ships inside the target's checkpoint). ``family``: qwen3_5 / nemotron_h
+    (their ``mtp.*`` layers), eagle3 (a Qwen3 target), dflash (a Qwen3 target, a block of 4)."""
+    from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
+
+    if family in ("qwen3_5", "nemotron_h"):
+        from tests.runtime.mtp_tiny import add_mtp_layers, add_nemotron_mtp_layers
+
+        if family == "nemotron_h":
+            path = make_tiny_nemotron_h_checkpoint(root / "m")
+            add_nemotron_mtp_layers(path)
+        else:
+            path = make_tiny_hybrid_checkpoint(root / "m", vision=False)
+            add_mtp_layers(path)
+        return path, None
+    target = make_tiny_checkpoint(root / "t", "qwen3")
+    if family == "eagle3":
+        import json
+
+        from tests.runtime.eagle3_tiny import make_eagle3_head
+
+        config = json.loads((target / "config.json").read_text())
+        return target, make_eagle3_head(root / "e", config["hidden_size"], config["vocab_size"])
+    from tests.runtime.dflash_tiny import write_dflash
+
+    write_dflash(root / "d")
+    return target, root / "d"

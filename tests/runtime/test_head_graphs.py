@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.runtime.spec_helpers import generate, host_drafts, load, repetitive_prompts
-from tests.tiny import make_tiny_checkpoint, make_tiny_hybrid_checkpoint, make_tiny_nemotron_h_checkpoint
+from tests.runtime.spec_helpers import generate, head_checkpoint, host_drafts, load, repetitive_prompts
 from trtedge.runtime import speculative
 from trtedge.runtime.artifacts.checkpoint import resolve_checkpoint
 from trtedge.runtime.ops.attention import AttentionBatch, TorchAttention
@@ -34,40 +33,23 @@ def _eager_graphs(rows: int):
 CAPACITY = 256  # the engines' max_kv_cache_capacity (spec_helpers.generate)
 
 
-def _mtp(tmp_path, family, k, max_positions):
-    from tests.runtime.mtp_tiny import add_mtp_layers, add_nemotron_mtp_layers
+def _setup(tmp_path, family, k, max_positions):
+    """(target, tokenizer, speculative config, a loader of the draft) for ``family``."""
+    from trtedge.runtime.speculative.dflash import load_dflash
+    from trtedge.runtime.speculative.eagle3 import load_eagle3
     from trtedge.runtime.speculative.mtp import load_mtp
 
-    if family == "nemotron_h":
-        path = make_tiny_nemotron_h_checkpoint(tmp_path / "m")
-        add_nemotron_mtp_layers(path)
-    else:
-        path = make_tiny_hybrid_checkpoint(tmp_path / "m", vision=False)
-        add_mtp_layers(path)
+    path, draft = head_checkpoint(tmp_path, family)
     model, tokenizer = load(path, max_positions)
+    if family == "eagle3":
+        spec = SpeculativeConfig("eagle3", model=str(draft), num_speculative_tokens=k)
+        return model, tokenizer, spec, lambda: load_eagle3(draft, model, max_positions)
+    if family == "dflash":
+        k = min(k, 3)  # a block of 4
+        spec = SpeculativeConfig("dflash", model=str(draft), num_speculative_tokens=k)
+        return model, tokenizer, spec, lambda: load_dflash(draft, model, max_positions, k)
     spec = SpeculativeConfig("mtp", num_speculative_tokens=k)
     return model, tokenizer, spec, lambda: load_mtp(resolve_checkpoint(str(path)), model)
-
-
-def _eagle3(tmp_path, family, k, max_positions):
-    from tests.runtime.eagle3_tiny import make_eagle3_head
-    from trtedge.runtime.speculative.eagle3 import load_eagle3
-
-    model, tokenizer = load(make_tiny_checkpoint(tmp_path / "t", "qwen3"), max_positions)
-    head = make_eagle3_head(tmp_path / "e", model.cfg.hidden_size, model.cfg.vocab_size)
-    spec = SpeculativeConfig("eagle3", model=str(head), num_speculative_tokens=k)
-    return model, tokenizer, spec, lambda: load_eagle3(head, model, max_positions)
-
-
-def _dflash(tmp_path, family, k, max_positions):
-    from tests.runtime.dflash_tiny import write_dflash
-    from trtedge.runtime.speculative.dflash import load_dflash
-
-    model, tokenizer = load(make_tiny_checkpoint(tmp_path / "t", "qwen3"), max_positions)
-    write_dflash(tmp_path / "d")  # a block of 4: at most 3 tokens
-    k = min(k, 3)
-    spec = SpeculativeConfig("dflash", model=str(tmp_path / "d"), num_speculative_tokens=k)
-    return model, tokenizer, spec, lambda: load_dflash(tmp_path / "d", model, max_positions, k)
 
 
 def _largest_catch_up(graphs) -> list[int]:
@@ -106,9 +88,8 @@ def test_head_graph_chains_are_the_eager_chains(tmp_path, family, case, monkeypa
     if family == "nemotron_h" and case != "mixed-ends":
         pytest.skip("the graph steps do not depend on the MTP module's layout past one case")
     c = CASES[case]
-    setup = {"eagle3": _eagle3, "dflash": _dflash}.get(family, _mtp)
     max_positions = CAPACITY if case == "at-capacity" else 512
-    model, tokenizer, spec, head = setup(tmp_path, family, c["k"], max_positions)
+    model, tokenizer, spec, head = _setup(tmp_path, family, c["k"], max_positions)
     proposer_class = {"eagle3": Eagle3Proposer, "dflash": DFlashProposer}.get(family, MtpProposer)
     original = proposer_class.propose
     prompts = repetitive_prompts(c["prompts"], seed=3)
@@ -202,7 +183,7 @@ def test_a_head_whose_graphs_cuda_refuses_to_capture_drafts_eagerly_and_says_so(
         def build(self, *args):
             raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
 
-    model, tokenizer, spec, head = _mtp(tmp_path, "qwen3_5", 3, 512)
+    model, tokenizer, spec, head = _setup(tmp_path, "qwen3_5", 3, 512)
     prompts = repetitive_prompts(2, seed=3)
     plain, _ = generate(model, tokenizer, prompts)
     monkeypatch.setattr(speculative, "_head_graphs", lambda runner, depth, *a: Refused(depth, 16, 64))

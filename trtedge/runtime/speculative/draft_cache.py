@@ -143,6 +143,25 @@ def last_rows(rows: list[Row]) -> list[int]:
     return out
 
 
+def decode_rows(rows: list[Row], seq_ids: list[int], block_size: int) -> tuple[list, ...]:
+    """``rows`` as a CUDA-graph decode step takes them, every catch-up token one decode row that sees
+    storage up to its own: (ids, positions, slots, tables, context lengths, sequence ids) per token,
+    and each row's last token's index. A row's tokens share one copy of its block table."""
+    ids, positions, slots, tables, context_lens, row_seqs, last = [], [], [], [], [], [], []
+    for row, sid in zip(rows, seq_ids):
+        table = list(row.state.block_table)
+        for j, token in enumerate(row.ids):
+            store = row.storage_start + j
+            ids.append(token)
+            positions.append(row.positions[j])
+            slots.append(table[store // block_size] * block_size + store % block_size)
+            tables.append(table)
+            context_lens.append(store + 1)
+            row_seqs.append(sid)
+        last.append(len(ids) - 1)
+    return ids, positions, slots, tables, context_lens, row_seqs, last
+
+
 class TargetHiddens:
     """The target's hidden states per position of each sequence, from its forwards (plain steps and
     verification), kept in the draft state until a proposer's catch-up reads them. The rows kept are

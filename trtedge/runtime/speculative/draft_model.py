@@ -12,7 +12,7 @@ from trtedge.runtime.core.request import Sequence
 from trtedge.runtime.executor.runner import PendingFill
 from trtedge.runtime.executor.sampler import to_device
 from trtedge.runtime.speculative import check_draft
-from trtedge.runtime.speculative.draft_cache import DraftCache, Row, last_rows
+from trtedge.runtime.speculative.draft_cache import DraftCache, Row, decode_rows, last_rows
 from trtedge.runtime.speculative.tree import DeviceChains, Draft
 
 
@@ -99,20 +99,13 @@ class DraftModelProposer:
     def _propose_graphs(self, seqs, limits, rows: list[Row], active: list[int]) -> DeviceChains:
         """The chain through the decode graphs: step 0 runs every row's catch-up tokens (one decode row
         each), step j the token step j - 1 drafted, for the rows whose limit reaches that far."""
-        bs, graphs = self.cache.block_size, self.graphs
-        ids, positions, slots, tables, context_lens, seq_ids, last = [], [], [], [], [], [], []
-        whole = {}  # row -> its block table (reserved up to the chain's end), one list for all its rows
-        for r, (row, i) in enumerate(zip(rows, active)):
-            table = whole[r] = list(row.state.block_table)
-            for j, token in enumerate(row.ids):
-                store = row.storage_start + j
-                ids.append(token)
-                positions.append(row.positions[j])
-                slots.append(table[store // bs] * bs + store % bs)
-                tables.append(table)
-                context_lens.append(store + 1)
-                seq_ids.append(seqs[i].seq_id)
-            last.append(len(ids) - 1)
+        graphs = self.graphs
+        ids, positions, slots, tables, context_lens, seq_ids, last = decode_rows(
+            rows, [seqs[i].seq_id for i in active], self.cache.block_size
+        )
+        # row -> its block table (reserved up to the chain's end), one list for all its rows
+        whole = {r: tables[end] for r, end in enumerate(last)}
+        for row in rows:
             row.state.num_computed_tokens = row.storage_start + len(row.ids)
         logits = graphs.run(ids, positions, slots, tables, context_lens, None, seq_ids)
         picked = to_device(last, torch.long, logits.device)  # (a pageable copy would wait for the step)

@@ -24,7 +24,7 @@ import torch
 
 from trtedge.runtime.executor.cuda_graphs import StepInputs, graph_batch_sizes, stage_rows
 from trtedge.runtime.ops.attention import AttentionBatch
-from trtedge.runtime.speculative.draft_cache import DraftCache, Row
+from trtedge.runtime.speculative.draft_cache import DraftCache, Row, decode_rows
 from trtedge.runtime.speculative.tree import DeviceChains
 
 log = logging.getLogger("trtedge")
@@ -52,10 +52,26 @@ class HeadGraphSpec:
             width,
             self.depth,
             self.max_rows,
-            self.max_rows,
             self.max_blocks,
             self.capture,
         )
+
+
+def _capture_sizes(sizes: list[int], pool, step: Callable[[int], object], prepare=None):
+    """``step(size)`` captured per size, largest first, into one memory pool (each after a warm-up
+    run; ``prepare(size)`` first stages that size's padding inputs): the graphs, their outputs by
+    size, and the pool."""
+    graphs, outs = {}, {}
+    for size in reversed(sizes):
+        if prepare is not None:
+            prepare(size)
+        step(size)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        outs[size] = _captured(graph, pool, lambda size=size: step(size))
+        pool = graph.pool()
+        graphs[size] = graph
+    return graphs, outs, pool
 
 
 class CaptureFailed(RuntimeError):
@@ -103,22 +119,20 @@ class HeadGraphs:
         width: int,
         depth: int,
         max_rows: int,
-        max_seqs: int,
         max_blocks: int,
         capture: bool = True,
     ):
         """``step``: one head step; ``input_width``: the width of the target's hidden rows the first
         step reads (EAGLE-3: three layers' worth), ``width``: the head's own output the chain feeds
-        back; ``depth``: tokens a chain drafts; ``max_rows`` / ``max_seqs``: the largest first step
-        and chain captured; ``max_blocks``: blocks a sequence's draft table may reach. The cache
+        back; ``depth``: tokens a chain drafts; ``max_rows``: the largest first step and chain
+        captured; ``max_blocks``: blocks a sequence's draft table may reach. The cache
         needs its scratch block (``DraftCache(scratch=True)``): padding rows write there."""
         device, dtype = cache.device, cache.kv.dtype
         self.step, self.cache, self.depth = step, cache, depth
         self.block_size = cache.block_size
-        self.row_sizes = graph_batch_sizes(max_rows)
-        self.seq_sizes = graph_batch_sizes(max_seqs)
-        self.io = StepInputs(self.row_sizes, max_blocks, cache.block_size, cache.scratch_block, 0, device)
-        n, m = self.row_sizes[-1], self.seq_sizes[-1]
+        self.sizes = graph_batch_sizes(max_rows)  # of a first step's rows, and of a chain's
+        self.io = StepInputs(self.sizes, max_blocks, cache.block_size, cache.scratch_block, 0, device)
+        n = self.sizes[-1]
         self.hidden_in = torch.zeros(n, input_width, dtype=dtype, device=device)
         # the first step's picks and outputs, every row (the chain graph gathers each sequence's last)
         self.picks = torch.zeros(n, dtype=torch.long, device=device)
@@ -126,7 +140,7 @@ class HeadGraphs:
         # per chain row: its sequence's last first-step row, its step-1 position, its block-table seat,
         # the tokens it keeps (its steps past them write to scratch at position 0: a request near its
         # end must not reach past the rotary tables and the cache it reserved)
-        self.chain_in = torch.zeros(4, m, dtype=torch.long, device=device)
+        self.chain_in = torch.zeros(4, n, dtype=torch.long, device=device)
         self.capture = capture
         self.first_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.chain_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -136,43 +150,25 @@ class HeadGraphs:
             self._capture()
 
     def _capture(self) -> None:
-        start, pool = time.perf_counter(), None
+        start = time.perf_counter()
         self.chain_in[1].zero_()
         self.chain_in[2].fill_(self.io.table_rows.pad_seat)
         self.chain_in[3].zero_()
-        for size in reversed(self.row_sizes):
-            self.io.pad(size)  # warm-up on padding rows, then the capture
-            self._first(size)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            _captured(graph, pool, lambda size=size: self._first(size))
-            pool = graph.pool()
-            self.first_graphs[size] = graph
-        for size in reversed(self.seq_sizes):
-            self._chain(size)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            self.chain_out[size] = _captured(graph, pool, lambda size=size: self._chain(size))
-            pool = graph.pool()
-            self.chain_graphs[size] = graph
+        self.first_graphs, _, pool = _capture_sizes(self.sizes, None, self._first, self.io.pad)
+        self.chain_graphs, self.chain_out, _ = _capture_sizes(self.sizes, pool, self._chain)
         torch.cuda.synchronize()
         log.info(
-            "captured %d draft-head CUDA graphs (first steps up to %d rows, %d-token chains up to %d) in %.1f s",
+            "captured %d draft-head CUDA graphs (first steps and %d-token chains up to %d rows) in %.1f s",
             len(self.first_graphs) + len(self.chain_graphs),
-            self.row_sizes[-1],
             self.depth,
-            self.seq_sizes[-1],
+            self.sizes[-1],
             time.perf_counter() - start,
         )
 
     def takes(self, rows: list[Row], depths: list[int]) -> bool:
         """Whether a proposal fits the captured sizes (a prompt's whole catch-up after its prefill
         does not: that one runs eagerly)."""
-        return (
-            sum(len(row.ids) for row in rows) <= self.row_sizes[-1]
-            and len(rows) <= self.seq_sizes[-1]
-            and max(depths) <= self.depth
-        )
+        return sum(len(row.ids) for row in rows) <= self.sizes[-1] and max(depths) <= self.depth
 
     def _first(self, size: int) -> None:
         """The first step over ``size`` staged rows; its picks and outputs into ``picks`` / ``outs``."""
@@ -228,23 +224,13 @@ class HeadGraphs:
         for them; its draft table reserved ``depths[r] - 1`` rows past them), of which row r drafts
         ``depths[r]`` tokens (at most ``depth``); ``live``: the sequences drafted for, indices of
         ``num_seqs``."""
-        bs = self.block_size
-        ids, positions, slots, tables, context_lens, row_seqs, last, starts = [], [], [], [], [], [], [], []
-        for row, sid in zip(rows, seq_ids):
-            table = list(row.state.block_table)
-            for j, token in enumerate(row.ids):
-                store = row.storage_start + j
-                ids.append(token)
-                positions.append(row.positions[j])
-                slots.append(table[store // bs] * bs + store % bs)
-                tables.append(table)
-                context_lens.append(store + 1)
-                row_seqs.append(sid)
-            last.append(len(ids) - 1)
-            starts.append(row.storage_start + len(row.ids))  # the chain's step 1 row
+        ids, positions, slots, tables, context_lens, row_seqs, last = decode_rows(
+            rows, seq_ids, self.block_size
+        )
+        starts = [row.storage_start + len(row.ids) for row in rows]  # each chain's step 1 row
         size = self.io.stage(ids, positions, slots, tables, context_lens, None, row_seqs)
         torch.cat(hiddens, out=self.hidden_in[: len(ids)])
-        chain_size = next(s for s in self.seq_sizes if s >= len(rows))
+        chain_size = next(s for s in self.sizes if s >= len(rows))
         seats, _ = self.io.table_rows.plan(seq_ids, [tables[i] for i in last], chain_size)
         m = self.chain_in.shape[1]
         staged = stage_rows([(last, 0), (starts, 0), (seats, self.io.table_rows.pad_seat), (depths, 0)], m)
@@ -308,17 +294,12 @@ class BlockGraphs:
             self._capture()
 
     def _capture(self) -> None:
-        start, pool = time.perf_counter(), None
+        start = time.perf_counter()
         self.context_in[0].fill_(self.cache.scratch_block * self.block_size)
         self.context_in[1].zero_()
-        for size in reversed(self.seq_sizes):
-            self.io.pad(size * self.rows_per_seq)
-            self._draft(size)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            self.out[size] = _captured(graph, pool, lambda size=size: self._draft(size))
-            pool = graph.pool()
-            self.graphs[size] = graph
+        self.graphs, self.out, _ = _capture_sizes(
+            self.seq_sizes, None, self._draft, lambda size: self.io.pad(size * self.rows_per_seq)
+        )
         torch.cuda.synchronize()
         log.info(
             "captured %d draft-block CUDA graphs (up to %d sequences) in %.1f s",
