@@ -369,6 +369,16 @@ def method_spec(method: str, tmp: Path, shape: str, k: int, layers: int = 0) -> 
     raise ValueError(f"unknown method {method!r}")
 
 
+def mtp_target_config(shape: str, layers: int) -> dict:
+    """The hybrid target of the mtp rows, one MTP layer declared: the Qwen3.5-0.8B style for the 0.6B
+    shape, transformers' default Qwen3.5 (~9B) for the 8B one."""
+    if shape == "qwen3-8b":
+        from benchmarks.gpu_hybrid_decode import QWEN3_5_9B
+
+        return QWEN3_5_9B | dict(mtp_num_hidden_layers=1)
+    return qwen3_5_config(layers)
+
+
 def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -> None:
     """One engine's figures, printed as they come."""
     qwen35 = tmp / "qwen3.5"
@@ -376,7 +386,7 @@ def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -
     path = target
     if method in ("mtp", "mtp4", "mtp-plain"):
         if not qwen35.exists():
-            write_config_shape(qwen35, qwen3_5_config(args.mtp_layers))
+            write_config_shape(qwen35, mtp_target_config(args.shape, args.mtp_layers))
         path = qwen35
     started = time.perf_counter()
     with LLM(
@@ -442,7 +452,7 @@ def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -
                     timeline["verify_device_ms_median"] / plain, 3
                 )
             print(json.dumps(dict(figure="device_timeline", method=method) | timeline), flush=True)
-        if dec is not None:  # each part of the span closed by a sync (the figure above has none)
+        if dec is not None and not args.quick:  # each part of the span closed by a sync (the figure above has none)
             figure = dict(figure="verify_spans", method=method)
             spans, dec = instrument(llm)
             spans.enabled = True
@@ -464,7 +474,7 @@ def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -
         ):
             print(f"--- torch profiler, {method}, {args.profile_steps} speculative steps ---", flush=True)
             profile_steps(llm, args.profile_steps)
-        if graphs is not None:  # last: replays write the scratch inputs of the last step
+        if graphs is not None and not args.quick:  # last: replays write the scratch inputs of the last step
             graphs.__dict__.pop("_stage", None)  # the instrumented run's wrappers off
             for graph in graphs.graphs.values():
                 graph.__dict__.pop("replay", None)
@@ -501,6 +511,11 @@ def main() -> None:
         default="",
         help="comma-separated methods measured again on the same engine with host drafts: the proposer's "
         "tokens read back before the verify forward (as before device chains)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the benchmark's figure and the device time line (no synced spans, no replay table)",
     )
     parser.add_argument(
         "--layers", type=int, default=0, help="override the target's layers (a CPU smoke run)"
