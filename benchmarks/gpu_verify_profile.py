@@ -452,7 +452,8 @@ def profile_method(method: str, args, tmp: Path, target: Path, plain_ms: dict) -
                     timeline["verify_device_ms_median"] / plain, 3
                 )
             print(json.dumps(dict(figure="device_timeline", method=method) | timeline), flush=True)
-        if dec is not None and not args.quick:  # each part of the span closed by a sync (the figure above has none)
+        # each part of the span closed by a sync (the figure above has none)
+        if dec is not None and not args.quick:
             figure = dict(figure="verify_spans", method=method)
             spans, dec = instrument(llm)
             spans.enabled = True
