@@ -99,3 +99,15 @@ def test_verify_and_draft_steps_replay_cuda_graphs(tmp_path):
         {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3},
     ):
         assert outputs(spec) == plain, spec
+
+
+def test_rows_past_the_captured_graphs_are_logged_at_start(tmp_path, caplog):
+    """A batch whose verify rows exceed the graphs' cap says so at start, then still decodes as plain
+    decoding does (those steps eagerly)."""
+    target = make_tiny_checkpoint(tmp_path / "t", "qwen3")
+    plain = _outputs(target)
+    with caplog.at_level("INFO", logger="trtedge"):
+        out = _outputs(target, 64, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    assert out == plain
+    said = [r.getMessage() for r in caplog.records if "CUDA graphs are captured up to" in r.getMessage()]
+    assert said and "256 rows" in said[0] and "64 sequences x 5 rows" in said[0], said

@@ -191,6 +191,18 @@ class Engine:
         if spec is not None:  # a chain's verify step scores one decode row per node
             per_seq = 1 + min(spec.num_speculative_tokens, spec.verify_tokens)
             graph_rows = max(config.max_batch_size, min(config.max_batch_size * per_seq, SPEC_GRAPH_ROWS))
+            if (
+                config.cuda_graphs
+                and model.device.type == "cuda"
+                and config.max_batch_size * per_seq > graph_rows
+            ):
+                log.info(
+                    "speculative decoding: CUDA graphs are captured up to %d rows; a step whose verify (or "
+                    "draft) rows exceed that (up to %d sequences x %d rows each) runs eagerly",
+                    graph_rows,
+                    config.max_batch_size,
+                    per_seq,
+                )
         self.runner = ModelRunner(
             model,
             num_blocks,
