@@ -2,7 +2,7 @@
 activation row (a batch-1 decode step), out of cache, next to the machine's copy bandwidth.
 
     python benchmarks/cpu_products.py [--geometry 1b] [--threads 1,2] [--repeats 3]
-                                      [--trtedge OTHER_CHECKOUT]
+                                      [--trtedge OTHER_CHECKOUT] [--prefill-rows 128,1024]
 
 Weights are random GGUF block bytes of the geometry's shapes as ``benchmarks/cpu_scale.py`` writes them
 for a Q4_0 file: the layer's q/k/v, o, gate/up and down in Q4_0 (run as trtedge's int4, as ``--weights
@@ -11,6 +11,11 @@ over enough copies of its weight to leave the last-level cache; the figure is th
 passes, in GB/s of the weight's stored bytes. ``--trtedge DIR`` imports trtedge (and compiles its
 kernels) from another checkout, say a ``git worktree`` of an earlier commit, to compare kernels with the
 same script; the kernels are compiled into a temporary directory, never your cache.
+
+``--prefill-rows 128,1024`` times the layer's int4 products at those many activation rows instead (a
+prefill), at the largest of --threads: the dequantized path (``int4_dequantize`` + torch's float32
+product) and ``int4_linear`` (the integer GEMM where the kernels have one), in turns in one process,
+each the best of --repeats; the figure is GFLOP/s (2 M N K a product) and the ratio new / old speed.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trtedge", type=Path, default=None, help="another checkout to import trtedge from")
+    parser.add_argument(
+        "--prefill-rows", default=None, help="comma-separated row counts: time prefill products"
+    )
     args = parser.parse_args()
     if args.trtedge is not None:  # before anything imports trtedge (cpu_scale does)
         sys.path.insert(0, str(args.trtedge.resolve()))
@@ -63,6 +71,12 @@ def main() -> None:
         ("lm_head", geo.vocab, geo.hidden, "Q8_0"),
     ]
     rng = np.random.default_rng(0)
+    if args.prefill_rows is not None:
+        int4_shapes = [(name, rows, cols) for name, rows, cols, kind in shapes if kind == "Q4_0"]
+        threads = max(int(t) for t in args.threads.split(","))
+        rows = [int(m) for m in args.prefill_rows.split(",")]
+        prefill_products(lib, geo.name, int4_shapes, rows, threads, args.repeats, rng)
+        return
 
     def weight(kind: str, rows: int, cols: int):
         """As ``--weights auto`` keeps it: Q4_0 as int4, Q8_0 as the file's blocks."""
@@ -114,6 +128,39 @@ def main() -> None:
         print(
             f"| {threads} | {2 * copy.nbytes / best / 1e9:.1f} | " + " | ".join(cells) + f" | {step_ms:.1f} |"
         )
+
+
+def prefill_products(lib, name: str, shapes, row_counts, threads: int, repeats: int, rng) -> None:
+    """The int4 products of a prefill: dequantized + BLAS against ``int4_linear``, in turns."""
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks.cpu_scale import _quantized
+    from trtedge.runtime.artifacts.quantize import int4_from_gguf_blocks
+    from trtedge.runtime.ops import cpu_kernels
+
+    torch.set_num_threads(threads)
+    paths = {
+        "dequantize + BLAS": lambda x, q: F.linear(x, cpu_kernels.int4_dequantize(lib, q)),
+        "int4_linear": lambda x, q: cpu_kernels.int4_linear(lib, x, q, None),
+    }
+    print(f"{name}: int4 prefill products at {threads} threads, GFLOP/s (best of {repeats}, paths in turns)")
+    print("| rows | product (N x K) | dequantize + BLAS | int4_linear | int4_linear / dequantized |")
+    print("|---:|---|---:|---:|---:|")
+    for m in row_counts:
+        for label, n, k in shapes:
+            q = int4_from_gguf_blocks(_quantized(rng, "Q4_0", n, k), "Q4_0", n, k)
+            x = torch.randn(m, k)
+            best = dict.fromkeys(paths, 1e9)
+            for product in paths.values():  # warm: pages touched, kernels loaded
+                product(x, q)
+            for _ in range(repeats):
+                for path, product in paths.items():
+                    started = time.perf_counter()
+                    product(x, q)
+                    best[path] = min(best[path], time.perf_counter() - started)
+            old, new = (2 * m * n * k / best[p] / 1e9 for p in paths)
+            print(f"| {m} | {label} {n} x {k} | {old:.0f} | {new:.0f} | {new / old:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -76,17 +76,42 @@ def test_quantized_linears_match_dequantized_product(rows, shape):
     assert isinstance(make_linear(quantize_int8(weight), None), Int8Linear)
 
 
-@pytest.mark.parametrize("shape", [(130, 576), (9, 96), (5, 608), (12, 2048)])
+@pytest.mark.parametrize("shape", [(130, 576), (9, 96), (5, 608), (12, 2048), (17, 1536)])
 def test_an_int4_row_is_the_same_alone_and_in_a_batch(shape):
-    # the kernel sums up to 4 activation rows per pass (1..4 compiled apart): a row's value must be the
-    # same bits in every batch, or a request's tokens and logprobs depend on what else the engine runs
+    # the kernel sums up to 4 activation rows per pass (1..4 compiled apart), and a prefill's many rows
+    # run the integer GEMM where there is one: a row's value must be the same bits in every batch, or a
+    # request's tokens and logprobs depend on what else the engine runs
     torch.manual_seed(2)
     n, k = shape
     layer = make_linear(torch.randn(n, k) * 0.1, torch.randn(n), "int4")
-    x = torch.randn(8, k)
-    alone = torch.cat([layer(x[i : i + 1].contiguous()) for i in range(8)])
-    for rows in (2, 3, 4, 5, 8):
+    x = torch.randn(257, k)
+    alone = torch.cat([layer(x[i : i + 1].contiguous()) for i in range(257)])
+    for rows in (2, 3, 4, 5, 8, 48, 65, 130, 257):
         assert torch.equal(layer(x[:rows].contiguous()), alone[:rows])
+
+
+@pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler for the native CPU kernels")
+@pytest.mark.parametrize(
+    "rows, shape",
+    [
+        (65, (33, 1056)),
+        (130, (7, 2048)),
+        (97, (65, 544)),
+        (300, (21, 608)),
+        (211, (3, 32)),
+        (128, (19, 1536)),
+    ],
+)
+def test_int4_products_of_many_rows_match_the_dequantized_product(rows, shape):
+    # prefill row counts (the integer GEMM on AVX2, dequantized + BLAS elsewhere); K past whole blocks
+    # of 512 inputs, odd group counts and odd N take the GEMM's edges and tails
+    torch.manual_seed(3)
+    n, k = shape
+    layer = make_linear(torch.randn(n, k) * 0.1, torch.randn(n), "int4")
+    x = torch.randn(rows, k)
+    ref = F.linear(x.double(), layer.dequantized().double(), layer.bias.double()).float()
+    # activations quantized to int16 per group of 32: close to exact
+    torch.testing.assert_close(layer(x), ref, rtol=0, atol=1e-3 * ref.abs().max().item())
 
 
 def test_int4_profile_has_its_own_cache_key(tmp_path):

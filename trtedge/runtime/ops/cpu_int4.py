@@ -177,44 +177,13 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
 /* AVX2 (no AVX-512): 16-bit multiply-adds (vpmaddwd) of the unpacked nibbles and the activations.
    Bytes 0..15 of a 32-byte chunk hold groups 0..7 of the block (byte 2 l + e: group l), bytes
    16..31 groups 8..15, so each 8-lane sum is one group per lane and the scales apply per block. */
-static inline __attribute__((always_inline)) void int4_rows_r(const uint8_t *w, const uint16_t *scale,
+/* A row's end past its whole blocks (acc: the block sums, off: the mins' term): the tail spans and the
+   lane sums. Shared by int4_rows_r and int4_gemm, so a row's value is the same bits in both. */
+static inline __attribute__((always_inline)) void int4_finish_r(const uint8_t *w, const uint16_t *scale,
         const uint16_t *mins, int64_t G, const int16_t *qx, const float *dx, const float *sx, int64_t K,
-        const int R, float *out) {
+        const int R, __m256 *acc, const __m256 *off, float *out) {
     const __m256i low4 = _mm256_set1_epi16(0x0f);
-    __m256 acc[4], off[4];
-    for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();
-    int64_t blocks = G / 16;
-    for (int64_t bl = 0; bl < blocks; bl++) {
-        const uint8_t *wb = w + bl * 256;
-        __m256i a[4][2];
-        for (int r = 0; r < R; r++) a[r][0] = a[r][1] = _mm256_setzero_si256();
-        for (int ch = 0; ch < 8; ch++) {
-            __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + ch * 32)));
-            __m256i q1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + ch * 32 + 16)));
-            __m256i l0 = _mm256_and_si256(q0, low4), h0 = _mm256_srli_epi16(q0, 4);
-            __m256i l1 = _mm256_and_si256(q1, low4), h1 = _mm256_srli_epi16(q1, 4);
-            for (int r = 0; r < R; r++) {
-                const int16_t *xr = qx + r * K + bl * 512 + ch * 64;
-                __m256i s0 = _mm256_add_epi32(_mm256_madd_epi16(l0, _mm256_loadu_si256((const __m256i *)xr)),
-                                              _mm256_madd_epi16(h0, _mm256_loadu_si256((const __m256i *)(xr + 32))));
-                __m256i s1 = _mm256_add_epi32(_mm256_madd_epi16(l1, _mm256_loadu_si256((const __m256i *)(xr + 16))),
-                                              _mm256_madd_epi16(h1, _mm256_loadu_si256((const __m256i *)(xr + 48))));
-                a[r][0] = _mm256_add_epi32(a[r][0], s0);
-                a[r][1] = _mm256_add_epi32(a[r][1], s1);
-            }
-        }
-        __m256 c0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + bl * 16)));
-        __m256 c1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + bl * 16 + 8)));
-        __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + bl * 16)));
-        __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + bl * 16 + 8)));
-        for (int r = 0; r < R; r++) {
-            const float *d = dx + r * G + bl * 16, *s = sx + r * G + bl * 16;
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][0]), _mm256_mul_ps(c0, _mm256_loadu_ps(d)), acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][1]), _mm256_mul_ps(c1, _mm256_loadu_ps(d + 8)), acc[r]);
-            off[r] = _mm256_fmadd_ps(m0, _mm256_loadu_ps(s), off[r]);
-            off[r] = _mm256_fmadd_ps(m1, _mm256_loadu_ps(s + 8), off[r]);
-        }
-    }
+    const int64_t blocks = G / 16;
     /* The tail past the last whole block: spans of 64 inputs in their own order (byte i of a span:
        inputs i and 32 + i, so its low nibbles are one group and its high nibbles the next), summed
        into each row's lanes with vector intrinsics only, so that a row's value is the same bits for
@@ -253,6 +222,47 @@ static inline __attribute__((always_inline)) void int4_rows_r(const uint8_t *w, 
         for (int64_t g = blocks * 16; g < G; g++) total += half_to_float(mins[g]) * sr[g];
         out[r] = total;
     }
+}
+
+static inline __attribute__((always_inline)) void int4_rows_r(const uint8_t *w, const uint16_t *scale,
+        const uint16_t *mins, int64_t G, const int16_t *qx, const float *dx, const float *sx, int64_t K,
+        const int R, float *out) {
+    const __m256i low4 = _mm256_set1_epi16(0x0f);
+    __m256 acc[4], off[4];
+    for (int r = 0; r < R; r++) acc[r] = off[r] = _mm256_setzero_ps();
+    int64_t blocks = G / 16;
+    for (int64_t bl = 0; bl < blocks; bl++) {
+        const uint8_t *wb = w + bl * 256;
+        __m256i a[4][2];
+        for (int r = 0; r < R; r++) a[r][0] = a[r][1] = _mm256_setzero_si256();
+        for (int ch = 0; ch < 8; ch++) {
+            __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + ch * 32)));
+            __m256i q1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + ch * 32 + 16)));
+            __m256i l0 = _mm256_and_si256(q0, low4), h0 = _mm256_srli_epi16(q0, 4);
+            __m256i l1 = _mm256_and_si256(q1, low4), h1 = _mm256_srli_epi16(q1, 4);
+            for (int r = 0; r < R; r++) {
+                const int16_t *xr = qx + r * K + bl * 512 + ch * 64;
+                __m256i s0 = _mm256_add_epi32(_mm256_madd_epi16(l0, _mm256_loadu_si256((const __m256i *)xr)),
+                                              _mm256_madd_epi16(h0, _mm256_loadu_si256((const __m256i *)(xr + 32))));
+                __m256i s1 = _mm256_add_epi32(_mm256_madd_epi16(l1, _mm256_loadu_si256((const __m256i *)(xr + 16))),
+                                              _mm256_madd_epi16(h1, _mm256_loadu_si256((const __m256i *)(xr + 48))));
+                a[r][0] = _mm256_add_epi32(a[r][0], s0);
+                a[r][1] = _mm256_add_epi32(a[r][1], s1);
+            }
+        }
+        __m256 c0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + bl * 16)));
+        __m256 c1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + bl * 16 + 8)));
+        __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + bl * 16)));
+        __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + bl * 16 + 8)));
+        for (int r = 0; r < R; r++) {
+            const float *d = dx + r * G + bl * 16, *s = sx + r * G + bl * 16;
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][0]), _mm256_mul_ps(c0, _mm256_loadu_ps(d)), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][1]), _mm256_mul_ps(c1, _mm256_loadu_ps(d + 8)), acc[r]);
+            off[r] = _mm256_fmadd_ps(m0, _mm256_loadu_ps(s), off[r]);
+            off[r] = _mm256_fmadd_ps(m1, _mm256_loadu_ps(s + 8), off[r]);
+        }
+    }
+    int4_finish_r(w, scale, mins, G, qx, dx, sx, K, R, acc, off, out);
 }
 
 static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, int64_t G, const int16_t *qx,
@@ -299,14 +309,210 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
 }
 #endif
 
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && defined(__x86_64__) && \
+    !(defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__))
+/* Many activation rows (prefill) on AVX2: a tile of GEMM_NT weight rows is unpacked to int16 once, in
+   the activations' order (qx_index); block by block, each 1 KiB block of the tile stays in L1 while a
+   chunk of activation rows passes by it, 2 weight rows x 4 activation rows at a time. Every (weight
+   row, activation row) takes int4_rows_r's float operations in its order (per block: the int32 sums
+   of groups 0..7, then of 8..15, each times scale * dx into one accumulator; the mins' term apart;
+   int4_finish_r), and integer sums are exact in any order, so it is the same bits as the decode
+   kernel gives that row. */
+#define INT4_GEMM 1
+#define GEMM_NT 16  /* weight rows of a tile */
+#define GEMM_MC 256 /* activation rows of a chunk: their float accumulators (GEMM_NT x 32 bytes a row) in L2 */
+
+/* Half h of a block (its groups 8 h .. 8 h + 7: inputs 32 j + 16 h .. + 15, j = 0..15, at byte 64 j + H)
+   of weight rows w0, w1 and activation rows x0..x3 into ymm8..15 (weight row i, activation row r:
+   ymm(8 + 4 i + r)), then acc[i][r] += float(sums) * (c[i] * d[r]): c, the two rows' float scales of the
+   block ([2][16]), d, the four rows' dx of the block ([4][16]), acc [2][4][8]. */
+#define INT4_GEMM_HALF(H)                                                                                  \
+    "vpxor %%xmm8, %%xmm8, %%xmm8\n\tvpxor %%xmm9, %%xmm9, %%xmm9\n\t"                                     \
+    "vpxor %%xmm10, %%xmm10, %%xmm10\n\tvpxor %%xmm11, %%xmm11, %%xmm11\n\t"                               \
+    "vpxor %%xmm12, %%xmm12, %%xmm12\n\tvpxor %%xmm13, %%xmm13, %%xmm13\n\t"                               \
+    "vpxor %%xmm14, %%xmm14, %%xmm14\n\tvpxor %%xmm15, %%xmm15, %%xmm15\n\t"                               \
+    "xor %[o], %[o]\n\t"                                                                                   \
+    "1:\n\t"                                                                                               \
+    "vmovdqa " H "(%[w0],%[o]), %%ymm0\n\tvmovdqa " H "(%[w1],%[o]), %%ymm1\n\t"                           \
+    "vmovdqa " H "(%[x0],%[o]), %%ymm2\n\tvmovdqa " H "(%[x1],%[o]), %%ymm3\n\t"                           \
+    "vmovdqa " H "(%[x2],%[o]), %%ymm4\n\tvmovdqa " H "(%[x3],%[o]), %%ymm5\n\t"                           \
+    "vpmaddwd %%ymm2, %%ymm0, %%ymm6\n\tvpmaddwd %%ymm3, %%ymm0, %%ymm7\n\t"                               \
+    "vpaddd %%ymm6, %%ymm8, %%ymm8\n\tvpaddd %%ymm7, %%ymm9, %%ymm9\n\t"                                   \
+    "vpmaddwd %%ymm4, %%ymm0, %%ymm6\n\tvpmaddwd %%ymm5, %%ymm0, %%ymm7\n\t"                               \
+    "vpaddd %%ymm6, %%ymm10, %%ymm10\n\tvpaddd %%ymm7, %%ymm11, %%ymm11\n\t"                               \
+    "vpmaddwd %%ymm2, %%ymm1, %%ymm6\n\tvpmaddwd %%ymm3, %%ymm1, %%ymm7\n\t"                               \
+    "vpaddd %%ymm6, %%ymm12, %%ymm12\n\tvpaddd %%ymm7, %%ymm13, %%ymm13\n\t"                               \
+    "vpmaddwd %%ymm4, %%ymm1, %%ymm6\n\tvpmaddwd %%ymm5, %%ymm1, %%ymm7\n\t"                               \
+    "vpaddd %%ymm6, %%ymm14, %%ymm14\n\tvpaddd %%ymm7, %%ymm15, %%ymm15\n\t"                               \
+    "add $64, %[o]\n\tcmp $1024, %[o]\n\tjne 1b\n\t"                                                       \
+    "vmovups " H "(%[c]), %%ymm0\n\tvmovups 64+" H "(%[c]), %%ymm1\n\t"                                    \
+    INT4_GEMM_PAIRS(H, "0", "8", "12") INT4_GEMM_PAIRS(H, "64", "9", "13")                                 \
+    INT4_GEMM_PAIRS(H, "128", "10", "14") INT4_GEMM_PAIRS(H, "192", "11", "15")
+/* activation row r (its dx at byte D of d): pairs (0, r) in ymm A, (1, r) in ymm B */
+#define INT4_GEMM_PAIRS(H, D, A, B)                                                                        \
+    "vmovups " D "+" H "(%[d]), %%ymm2\n\t"                                                                \
+    "vmulps %%ymm2, %%ymm0, %%ymm3\n\tvmulps %%ymm2, %%ymm1, %%ymm4\n\t"                                    \
+    "vcvtdq2ps %%ymm" A ", %%ymm" A "\n\tvcvtdq2ps %%ymm" B ", %%ymm" B "\n\t"                             \
+    "vfmadd213ps (" D "/2)(%[p]), %%ymm3, %%ymm" A "\n\tvfmadd213ps 128+(" D "/2)(%[p]), %%ymm4, %%ymm" B "\n\t" \
+    "vmovaps %%ymm" A ", (" D "/2)(%[p])\n\tvmovaps %%ymm" B ", 128+(" D "/2)(%[p])\n\t"
+
+/* One block (w0, w1: its unpacked weights; x0..x3: its activations) of 2 x 4 (weight, activation)
+   rows, in assembly: the compiler's allocation of the 14 registers spilled an accumulator, whose
+   store and reload bound the loop. */
+static inline __attribute__((always_inline)) void int4_gemm_block(const int16_t *w0, const int16_t *w1,
+        const int16_t *x0, const int16_t *x1, const int16_t *x2, const int16_t *x3, const float *c, const float *d,
+        float *acc) {
+    int64_t o;
+    __asm__ volatile(INT4_GEMM_HALF("0") INT4_GEMM_HALF("32")
+                     : [o] "=&r"(o)
+                     : [w0] "r"(w0), [w1] "r"(w1), [x0] "r"(x0), [x1] "r"(x1), [x2] "r"(x2), [x3] "r"(x3), [c] "r"(c),
+                       [d] "r"(d), [p] "r"(acc)
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+                       "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "memory", "cc");
+}
+
+/* y (M x N) = the int4 product of M quantized activation rows (qx, dx, sx as quantize_row_q16 gives
+   them; qx 64-byte aligned, a row every ldq int16). */
+static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const float *sx, int64_t M, int64_t K, const uint8_t *w,
+                      const uint16_t *scale, const uint16_t *mins, const float *bias, float *y, int64_t N) {
+    const int64_t G = K / 32, blocks = G / 16, whole = blocks * 512;
+    const int64_t ldw = whole + 32;  /* not a multiple of 4 KiB: the tile's rows in different L1 sets */
+    const int64_t tiles = (N + GEMM_NT - 1) / GEMM_NT, chunks = (M + GEMM_MC - 1) / GEMM_MC;
+    #pragma omp parallel
+    {
+        int16_t *wbuf = (int16_t *)aligned_alloc(64, sizeof(int16_t) * GEMM_NT * ldw);
+        /* the tile's scales block by block ([block][row][16]), its mins row by row ([row][G]) */
+        float *cs = (float *)aligned_alloc(64, sizeof(float) * GEMM_NT * G * 2), *ms = cs + GEMM_NT * G;
+        /* [activation row / 4][weight row][activation row % 4][8] */
+        float *acc = (float *)aligned_alloc(64, sizeof(float) * GEMM_MC * GEMM_NT * 8);
+        float dd[64] __attribute__((aligned(32)));  /* 4 activation rows' dx of a block */
+        #pragma omp for schedule(dynamic, 1)  /* chunk-major: the threads share one chunk of activations */
+        for (int64_t t = 0; t < tiles * chunks; t++) {
+            const int64_t m0 = t / tiles * GEMM_MC, n0 = t % tiles * GEMM_NT;
+            const int64_t rows = M - m0 < GEMM_MC ? M - m0 : GEMM_MC;
+            for (int i = 0; i < GEMM_NT; i++) {  /* a row past N repeats the last one, its outputs unused */
+                const int64_t n = n0 + i < N ? n0 + i : N - 1;
+                const uint8_t *wr = w + n * (K / 2);
+                const __m256i low4 = _mm256_set1_epi16(0x0f);
+                for (int64_t bl = 0; bl < blocks; bl++) {
+                    for (int ch = 0; ch < 8; ch++) {
+                        const uint8_t *wb = wr + bl * 256 + ch * 32;
+                        int16_t *o = wbuf + i * ldw + bl * 512 + ch * 64;
+                        __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
+                        __m256i q1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
+                        _mm256_store_si256((__m256i *)o, _mm256_and_si256(q0, low4));
+                        _mm256_store_si256((__m256i *)(o + 16), _mm256_and_si256(q1, low4));
+                        _mm256_store_si256((__m256i *)(o + 32), _mm256_srli_epi16(q0, 4));
+                        _mm256_store_si256((__m256i *)(o + 48), _mm256_srli_epi16(q1, 4));
+                    }
+                    for (int h = 0; h < 16; h += 8) {
+                        _mm256_store_ps(cs + (bl * GEMM_NT + i) * 16 + h,
+                                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + n * G + bl * 16 + h))));
+                        _mm256_storeu_ps(ms + i * G + bl * 16 + h,
+                                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + n * G + bl * 16 + h))));
+                    }
+                }
+            }
+            memset(acc, 0, sizeof(float) * GEMM_MC * GEMM_NT * 8);
+            for (int64_t bl = 0; bl < blocks; bl++)
+                for (int64_t mu = 0; mu < rows; mu += 4) {
+                    const int16_t *xs[4];
+                    for (int r = 0; r < 4; r++) {  /* a row past the chunk repeats its last one */
+                        const int64_t m = m0 + (mu + r < rows ? mu + r : rows - 1);
+                        xs[r] = qx + m * ldq + bl * 512;
+                        _mm256_store_ps(dd + r * 16, _mm256_loadu_ps(dx + m * G + bl * 16));
+                        _mm256_store_ps(dd + r * 16 + 8, _mm256_loadu_ps(dx + m * G + bl * 16 + 8));
+                    }
+                    for (int r = 0; r < 4 && mu + 4 + r < rows; r++)  /* the next rows' block, while these run */
+                        for (int o = 0; o < 512; o += 32) _mm_prefetch((const char *)(xs[r] + 4 * ldq + o), _MM_HINT_T0);
+                    for (int nu = 0; nu < GEMM_NT; nu += 2)
+                        int4_gemm_block(wbuf + nu * ldw + bl * 512, wbuf + (nu + 1) * ldw + bl * 512, xs[0], xs[1], xs[2],
+                                        xs[3], cs + (bl * GEMM_NT + nu) * 16, dd, acc + (mu / 4 * GEMM_NT + nu) * 32);
+                }
+            for (int i = 0; i < GEMM_NT && n0 + i < N; i++) {
+                const int64_t n = n0 + i;
+                const float b = bias ? bias[n] : 0.0f;
+                __m256 v[8];
+                for (int64_t r = 0; r < rows; r++) {
+                    const int64_t m = m0 + r;
+                    const float *s = sx + m * G;
+                    __m256 a = _mm256_load_ps(acc + ((r / 4 * GEMM_NT + i) * 4 + r % 4) * 8), off = _mm256_setzero_ps();
+                    for (int64_t bl = 0; bl < blocks; bl++) {
+                        off = _mm256_fmadd_ps(_mm256_loadu_ps(ms + i * G + bl * 16), _mm256_loadu_ps(s + bl * 16), off);
+                        off = _mm256_fmadd_ps(_mm256_loadu_ps(ms + i * G + bl * 16 + 8), _mm256_loadu_ps(s + bl * 16 + 8), off);
+                    }
+                    if (whole < K) {  /* a tail past the whole blocks */
+                        float out;
+                        int4_finish_r(w + n * (K / 2), scale + n * G, mins + n * G, G, qx + m * ldq, dx + m * G, s, K, 1,
+                                      &a, &off, &out);
+                        y[m * N + n] = out + b;
+                        continue;
+                    }
+                    /* no tail: int4_finish_r's lane sum (0 + lane 0 + ... + lane 7, in order) for 8 rows at once */
+                    v[r % 8] = _mm256_add_ps(a, off);
+                    if (r % 8 < 7 && r + 1 < rows) continue;
+                    const int k = (int)(r % 8) + 1;
+                    for (int j = k; j < 8; j++) v[j] = _mm256_setzero_ps();
+                    __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+                    __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+                    __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+                    __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+                    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+                    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+                    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+                    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+                    __m256 lane[8] = {  /* lane[j]: lane j of the 8 rows */
+                        _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                        _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                        _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                        _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+                    __m256 total = _mm256_setzero_ps();
+                    for (int j = 0; j < 8; j++) total = _mm256_add_ps(total, lane[j]);
+                    float out[8];
+                    _mm256_storeu_ps(out, _mm256_add_ps(total, _mm256_set1_ps(b)));
+                    for (int j = 0; j < k; j++) y[(m - k + 1 + j) * N + n] = out[j];
+                }
+            }
+        }
+        free(acc);
+        free(cs);
+        free(wbuf);
+    }
+}
+#define INT4_GEMM_MIN_ROWS 48  /* fewer rows: int4_rows, 4 activation rows at a time, was as fast or faster */
+#endif
+
+/* The most rows int4_linear takes: without int4_gemm, larger batches are dequantized for the BLAS. */
+int64_t int4_kernel_max_rows(void) {
+#ifdef INT4_GEMM
+    return INT64_MAX;
+#else
+    return 64;
+#endif
+}
+
 /* y[m, n] = sum_k x[m, k] * (scale[n, k/32] * q[n, k] + min[n, k/32]) + bias[n]; K a multiple of 32. */
 void int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uint16_t *scale,
                  const uint16_t *mins, const float *bias, float *y, int64_t N) {
-    int64_t G = K / 32;
-    int16_t *qx = (int16_t *)malloc(sizeof(int16_t) * M * K + 64);
+    int64_t G = K / 32, ldq = K;
+#ifdef INT4_GEMM
+    const int gemm = M >= INT4_GEMM_MIN_ROWS;
+    if (gemm) ldq = K + 32;  /* not a multiple of 4 KiB: the rows of a block in different L1 sets */
+#endif
+    /* 64-byte aligned: the GEMM's 32-byte loads of a row never straddle two cache lines */
+    int16_t *qx = (int16_t *)aligned_alloc(64, (sizeof(int16_t) * M * ldq + 127) / 64 * 64);
     float *dx = (float *)malloc(sizeof(float) * M * G * 2);
     float *sx = dx + M * G;
-    for (int64_t m = 0; m < M; m++) quantize_row_q16(x + m * K, K, qx + m * K, dx + m * G, sx + m * G);
+    #pragma omp parallel for schedule(static) if (M >= 16)
+    for (int64_t m = 0; m < M; m++) quantize_row_q16(x + m * K, K, qx + m * ldq, dx + m * G, sx + m * G);
+#ifdef INT4_GEMM
+    if (gemm) {
+        int4_gemm(qx, ldq, dx, sx, M, K, w, scale, mins, bias, y, N);
+        free(dx);
+        free(qx);
+        return;
+    }
+#endif
     #pragma omp parallel for schedule(dynamic, 64)  /* a descheduled thread holds up one chunk, not its share */
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *wr = w + n * (K / 2);

@@ -617,6 +617,8 @@ def _build_and_load() -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.restype = None
         fn.argtypes = argtypes
+    lib.int4_kernel_max_rows.restype = ctypes.c_int64
+    lib.int4_kernel_max_rows.argtypes = []
     return lib
 
 

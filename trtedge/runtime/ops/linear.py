@@ -4,7 +4,8 @@ CUDA (``quant_linear``: fp8, int8, int4).
 Quantized weights come as ``QuantizedTensor`` (see ``runtime.quantize``); activations stay
 float32. Small batches (decode) run native kernels that read the packed bytes directly; larger ones
 (prefill) dequantize the layer, at most ``DEQUANTIZED_TILE_BYTES`` of it at a time, and use the dense
-product.
+product, except int4 layers where the native kernels have an integer GEMM (AVX2), which take any
+number of rows.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from trtedge.runtime.artifacts.quantize import QuantizedTensor, quantize, quanti
 from trtedge.runtime.ops import cpu_kernels, quant_linear, triton_gemv
 
 _KERNEL_MAX_ROWS = 256  # above this, dequantizing once for the BLAS product is faster (int8)
-_INT4_KERNEL_MAX_ROWS = 64
+_GGUF_KERNEL_MAX_ROWS = 64
 _BF16_KERNEL_MAX_ROWS = 64
 # A prefill product dequantizes at most this much of its weight (float32) at a time: an 8B model's
 # gate_up is 0.44 GiB of floats, held whole beside the model for each product; in tiles this large
@@ -109,6 +110,8 @@ class Int4Linear:
         bias_ptr = 0 if self.bias is None else self.bias.data_ptr()
         self._weights = (weight.data.data_ptr(), weight.scale.data_ptr(), weight.min.data_ptr(), bias_ptr)
         self._kernel = None if lib is None else lib.int4_linear
+        # past this many rows the layer is dequantized for the BLAS (no integer GEMM compiled: 64)
+        self._kernel_max_rows = 0 if lib is None else lib.int4_kernel_max_rows()
 
     def dequantized(self) -> torch.Tensor:
         return self._dequantize(self.quantized)
@@ -119,7 +122,7 @@ class Int4Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         m = rows.shape[0]
-        if m > _INT4_KERNEL_MAX_ROWS or self._kernel is None:
+        if m > self._kernel_max_rows:
             out = dequantized_linear(rows, self.quantized, self.bias, self._dequantize)
         else:
             if rows.dtype != torch.float32 or not rows.is_contiguous():
@@ -149,7 +152,7 @@ class GgufLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] > _INT4_KERNEL_MAX_ROWS or self.lib is None:
+        if rows.shape[0] > _GGUF_KERNEL_MAX_ROWS or self.lib is None:
             out = dequantized_linear(rows.float(), self.quantized, self.bias, QuantizedTensor.dequantize)
         else:
             out = cpu_kernels.gguf_linear(self.lib, rows.float().contiguous(), self.quantized, self.bias)
