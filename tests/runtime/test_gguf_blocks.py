@@ -109,8 +109,7 @@ def test_greedy_from_kept_blocks_equals_the_file_dequantized_to_float32(tmp_path
 
 def test_a_prefill_product_dequantizes_its_weight_in_tiles(monkeypatch):
     """Past the kernels' rows the weight is dequantized a tile of rows at a time (an 8B gate_up is
-    0.44 GiB of floats): the same product as the whole layer dequantized, for every format. (Int4
-    layers take any number of rows where the kernels have the integer GEMM: nothing dequantized.)"""
+    0.44 GiB of floats): the same product as the whole layer dequantized, for every format."""
     from trtedge.runtime.ops import linear
     from trtedge.runtime.ops.linear import make_linear
 
@@ -125,8 +124,7 @@ def test_a_prefill_product_dequantizes_its_weight_in_tiles(monkeypatch):
         make_linear(weight, bias, "int4"),
         make_linear(weight, bias, "int8"),
     ]
-    whole = [layer(x) for layer in layers]  # 300 rows: past the kernels' rows, one dequantized layer
-    int4_native = lib is not None and lib.int4_kernel_max_rows() >= 300
+    whole = [layer(x) for layer in layers]  # 300 rows: past every kernel's, one dequantized layer
     monkeypatch.setattr(linear, "DEQUANTIZED_TILE_BYTES", 4 * 256 * 4)  # 4 rows: the Q4_K / Q6_K runs split
     tiles = []
     plain, native = QuantizedTensor.dequantize, cpu_kernels.int4_dequantize
@@ -137,5 +135,4 @@ def test_a_prefill_product_dequantizes_its_weight_in_tiles(monkeypatch):
     for layer, expected in zip(layers, whole):
         tiles.clear()
         torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
-        native = int4_native and layer is layers[1]
-        assert tiles == ([] if native else [4, 4, 4, 1]), type(layer).__name__
+        assert tiles == [4, 4, 4, 1], type(layer).__name__

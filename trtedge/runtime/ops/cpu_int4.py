@@ -177,53 +177,6 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
 /* AVX2 (no AVX-512): 16-bit multiply-adds (vpmaddwd) of the unpacked nibbles and the activations.
    Bytes 0..15 of a 32-byte chunk hold groups 0..7 of the block (byte 2 l + e: group l), bytes
    16..31 groups 8..15, so each 8-lane sum is one group per lane and the scales apply per block. */
-/* A row's end past its whole blocks (acc: the block sums, off: the mins' term): the tail spans and the
-   lane sums. Shared by int4_rows_r and int4_gemm, so a row's value is the same bits in both. */
-static inline __attribute__((always_inline)) void int4_finish_r(const uint8_t *w, const uint16_t *scale,
-        const uint16_t *mins, int64_t G, const int16_t *qx, const float *dx, const float *sx, int64_t K,
-        const int R, __m256 *acc, const __m256 *off, float *out) {
-    const __m256i low4 = _mm256_set1_epi16(0x0f);
-    const int64_t blocks = G / 16;
-    /* The tail past the last whole block: spans of 64 inputs in their own order (byte i of a span:
-       inputs i and 32 + i, so its low nibbles are one group and its high nibbles the next), summed
-       into each row's lanes with vector intrinsics only, so that a row's value is the same bits for
-       every R (scalar expressions here could be vectorized or fused across rows differently per R). */
-    const int64_t whole = blocks * 512, spans = (K - whole) / 64;
-    for (int64_t sp = 0; sp < spans; sp++) {
-        const uint8_t *wb = w + whole / 2 + sp * 32;
-        __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
-        __m256i q1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
-        __m256i l0 = _mm256_and_si256(q0, low4), h0 = _mm256_srli_epi16(q0, 4);
-        __m256i l1 = _mm256_and_si256(q1, low4), h1 = _mm256_srli_epi16(q1, 4);
-        const int64_t g = (whole + sp * 64) / 32;
-        const __m256 c0 = _mm256_set1_ps(half_to_float(scale[g])), c1 = _mm256_set1_ps(half_to_float(scale[g + 1]));
-        for (int r = 0; r < R; r++) {
-            const int16_t *xr = qx + r * K + whole + sp * 64;
-            __m256i s0 = _mm256_add_epi32(_mm256_madd_epi16(l0, _mm256_loadu_si256((const __m256i *)xr)),
-                                          _mm256_madd_epi16(l1, _mm256_loadu_si256((const __m256i *)(xr + 16))));
-            __m256i s1 = _mm256_add_epi32(_mm256_madd_epi16(h0, _mm256_loadu_si256((const __m256i *)(xr + 32))),
-                                          _mm256_madd_epi16(h1, _mm256_loadu_si256((const __m256i *)(xr + 48))));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(c0, _mm256_broadcast_ss(dx + r * G + g)), acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(c1, _mm256_broadcast_ss(dx + r * G + g + 1)), acc[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        const int16_t *xr = qx + r * K;
-        const float *dr = dx + r * G, *sr = sx + r * G;
-        float lanes[8], total = 0.0f;
-        _mm256_storeu_ps(lanes, _mm256_add_ps(acc[r], off[r]));
-        for (int i = 0; i < 8; i++) total += lanes[i];
-        for (int64_t b = whole / 2 + spans * 32; b < K / 2; b++) {  /* a last half span: scalar */
-            int64_t lo, hi;
-            int4_inputs(b, K, &lo, &hi);
-            total += (float)((w[b] & 0x0f) * xr[lo]) * half_to_float(scale[lo / 32]) * dr[lo / 32];
-            total += (float)((w[b] >> 4) * xr[hi]) * half_to_float(scale[hi / 32]) * dr[hi / 32];
-        }
-        for (int64_t g = blocks * 16; g < G; g++) total += half_to_float(mins[g]) * sr[g];
-        out[r] = total;
-    }
-}
-
 static inline __attribute__((always_inline)) void int4_rows_r(const uint8_t *w, const uint16_t *scale,
         const uint16_t *mins, int64_t G, const int16_t *qx, const float *dx, const float *sx, int64_t K,
         const int R, float *out) {
@@ -262,7 +215,44 @@ static inline __attribute__((always_inline)) void int4_rows_r(const uint8_t *w, 
             off[r] = _mm256_fmadd_ps(m1, _mm256_loadu_ps(s + 8), off[r]);
         }
     }
-    int4_finish_r(w, scale, mins, G, qx, dx, sx, K, R, acc, off, out);
+    /* The tail past the last whole block: spans of 64 inputs in their own order (byte i of a span:
+       inputs i and 32 + i, so its low nibbles are one group and its high nibbles the next), summed
+       into each row's lanes with vector intrinsics only, so that a row's value is the same bits for
+       every R (scalar expressions here could be vectorized or fused across rows differently per R). */
+    const int64_t whole = blocks * 512, spans = (K - whole) / 64;
+    for (int64_t sp = 0; sp < spans; sp++) {
+        const uint8_t *wb = w + whole / 2 + sp * 32;
+        __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
+        __m256i q1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
+        __m256i l0 = _mm256_and_si256(q0, low4), h0 = _mm256_srli_epi16(q0, 4);
+        __m256i l1 = _mm256_and_si256(q1, low4), h1 = _mm256_srli_epi16(q1, 4);
+        const int64_t g = (whole + sp * 64) / 32;
+        const __m256 c0 = _mm256_set1_ps(half_to_float(scale[g])), c1 = _mm256_set1_ps(half_to_float(scale[g + 1]));
+        for (int r = 0; r < R; r++) {
+            const int16_t *xr = qx + r * K + whole + sp * 64;
+            __m256i s0 = _mm256_add_epi32(_mm256_madd_epi16(l0, _mm256_loadu_si256((const __m256i *)xr)),
+                                          _mm256_madd_epi16(l1, _mm256_loadu_si256((const __m256i *)(xr + 16))));
+            __m256i s1 = _mm256_add_epi32(_mm256_madd_epi16(h0, _mm256_loadu_si256((const __m256i *)(xr + 32))),
+                                          _mm256_madd_epi16(h1, _mm256_loadu_si256((const __m256i *)(xr + 48))));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(c0, _mm256_broadcast_ss(dx + r * G + g)), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(c1, _mm256_broadcast_ss(dx + r * G + g + 1)), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const int16_t *xr = qx + r * K;
+        const float *dr = dx + r * G, *sr = sx + r * G;
+        float lanes[8], total = 0.0f;
+        _mm256_storeu_ps(lanes, _mm256_add_ps(acc[r], off[r]));
+        for (int i = 0; i < 8; i++) total += lanes[i];
+        for (int64_t b = whole / 2 + spans * 32; b < K / 2; b++) {  /* a last half span: scalar */
+            int64_t lo, hi;
+            int4_inputs(b, K, &lo, &hi);
+            total += (float)((w[b] & 0x0f) * xr[lo]) * half_to_float(scale[lo / 32]) * dr[lo / 32];
+            total += (float)((w[b] >> 4) * xr[hi]) * half_to_float(scale[hi / 32]) * dr[hi / 32];
+        }
+        for (int64_t g = blocks * 16; g < G; g++) total += half_to_float(mins[g]) * sr[g];
+        out[r] = total;
+    }
 }
 
 static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, int64_t G, const int16_t *qx,
@@ -316,8 +306,9 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
    chunk of activation rows passes by it, 2 weight rows x 4 activation rows at a time. Every (weight
    row, activation row) takes int4_rows_r's float operations in its order (per block: the int32 sums
    of groups 0..7, then of 8..15, each times scale * dx into one accumulator; the mins' term apart;
-   int4_finish_r), and integer sums are exact in any order, so it is the same bits as the decode
-   kernel gives that row. */
+   the lane sum), and integer sums are exact in any order, so it is the same bits as the decode
+   kernel gives that row. K is a multiple of 512 (whole blocks): a tail's spans, summed per row as
+   int4_rows_r sums them, made the embedded model's K = 576 prefill slower than dequantize + BLAS. */
 #define INT4_GEMM 1
 #define GEMM_NT 16  /* weight rows of a tile */
 #define GEMM_MC 256 /* activation rows of a chunk: their float accumulators (GEMM_NT x 32 bytes a row) in L2 */
@@ -372,7 +363,7 @@ static inline __attribute__((always_inline)) void int4_gemm_block(const int16_t 
 }
 
 /* y (M x N) = the int4 product of M quantized activation rows (qx, dx, sx as quantize_row_q16 gives
-   them; qx 64-byte aligned, a row every ldq int16). */
+   them; qx 64-byte aligned, a row every ldq int16); K a multiple of 512. */
 static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const float *sx, int64_t M, int64_t K, const uint8_t *w,
                       const uint16_t *scale, const uint16_t *mins, const float *bias, float *y, int64_t N) {
     const int64_t G = K / 32, blocks = G / 16, whole = blocks * 512;
@@ -441,14 +432,7 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
                         off = _mm256_fmadd_ps(_mm256_loadu_ps(ms + i * G + bl * 16), _mm256_loadu_ps(s + bl * 16), off);
                         off = _mm256_fmadd_ps(_mm256_loadu_ps(ms + i * G + bl * 16 + 8), _mm256_loadu_ps(s + bl * 16 + 8), off);
                     }
-                    if (whole < K) {  /* a tail past the whole blocks */
-                        float out;
-                        int4_finish_r(w + n * (K / 2), scale + n * G, mins + n * G, G, qx + m * ldq, dx + m * G, s, K, 1,
-                                      &a, &off, &out);
-                        y[m * N + n] = out + b;
-                        continue;
-                    }
-                    /* no tail: int4_finish_r's lane sum (0 + lane 0 + ... + lane 7, in order) for 8 rows at once */
+                    /* int4_rows_r's lane sum (0 + lane 0 + ... + lane 7, in order), for 8 rows at once */
                     v[r % 8] = _mm256_add_ps(a, off);
                     if (r % 8 < 7 && r + 1 < rows) continue;
                     const int k = (int)(r % 8) + 1;
@@ -482,13 +466,13 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
 #define INT4_GEMM_MIN_ROWS 48  /* fewer rows: int4_rows, 4 activation rows at a time, was as fast or faster */
 #endif
 
-/* The most rows int4_linear takes: without int4_gemm, larger batches are dequantized for the BLAS. */
-int64_t int4_kernel_max_rows(void) {
+/* The most rows int4_linear takes for K inputs: past 64 without int4_gemm, batches are dequantized for
+   the BLAS. */
+int64_t int4_kernel_max_rows(int64_t K) {
 #ifdef INT4_GEMM
-    return INT64_MAX;
-#else
-    return 64;
+    if (K % 512 == 0) return INT64_MAX;
 #endif
+    return 64;
 }
 
 /* y[m, n] = sum_k x[m, k] * (scale[n, k/32] * q[n, k] + min[n, k/32]) + bias[n]; K a multiple of 32. */
@@ -496,7 +480,7 @@ void int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const u
                  const uint16_t *mins, const float *bias, float *y, int64_t N) {
     int64_t G = K / 32, ldq = K;
 #ifdef INT4_GEMM
-    const int gemm = M >= INT4_GEMM_MIN_ROWS;
+    const int gemm = M >= INT4_GEMM_MIN_ROWS && K % 512 == 0;
     if (gemm) ldq = K + 32;  /* not a multiple of 4 KiB: the rows of a block in different L1 sets */
 #endif
     /* 64-byte aligned: the GEMM's 32-byte loads of a row never straddle two cache lines */
