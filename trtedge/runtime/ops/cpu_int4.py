@@ -464,13 +464,15 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
     }
 }
 #define INT4_GEMM_MIN_ROWS 48  /* fewer rows: int4_rows, 4 activation rows at a time, was as fast or faster */
+#define GEMM_BLAS_WEIGHTS (16 * 1024 * 1024)
 #endif
 
-/* The most rows int4_linear takes for K inputs: past 64 without int4_gemm, batches are dequantized for
-   the BLAS. */
-int64_t int4_kernel_max_rows(int64_t K) {
+/* The most rows int4_linear takes for an N x K weight; past them the batch is dequantized for the BLAS:
+   64 without int4_gemm; with it, 511 for a layer under GEMM_BLAS_WEIGHTS weights (its float copy stays
+   in the last-level cache, and from 512 rows the BLAS product of it was faster), else any number. */
+int64_t int4_kernel_max_rows(int64_t N, int64_t K) {
 #ifdef INT4_GEMM
-    if (K % 512 == 0) return INT64_MAX;
+    if (K % 512 == 0) return N * K >= GEMM_BLAS_WEIGHTS ? INT64_MAX : 511;
 #endif
     return 64;
 }

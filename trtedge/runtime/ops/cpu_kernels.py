@@ -618,7 +618,7 @@ def _build_and_load() -> ctypes.CDLL:
         fn.restype = None
         fn.argtypes = argtypes
     lib.int4_kernel_max_rows.restype = ctypes.c_int64
-    lib.int4_kernel_max_rows.argtypes = [ctypes.c_int64]
+    lib.int4_kernel_max_rows.argtypes = [ctypes.c_int64, ctypes.c_int64]
     return lib
 
 

@@ -5,7 +5,7 @@ Quantized weights come as ``QuantizedTensor`` (see ``runtime.quantize``); activa
 float32. Small batches (decode) run native kernels that read the packed bytes directly; larger ones
 (prefill) dequantize the layer, at most ``DEQUANTIZED_TILE_BYTES`` of it at a time, and use the dense
 product, except int4 layers where the native kernels have an integer GEMM (AVX2, inputs a multiple of
-512), which take any number of rows.
+512; see ``int4_kernel_max_rows``).
 """
 
 from __future__ import annotations
@@ -110,9 +110,11 @@ class Int4Linear:
         bias_ptr = 0 if self.bias is None else self.bias.data_ptr()
         self._weights = (weight.data.data_ptr(), weight.scale.data_ptr(), weight.min.data_ptr(), bias_ptr)
         self._kernel = None if lib is None else lib.int4_linear
-        # past this many rows the layer is dequantized for the BLAS (64, unless the kernels have an
-        # integer GEMM for this many inputs)
-        self._kernel_max_rows = 0 if lib is None else lib.int4_kernel_max_rows(self.in_features)
+        # past this many rows the layer is dequantized for the BLAS (64, more where the kernels have an
+        # integer GEMM for this shape)
+        self._kernel_max_rows = (
+            0 if lib is None else lib.int4_kernel_max_rows(self.out_features, self.in_features)
+        )
 
     def dequantized(self) -> torch.Tensor:
         return self._dequantize(self.quantized)
