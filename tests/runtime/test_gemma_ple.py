@@ -215,8 +215,10 @@ def test_a_ple_file_replaces_the_checkpoint_table(tmp_path):
     assert torch.equal(from_file.ple.rows(torch.tensor(flipped)), base.ple.rows(torch.tensor(ids)))
     cached = PleRuntimeConfig(residency="cached", cache_slots=8, file_path=str(tmp_path / "ple.safetensors"))
     mapped = load_model(checkpoint, **load, ple=cached)
-    # 20 tokens through 7 rows: run in pieces, equal up to the rounding of a split attention
-    assert torch.allclose(prefill_logits(mapped, ids), prefill_logits(from_file, ids), atol=1e-5)
+    # 20 tokens through 7 rows: run in pieces, equal up to the rounding of a split attention (torch's
+    # flash kernel sums a masked piece's keys in other blocks than a causal whole: 1.3e-5 apart on
+    # logits up to 3.7)
+    assert torch.allclose(prefill_logits(mapped, ids), prefill_logits(from_file, ids), atol=5e-5)
     assert mapped.ple.split_steps == 1 and mapped.ple.host.data_ptr() != table.data_ptr()
 
 
