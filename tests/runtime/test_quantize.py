@@ -87,7 +87,9 @@ def test_an_int4_row_is_the_same_alone_and_in_a_batch(shape):
     x = torch.randn(257, k)
     alone = torch.cat([layer(x[i : i + 1].contiguous()) for i in range(257)])
     lib = cpu_kernels.load()
-    native_rows = 64 if lib is None else lib.int4_kernel_max_rows(n, k)  # more: dequantized for the BLAS
+    if lib is None:
+        pytest.skip("no native kernels (no C compiler): every batch is dequantized")
+    native_rows = lib.int4_kernel_max_rows(n, k)  # more: dequantized for the BLAS
     assert native_rows >= 64
     for rows in (2, 3, 4, 5, 8, 48, 65, 130, 257):
         if rows <= native_rows:

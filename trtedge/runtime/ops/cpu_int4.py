@@ -468,8 +468,9 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
 #endif
 
 /* The most rows int4_linear takes for an N x K weight; past them the batch is dequantized for the BLAS:
-   64 without int4_gemm; with it, 511 for a layer under GEMM_BLAS_WEIGHTS weights (its float copy stays
-   in the last-level cache, and from 512 rows the BLAS product of it was faster), else any number. */
+   64 without int4_gemm or for K not a multiple of 512; else 511 for a layer under GEMM_BLAS_WEIGHTS
+   weights (its float copy stays in the last-level cache, and from 512 rows the BLAS product of it was
+   faster), and any number for larger layers. */
 int64_t int4_kernel_max_rows(int64_t N, int64_t K) {
 #ifdef INT4_GEMM
     if (K % 512 == 0) return N * K >= GEMM_BLAS_WEIGHTS ? INT64_MAX : 511;

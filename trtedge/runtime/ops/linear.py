@@ -125,7 +125,7 @@ class Int4Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         m = rows.shape[0]
-        if m > self._kernel_max_rows:
+        if m > self._kernel_max_rows or self._kernel is None:
             out = dequantized_linear(rows, self.quantized, self.bias, self._dequantize)
         else:
             if rows.dtype != torch.float32 or not rows.is_contiguous():
