@@ -186,3 +186,14 @@ def test_bfloat16_model_keeps_float32_activations(tmp_path):
         outs.append(m.logits(m.forward(ids, torch.arange(4), caches, batch)))
     assert outs[0].dtype == torch.float32
     torch.testing.assert_close(outs[0], outs[1], rtol=0.05, atol=0.05)
+
+
+def test_the_compiled_library_is_named_for_the_cpu_it_was_built_on():
+    # -march=native: a kernel cache shared by two machines must not give one the other's instructions
+    from trtedge.runtime.ops.cpu_kernels import _cpu_identity, library_name
+
+    here = _cpu_identity()
+    assert here and library_name("src", "cc", here) == library_name("src", "cc", here)
+    assert library_name("src", "cc", here) != library_name("src", "cc", here.replace("avx2", "sse2") + " x")
+    assert library_name("src", "cc", here) != library_name("src2", "cc", here)
+    assert library_name("src", "cc", here) != library_name("src", "gcc", here)

@@ -14,6 +14,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -592,14 +593,39 @@ def load() -> ctypes.CDLL | None:
         return _lib
 
 
+def library_name(source: str, compiler: str, cpu: str) -> str:
+    """The compiled library's file name: a digest of what decides its machine code. ``-march=native``
+    compiles for the CPU it runs on, so the CPU's identity is part of it: a cache directory shared by
+    machines (a network home, an image) must not hand one machine another's instructions."""
+    digest = hashlib.sha256("\0".join([source, " ".join(_FLAGS), compiler, cpu]).encode()).hexdigest()[:16]
+    return f"cpu_kernels-{digest}.so"
+
+
+def _cpu_identity() -> str:
+    """The CPU's model and feature flags as the kernel reports them (``/proc/cpuinfo``), else what
+    ``platform`` knows."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    wanted = ("model name", "flags", "Features", "CPU part")
+    found = {}
+    for line in lines:
+        key = line.split(":", 1)[0].strip()
+        if key in wanted and key not in found:
+            found[key] = line
+    if found:
+        return "\n".join(found[k] for k in wanted if k in found)
+    return f"{platform.machine()} {platform.processor()}"
+
+
 def _build_and_load() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
     source = SOURCE + cpu_int4.SOURCE + GGUF_SOURCE.read_text() + cpu_step.SOURCE
-    digest = hashlib.sha256((source + " ".join(_FLAGS) + compiler).encode()).hexdigest()[:16]
     directory = _kernel_dir()
-    target = directory / f"cpu_kernels-{digest}.so"
+    target = directory / library_name(source, compiler, _cpu_identity())
     if not target.exists():
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
