@@ -129,19 +129,16 @@ class TorchAttention:
             mask, causal = torch.arange(klen, device=q.device).unsqueeze(0) <= rows, False
         if self.softcap is not None:
             return self._attend_softcapped(qt, kt, vt, mask, causal).transpose(0, 1)
-        if q.device.type != "cpu":  # (CUDA: token trees; a batch dimension would pick other kernels,
-            # not measured there yet)
-            o = F.scaled_dot_product_attention(
-                qt, kt, vt, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
-            )
-            return o.transpose(0, 1)
-        # with a batch dimension: on the CPU, 3-D inputs take torch's math path (the whole score matrix
-        # and the keys repeated per query head), 4-D ones its flash kernel (measured 4-5x faster at 1,024
-        # tokens, 32 heads on 8, D 64)
+        # on the CPU with a batch dimension: 3-D inputs take torch's math path there (the whole score matrix,
+        # the keys repeated per query head), 4-D ones its flash kernel (measured 4-5x faster at 1,024
+        # tokens, 32 heads on 8, D 64); CUDA (token trees) keeps 3-D, its kernel choice with 4-D not measured
+        batched = q.device.type == "cpu"
+        if batched:
+            qt, kt, vt = qt[None], kt[None], vt[None]
         o = F.scaled_dot_product_attention(
-            qt[None], kt[None], vt[None], attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
+            qt, kt, vt, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
         )
-        return o[0].transpose(0, 1)
+        return (o[0] if batched else o).transpose(0, 1)
 
     def _attend_softcapped(self, qt, kt, vt, mask, causal: bool) -> torch.Tensor:
         group = qt.shape[0] // kt.shape[0]
