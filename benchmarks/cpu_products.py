@@ -3,6 +3,7 @@ activation row (a batch-1 decode step), out of cache, next to the machine's copy
 
     python benchmarks/cpu_products.py [--geometry 1b] [--threads 1,2] [--repeats 3]
                                       [--trtedge OTHER_CHECKOUT] [--prefill-rows 128,1024]
+                                      [--march native]
 
 Weights are random GGUF block bytes of the geometry's shapes as ``benchmarks/cpu_scale.py`` writes them
 for a Q4_0 file: the layer's q/k/v, o, gate/up and down in Q4_0 (run as trtedge's int4, as ``--weights
@@ -47,6 +48,11 @@ def main() -> None:
     parser.add_argument(
         "--prefill-rows", default=None, help="comma-separated row counts: time prefill products"
     )
+    parser.add_argument(
+        "--march",
+        default="native",
+        help="compile the kernels for this -march level (x86-64-v3: the AVX2 paths on an AVX-512 CPU)",
+    )
     args = parser.parse_args()
     if args.trtedge is not None:  # before anything imports trtedge (cpu_scale does)
         sys.path.insert(0, str(args.trtedge.resolve()))
@@ -58,9 +64,11 @@ def main() -> None:
     from trtedge.runtime.ops import cpu_kernels
 
     print(f"trtedge from {Path(cpu_kernels.__file__).parents[3]}")
-    lib = cpu_kernels.load()
-    if lib is None:
-        sys.exit("the native CPU kernels could not be built (see the warning above)")
+    try:
+        lib = cpu_kernels.compile_kernels(Path(os.environ["TRTEDGE_CACHE_DIR"]) / "kernels", args.march)
+    except Exception as e:
+        sys.exit(f"the native CPU kernels could not be built for -march={args.march}: {e}")
+    print(f"kernels compiled for -march={args.march}")
     geo = GEOMETRIES[args.geometry]
     head_dim = geo.hidden // geo.heads
     shapes = [

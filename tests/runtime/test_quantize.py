@@ -119,6 +119,40 @@ def test_int4_products_of_many_rows_match_the_dequantized_product(rows, shape):
     torch.testing.assert_close(layer(x), ref, rtol=0, atol=1e-3 * ref.abs().max().item())
 
 
+def _instruction_sets() -> list[str]:
+    """-march levels whose int4 code paths this CPU runs: its own and, on a CPU with AVX-512 VNNI (whose
+    kernels are compiled for it), AVX2 (x86-64-v3), so that both GEMMs run wherever the newer one does."""
+    flags = cpu_kernels._cpu_identity().split()
+    levels = ["native"]
+    if "avx512_vnni" in flags and all(f in flags for f in ("avx2", "fma", "f16c")):
+        levels.append("x86-64-v3")
+    return levels
+
+
+@pytest.fixture(scope="module", params=_instruction_sets())
+def kernels_for(request, tmp_path_factory):
+    try:  # a directory of the test's own: never the user's kernel cache
+        return cpu_kernels.compile_kernels(tmp_path_factory.mktemp("kernels"), request.param)
+    except Exception as e:  # no C compiler, or one that does not know the level
+        pytest.skip(f"the kernels could not be compiled for -march={request.param}: {e}")
+
+
+@pytest.mark.parametrize("shape", [(19, 1024), (40, 2048), (7, 1536)])
+def test_int4_gemm_rows_are_the_decode_kernels_bits_on_each_instruction_set(kernels_for, shape):
+    # the AVX2 and the AVX-512 VNNI GEMMs each mirror their own decode kernel's float operations: a
+    # prefill row must be the same bits as that row decoded alone, whichever the CPU compiles
+    torch.manual_seed(4)
+    n, k = shape
+    layer = Int4Linear(quantize_int4(torch.randn(n, k) * 0.1), torch.randn(n), kernels_for)
+    assert kernels_for.int4_kernel_max_rows(n, k) >= 257  # K a multiple of 512: the GEMM's rows
+    x = torch.randn(257, k)
+    alone = torch.cat([layer(x[i : i + 1].contiguous()) for i in range(257)])
+    for rows in (48, 61, 66, 130, 257):  # whole and partial chunks and block-kernel row groups
+        assert torch.equal(layer(x[:rows].contiguous()), alone[:rows]), rows
+    ref = F.linear(x.double(), layer.quantized.dequantize().double(), layer.bias.double()).float()
+    torch.testing.assert_close(alone, ref, rtol=0, atol=1e-3 * ref.abs().max().item())
+
+
 def test_int4_profile_has_its_own_cache_key(tmp_path):
     path = make_tiny_checkpoint(tmp_path / "tiny", "llama")
     fp = fingerprint(path)[0]

@@ -299,24 +299,78 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
 }
 #endif
 
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && defined(__x86_64__) && \
-    !(defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__))
-/* Many activation rows (prefill) on AVX2: a tile of GEMM_NT weight rows is unpacked to int16 once, in
-   the activations' order (qx_index); block by block, each 1 KiB block of the tile stays in L1 while a
-   chunk of activation rows passes by it, 2 weight rows x 4 activation rows at a time. Every (weight
-   row, activation row) takes int4_rows_r's float operations in its order (per block: the int32 sums
-   of groups 0..7, then of 8..15, each times scale * dx into one accumulator; the mins' term apart;
-   the lane sum), and integer sums are exact in any order, so it is the same bits as the decode
-   kernel gives that row. K is a multiple of 512 (whole blocks): a tail's spans, summed per row as
-   int4_rows_r sums them, made the embedded model's K = 576 prefill slower than dequantize + BLAS. */
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && defined(__x86_64__)
 #define INT4_GEMM 1
 #define GEMM_NT 16  /* weight rows of a tile */
-#define GEMM_MC 256 /* activation rows of a chunk: their float accumulators (GEMM_NT x 32 bytes a row) in L2 */
+
+/* Weight rows n0 .. n0 + GEMM_NT - 1 of a GEMM tile, unpacked to int16 in the activations' order (qx_index), a
+   row every ldw int16 (a row past N repeats the last one, its outputs unused); cs: their float scales block by
+   block ([block][row][16]); ms: their mins row by row ([row][G]). */
+static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, int64_t N, int64_t K,
+                           int64_t n0, int16_t *wbuf, int64_t ldw, float *cs, float *ms) {
+    const int64_t G = K / 32, blocks = G / 16;
+    const __m256i low4 = _mm256_set1_epi16(0x0f);
+    for (int i = 0; i < GEMM_NT; i++) {
+        const int64_t n = n0 + i < N ? n0 + i : N - 1;
+        const uint8_t *wr = w + n * (K / 2);
+        for (int64_t bl = 0; bl < blocks; bl++) {
+            for (int ch = 0; ch < 8; ch++) {
+                const uint8_t *wb = wr + bl * 256 + ch * 32;
+                int16_t *o = wbuf + i * ldw + bl * 512 + ch * 64;
+                __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
+                __m256i q1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
+                _mm256_store_si256((__m256i *)o, _mm256_and_si256(q0, low4));
+                _mm256_store_si256((__m256i *)(o + 16), _mm256_and_si256(q1, low4));
+                _mm256_store_si256((__m256i *)(o + 32), _mm256_srli_epi16(q0, 4));
+                _mm256_store_si256((__m256i *)(o + 48), _mm256_srli_epi16(q1, 4));
+            }
+            for (int h = 0; h < 16; h += 8) {
+                _mm256_store_ps(cs + (bl * GEMM_NT + i) * 16 + h,
+                                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + n * G + bl * 16 + h))));
+                _mm256_storeu_ps(ms + i * G + bl * 16 + h,
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + n * G + bl * 16 + h))));
+            }
+        }
+    }
+}
+#endif
+
+#ifdef INT4_GEMM
+/* Many activation rows (prefill): a tile of GEMM_NT weight rows is unpacked to int16 once, in the
+   activations' order (qx_index); block by block, each 1 KiB block of the tile stays in L1 while a chunk
+   of activation rows passes by it, 2 weight rows x 4 activation rows of 16-bit multiply-adds (vpmaddwd,
+   also with AVX-512: on the Zen 4 this was measured on, AVX2's ymm vpmaddwd + vpaddd ran the tiles at
+   137-189 GFLOP/s on 2 cores, vpdpwssd on zmm at 118-140) at a time. Every (weight row, activation row)
+   takes the decode kernel's (int4_rows_r's) float operations in its order, and integer sums are exact
+   in any order, so a row is the same bits alone, in a decode batch and in a prefill:
+   - AVX2: per block the int32 sums of groups 0..7, then of 8..15, each times scale * dx into the pair's
+     one accumulator; the mins' term apart; the lane sum.
+   - AVX-512 VNNI: per block the sums of the 16 groups times scale * dx into accumulator block % 4 of the
+     pair's four (its lanes 0..7 and 8..15 are the block's two halves: lane by lane the same operations);
+     the mins' term apart; ((a0 + a1) + (a2 + a3) + mins) reduced as _mm512_reduce_add_ps does.
+   K is a multiple of 512 (whole blocks): a tail's spans, summed per row as int4_rows_r sums them, made
+   the embedded model's K = 576 prefill slower than dequantize + BLAS. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define GEMM_VNNI_ORDER 1
+#define GEMM_MC 64     /* activation rows of a chunk: their float accumulators (GEMM_NT x 256 bytes a row) in L2 */
+#define GEMM_PAIR 64   /* floats of a pair's accumulators: 4 x 16 */
+/* the accumulator of pairs (0, r) and (1, r) for half H of the block (p: the block's slot of pair (0, 0)) */
+#define GEMM_ACC0(D, H) "(" D "*4+" H ")"
+#define GEMM_ACC1(D, H) "1024+(" D "*4+" H ")"
+#define GEMM_SLOT(bl) (((bl) & 3) * 16)  /* the block's accumulator of a pair's four */
+#else
+#define GEMM_MC 256    /* activation rows of a chunk: their float accumulators (GEMM_NT x 32 bytes a row) in L2 */
+#define GEMM_PAIR 8    /* floats of a pair's accumulator */
+#define GEMM_ACC0(D, H) "(" D "/2)"
+#define GEMM_ACC1(D, H) "128+(" D "/2)"
+#define GEMM_SLOT(bl) 0
+#endif
 
 /* Half h of a block (its groups 8 h .. 8 h + 7: inputs 32 j + 16 h .. + 15, j = 0..15, at byte 64 j + H)
    of weight rows w0, w1 and activation rows x0..x3 into ymm8..15 (weight row i, activation row r:
    ymm(8 + 4 i + r)), then acc[i][r] += float(sums) * (c[i] * d[r]): c, the two rows' float scales of the
-   block ([2][16]), d, the four rows' dx of the block ([4][16]), acc [2][4][8]. */
+   block ([2][16]), d, the four rows' dx of the block ([4][16]), acc [2][4][GEMM_PAIR] (AVX-512: at the
+   block's slot, half H at byte H of it). */
 #define INT4_GEMM_HALF(H)                                                                                  \
     "vpxor %%xmm8, %%xmm8, %%xmm8\n\tvpxor %%xmm9, %%xmm9, %%xmm9\n\t"                                     \
     "vpxor %%xmm10, %%xmm10, %%xmm10\n\tvpxor %%xmm11, %%xmm11, %%xmm11\n\t"                               \
@@ -344,8 +398,9 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
     "vmovups " D "+" H "(%[d]), %%ymm2\n\t"                                                                \
     "vmulps %%ymm2, %%ymm0, %%ymm3\n\tvmulps %%ymm2, %%ymm1, %%ymm4\n\t"                                    \
     "vcvtdq2ps %%ymm" A ", %%ymm" A "\n\tvcvtdq2ps %%ymm" B ", %%ymm" B "\n\t"                             \
-    "vfmadd213ps (" D "/2)(%[p]), %%ymm3, %%ymm" A "\n\tvfmadd213ps 128+(" D "/2)(%[p]), %%ymm4, %%ymm" B "\n\t" \
-    "vmovaps %%ymm" A ", (" D "/2)(%[p])\n\tvmovaps %%ymm" B ", 128+(" D "/2)(%[p])\n\t"
+    "vfmadd213ps " GEMM_ACC0(D, H) "(%[p]), %%ymm3, %%ymm" A "\n\t"                                         \
+    "vfmadd213ps " GEMM_ACC1(D, H) "(%[p]), %%ymm4, %%ymm" B "\n\t"                                         \
+    "vmovaps %%ymm" A ", " GEMM_ACC0(D, H) "(%[p])\n\tvmovaps %%ymm" B ", " GEMM_ACC1(D, H) "(%[p])\n\t"
 
 /* One block (w0, w1: its unpacked weights; x0..x3: its activations) of 2 x 4 (weight, activation)
    rows, in assembly: the compiler's allocation of the 14 registers spilled an accumulator, whose
@@ -374,37 +429,15 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
         int16_t *wbuf = (int16_t *)aligned_alloc(64, sizeof(int16_t) * GEMM_NT * ldw);
         /* the tile's scales block by block ([block][row][16]), its mins row by row ([row][G]) */
         float *cs = (float *)aligned_alloc(64, sizeof(float) * GEMM_NT * G * 2), *ms = cs + GEMM_NT * G;
-        /* [activation row / 4][weight row][activation row % 4][8] */
-        float *acc = (float *)aligned_alloc(64, sizeof(float) * GEMM_MC * GEMM_NT * 8);
+        /* [activation row / 4][weight row][activation row % 4][GEMM_PAIR] */
+        float *acc = (float *)aligned_alloc(64, sizeof(float) * GEMM_MC * GEMM_NT * GEMM_PAIR);
         float dd[64] __attribute__((aligned(32)));  /* 4 activation rows' dx of a block */
         #pragma omp for schedule(dynamic, 1)  /* chunk-major: the threads share one chunk of activations */
         for (int64_t t = 0; t < tiles * chunks; t++) {
             const int64_t m0 = t / tiles * GEMM_MC, n0 = t % tiles * GEMM_NT;
             const int64_t rows = M - m0 < GEMM_MC ? M - m0 : GEMM_MC;
-            for (int i = 0; i < GEMM_NT; i++) {  /* a row past N repeats the last one, its outputs unused */
-                const int64_t n = n0 + i < N ? n0 + i : N - 1;
-                const uint8_t *wr = w + n * (K / 2);
-                const __m256i low4 = _mm256_set1_epi16(0x0f);
-                for (int64_t bl = 0; bl < blocks; bl++) {
-                    for (int ch = 0; ch < 8; ch++) {
-                        const uint8_t *wb = wr + bl * 256 + ch * 32;
-                        int16_t *o = wbuf + i * ldw + bl * 512 + ch * 64;
-                        __m256i q0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
-                        __m256i q1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
-                        _mm256_store_si256((__m256i *)o, _mm256_and_si256(q0, low4));
-                        _mm256_store_si256((__m256i *)(o + 16), _mm256_and_si256(q1, low4));
-                        _mm256_store_si256((__m256i *)(o + 32), _mm256_srli_epi16(q0, 4));
-                        _mm256_store_si256((__m256i *)(o + 48), _mm256_srli_epi16(q1, 4));
-                    }
-                    for (int h = 0; h < 16; h += 8) {
-                        _mm256_store_ps(cs + (bl * GEMM_NT + i) * 16 + h,
-                                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + n * G + bl * 16 + h))));
-                        _mm256_storeu_ps(ms + i * G + bl * 16 + h,
-                                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + n * G + bl * 16 + h))));
-                    }
-                }
-            }
-            memset(acc, 0, sizeof(float) * GEMM_MC * GEMM_NT * 8);
+            int4_gemm_tile(w, scale, mins, N, K, n0, wbuf, ldw, cs, ms);
+            memset(acc, 0, sizeof(float) * GEMM_MC * GEMM_NT * GEMM_PAIR);
             for (int64_t bl = 0; bl < blocks; bl++)
                 for (int64_t mu = 0; mu < rows; mu += 4) {
                     const int16_t *xs[4];
@@ -418,8 +451,23 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
                         for (int o = 0; o < 512; o += 32) _mm_prefetch((const char *)(xs[r] + 4 * ldq + o), _MM_HINT_T0);
                     for (int nu = 0; nu < GEMM_NT; nu += 2)
                         int4_gemm_block(wbuf + nu * ldw + bl * 512, wbuf + (nu + 1) * ldw + bl * 512, xs[0], xs[1], xs[2],
-                                        xs[3], cs + (bl * GEMM_NT + nu) * 16, dd, acc + (mu / 4 * GEMM_NT + nu) * 32);
+                                        xs[3], cs + (bl * GEMM_NT + nu) * 16, dd,
+                                        acc + (mu / 4 * GEMM_NT + nu) * 4 * GEMM_PAIR + GEMM_SLOT(bl));
                 }
+#ifdef GEMM_VNNI_ORDER
+            for (int i = 0; i < GEMM_NT && n0 + i < N; i++) {
+                const int64_t n = n0 + i;
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *s = sx + (m0 + r) * G, *a = acc + ((r / 4 * GEMM_NT + i) * 4 + r % 4) * GEMM_PAIR;
+                    __m512 off = _mm512_setzero_ps();
+                    for (int64_t bl = 0; bl < blocks; bl++)
+                        off = _mm512_fmadd_ps(_mm512_loadu_ps(ms + i * G + bl * 16), _mm512_loadu_ps(s + bl * 16), off);
+                    __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(a), _mm512_load_ps(a + 16)),
+                                               _mm512_add_ps(_mm512_load_ps(a + 32), _mm512_load_ps(a + 48)));
+                    y[(m0 + r) * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(sum, off)) + (bias ? bias[n] : 0.0f);
+                }
+            }
+#else
             for (int i = 0; i < GEMM_NT && n0 + i < N; i++) {
                 const int64_t n = n0 + i;
                 const float b = bias ? bias[n] : 0.0f;
@@ -457,22 +505,31 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
                     for (int j = 0; j < k; j++) y[(m - k + 1 + j) * N + n] = out[j];
                 }
             }
+#endif
         }
         free(acc);
         free(cs);
         free(wbuf);
     }
 }
-#define INT4_GEMM_MIN_ROWS 48  /* fewer rows: int4_rows, 4 activation rows at a time, was as fast or faster */
+/* fewer rows: int4_rows, 4 activation rows at a time, was as fast or faster (AVX2 on Zen 3, AVX-512 on Zen 4) */
+#ifdef GEMM_VNNI_ORDER
+#define INT4_GEMM_MIN_ROWS 32
+#else
+#define INT4_GEMM_MIN_ROWS 48
+#endif
 #define GEMM_BLAS_WEIGHTS (16 * 1024 * 1024)
 #endif
 
 /* The most rows int4_linear takes for an N x K weight; past them the batch is dequantized for the BLAS:
-   64 without int4_gemm or for K not a multiple of 512; else 511 for a layer under GEMM_BLAS_WEIGHTS
-   weights (its float copy stays in the last-level cache, and from 512 rows the BLAS product of it was
-   faster), and any number for larger layers. */
+   64 without int4_gemm or for K not a multiple of 512; else, with AVX2, 511 for a layer under
+   GEMM_BLAS_WEIGHTS weights (its float copy stays in the last-level cache, and from 512 rows the BLAS
+   product of it was faster) and any number for larger layers; with AVX-512 VNNI any number (the GEMM
+   was as fast as the BLAS or faster at every shape of the 1B geometry, 128 and 1,024 rows). */
 int64_t int4_kernel_max_rows(int64_t N, int64_t K) {
-#ifdef INT4_GEMM
+#if defined(INT4_GEMM) && defined(GEMM_VNNI_ORDER)
+    if (K % 512 == 0) return INT64_MAX;
+#elif defined(INT4_GEMM)
     if (K % 512 == 0) return N * K >= GEMM_BLAS_WEIGHTS ? INT64_MAX : 511;
 #endif
     return 64;

@@ -593,11 +593,11 @@ def load() -> ctypes.CDLL | None:
         return _lib
 
 
-def library_name(source: str, compiler: str, cpu: str) -> str:
+def library_name(source: str, compiler: str, cpu: str, flags: list[str] = _FLAGS) -> str:
     """The compiled library's file name: a digest of what decides its machine code. ``-march=native``
     compiles for the CPU it runs on, so the CPU's identity is part of it: a cache directory shared by
     machines (a network home, an image) must not hand one machine another's instructions."""
-    digest = hashlib.sha256("\0".join([source, " ".join(_FLAGS), compiler, cpu]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256("\0".join([source, " ".join(flags), compiler, cpu]).encode()).hexdigest()[:16]
     return f"cpu_kernels-{digest}.so"
 
 
@@ -620,12 +620,19 @@ def _cpu_identity() -> str:
 
 
 def _build_and_load() -> ctypes.CDLL:
+    return compile_kernels(_kernel_dir())
+
+
+def compile_kernels(directory: Path, march: str = "native") -> ctypes.CDLL:
+    """The kernels compiled for ``-march=march`` into ``directory`` (reused when there) and loaded.
+    ``load()`` is this for the running CPU in the cache; tests and benchmarks build the code paths of
+    an older instruction set (``x86-64-v3``: AVX2, no AVX-512) on a newer CPU with it."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
+    flags = [f"-march={march}" if f == "-march=native" else f for f in _FLAGS]
     source = SOURCE + cpu_int4.SOURCE + GGUF_SOURCE.read_text() + cpu_step.SOURCE
-    directory = _kernel_dir()
-    target = directory / library_name(source, compiler, _cpu_identity())
+    target = directory / library_name(source, compiler, _cpu_identity(), flags)
     if not target.exists():
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
@@ -633,7 +640,7 @@ def _build_and_load() -> ctypes.CDLL:
             src.write_text(source)
             out = Path(tmp) / "kernels.so"
             result = subprocess.run(
-                [compiler, *_FLAGS, str(src), "-o", str(out)], capture_output=True, text=True, timeout=120
+                [compiler, *flags, str(src), "-o", str(out)], capture_output=True, text=True, timeout=120
             )
             if result.returncode != 0:
                 raise RuntimeError(f"compiling failed: {result.stderr.strip()[:300]}")
