@@ -586,7 +586,7 @@ def load() -> ctypes.CDLL | None:
         if _lib is not None or _failed:
             return _lib
         try:
-            _lib = _build_and_load()
+            _lib = compile_kernels(_kernel_dir())
         except Exception as e:  # no compiler, read-only cache, unsupported flags...
             _failed = True
             log.warning("native CPU kernels unavailable (%s); using float weights", e)
@@ -617,10 +617,6 @@ def _cpu_identity() -> str:
     if found:
         return "\n".join(found[k] for k in wanted if k in found)
     return f"{platform.machine()} {platform.processor()}"
-
-
-def _build_and_load() -> ctypes.CDLL:
-    return compile_kernels(_kernel_dir())
 
 
 def compile_kernels(directory: Path, march: str = "native") -> ctypes.CDLL:
