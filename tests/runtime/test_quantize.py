@@ -144,11 +144,15 @@ def test_int4_gemm_rows_are_the_decode_kernels_bits_on_each_instruction_set(kern
     torch.manual_seed(4)
     n, k = shape
     layer = Int4Linear(quantize_int4(torch.randn(n, k) * 0.1), torch.randn(n), kernels_for)
-    assert kernels_for.int4_kernel_max_rows(n, k) >= 257  # K a multiple of 512: the GEMM's rows
+    # K a multiple of 512: the GEMM takes any number of rows with AVX2 and on Zen cores with AVX-512 (on
+    # other AVX-512 CPUs the BLAS takes past 64 rows, and the rows up to there are the decode kernel's)
+    native_rows = kernels_for.int4_kernel_max_rows(n, k)
+    assert native_rows >= 64 and (native_rows >= 257 or "avx512_vnni" in cpu_kernels._cpu_identity())
     x = torch.randn(257, k)
     alone = torch.cat([layer(x[i : i + 1].contiguous()) for i in range(257)])
     for rows in (48, 61, 66, 130, 257):  # whole and partial chunks and block-kernel row groups
-        assert torch.equal(layer(x[:rows].contiguous()), alone[:rows]), rows
+        if rows <= native_rows:
+            assert torch.equal(layer(x[:rows].contiguous()), alone[:rows]), rows
     ref = F.linear(x.double(), layer.quantized.dequantize().double(), layer.bias.double()).float()
     torch.testing.assert_close(alone, ref, rtol=0, atol=1e-3 * ref.abs().max().item())
 

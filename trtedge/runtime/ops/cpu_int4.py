@@ -299,8 +299,20 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
 }
 #endif
 
+/* The integer GEMM below (ymm vpmaddwd + vpaddd) runs with AVX2, and with AVX-512 VNNI on AMD's Zen cores
+   (whose 512-bit units are two 256-bit halves: there it ran 137-201 GFLOP/s on 2 cores, at or above the
+   float32 BLAS). On an Intel Xeon with AVX-512 (two full-width FMA units) it ran 86-107 GFLOP/s against
+   the BLAS's 169-204 at 1,024 rows, so there prefill rows past the decode kernel's take the BLAS. */
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && defined(__x86_64__)
+#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__))
 #define INT4_GEMM 1
+#elif defined(__znver3__) || defined(__znver4__) || defined(__znver5__)  /* gcc 12 names Zen 4 znver3 */
+#define INT4_GEMM 1
+#define GEMM_VNNI_ORDER 1
+#endif
+#endif
+
+#ifdef INT4_GEMM
 #define GEMM_NT 16  /* weight rows of a tile */
 
 /* Weight rows n0 .. n0 + GEMM_NT - 1 of a GEMM tile, unpacked to int16 in the activations' order (qx_index), a
@@ -339,8 +351,8 @@ static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16
 /* Many activation rows (prefill): a tile of GEMM_NT weight rows is unpacked to int16 once, in the
    activations' order (qx_index); block by block, each 1 KiB block of the tile stays in L1 while a chunk
    of activation rows passes by it, 2 weight rows x 4 activation rows of 16-bit multiply-adds (vpmaddwd,
-   also with AVX-512: on the Zen 4 this was measured on, AVX2's ymm vpmaddwd + vpaddd ran the tiles at
-   137-189 GFLOP/s on 2 cores, vpdpwssd on zmm at 118-140) at a time. Every (weight row, activation row)
+   also with AVX-512 on Zen 4, where ymm vpmaddwd + vpaddd ran the tiles at 137-189 GFLOP/s on 2 cores and
+   vpdpwssd on zmm at 118-140) at a time. Every (weight row, activation row)
    takes the decode kernel's (int4_rows_r's) float operations in its order, and integer sums are exact
    in any order, so a row is the same bits alone, in a decode batch and in a prefill:
    - AVX2: per block the int32 sums of groups 0..7, then of 8..15, each times scale * dx into the pair's
@@ -351,8 +363,7 @@ static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16
    K is a multiple of 512 (whole blocks): a tail's spans, summed per row as int4_rows_r sums them, made
    the embedded model's K = 576 prefill slower than dequantize + BLAS (on Zen 4 too: 87-109 GFLOP/s
    against 152-190 for its layers at 512 rows, a single block a row leaving the per-pair work to dominate). */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define GEMM_VNNI_ORDER 1
+#ifdef GEMM_VNNI_ORDER
 #define GEMM_MC 64     /* activation rows of a chunk: their float accumulators (GEMM_NT x 256 bytes a row) in L2 */
 #define GEMM_PAIR 64   /* floats of a pair's accumulators: 4 x 16 */
 /* the accumulator of pairs (0, r) and (1, r) for half H of the block (p: the block's slot of pair (0, 0)) */
@@ -525,8 +536,9 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
 /* The most rows int4_linear takes for an N x K weight; past them the batch is dequantized for the BLAS:
    64 without int4_gemm or for K not a multiple of 512; else, with AVX2, 511 for a layer under
    GEMM_BLAS_WEIGHTS weights (its float copy stays in the last-level cache, and from 512 rows the BLAS
-   product of it was faster) and any number for larger layers; with AVX-512 VNNI any number (the GEMM
-   was as fast as the BLAS or faster at every shape of the 1B geometry, 128 and 1,024 rows). */
+   product of it was faster) and any number for larger layers; with AVX-512 VNNI on a Zen core any
+   number (the GEMM was as fast as the BLAS or faster at every shape of the 1B geometry, 128 and 1,024
+   rows); 64 with AVX-512 on other CPUs (no GEMM, above). */
 int64_t int4_kernel_max_rows(int64_t N, int64_t K) {
 #if defined(INT4_GEMM) && defined(GEMM_VNNI_ORDER)
     if (K % 512 == 0) return INT64_MAX;
