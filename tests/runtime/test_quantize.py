@@ -121,7 +121,7 @@ def test_int4_products_of_many_rows_match_the_dequantized_product(rows, shape):
 
 def _instruction_sets() -> list[str]:
     """-march levels whose int4 code paths this CPU runs: its own and, on a CPU with AVX-512 VNNI (whose
-    kernels are compiled for it), AVX2 (x86-64-v3), so that both GEMMs run wherever the newer one does."""
+    kernels are compiled for it), AVX2 (x86-64-v3), so that the AVX2 GEMM runs there too."""
     flags = cpu_kernels._cpu_identity().split()
     levels = ["native"]
     if "avx512_vnni" in flags and all(f in flags for f in ("avx2", "fma", "f16c")):
