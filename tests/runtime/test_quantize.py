@@ -122,7 +122,7 @@ def test_int4_products_of_many_rows_match_the_dequantized_product(rows, shape):
 def _instruction_sets() -> list[str]:
     """-march levels whose int4 code paths this CPU runs: its own and, on a CPU with AVX-512 VNNI (whose
     kernels are compiled for it), AVX2 (x86-64-v3), so that the AVX2 GEMM runs there too."""
-    flags = cpu_kernels._cpu_identity().split()
+    flags = cpu_kernels.cpu_flags()
     levels = ["native"]
     if "avx512_vnni" in flags and all(f in flags for f in ("avx2", "fma", "f16c")):
         levels.append("x86-64-v3")
@@ -147,7 +147,7 @@ def test_int4_gemm_rows_are_the_decode_kernels_bits_on_each_instruction_set(kern
     # K a multiple of 512: the GEMM takes any number of rows with AVX2 and on Zen cores with AVX-512 (on
     # other AVX-512 CPUs the BLAS takes past 64 rows, and the rows up to there are the decode kernel's)
     native_rows = kernels_for.int4_kernel_max_rows(n, k)
-    assert native_rows >= 64 and (native_rows >= 257 or "avx512_vnni" in cpu_kernels._cpu_identity())
+    assert native_rows >= 64 and (native_rows >= 257 or "avx512_vnni" in cpu_kernels.cpu_flags())
     x = torch.randn(257, k)
     alone = torch.cat([layer(x[i : i + 1].contiguous()) for i in range(257)])
     for rows in (48, 61, 66, 130, 257):  # whole and partial chunks and block-kernel row groups
@@ -155,6 +155,34 @@ def test_int4_gemm_rows_are_the_decode_kernels_bits_on_each_instruction_set(kern
             assert torch.equal(layer(x[:rows].contiguous()), alone[:rows]), rows
     ref = F.linear(x.double(), layer.quantized.dequantize().double(), layer.bias.double()).float()
     torch.testing.assert_close(alone, ref, rtol=0, atol=1e-3 * ref.abs().max().item())
+
+
+def test_prefill_tiles_multiply_in_bf16_where_the_cpu_has_amx(monkeypatch):
+    # past the kernel's rows a quantized layer is dequantized for the dense product; with AMX (forced here:
+    # every CPU runs torch's bf16 product, AMX twice as fast as float32) its operands are bfloat16
+    from trtedge.runtime.ops import linear
+
+    torch.manual_seed(5)
+    weight, bias, x = torch.randn(70, 96) * 0.1, torch.randn(70), torch.randn(300, 96)
+    layer = make_linear(weight, bias, "int4")  # K = 96: past 64 rows, dequantized
+    w = layer.quantized.dequantize()
+    ref = F.linear(x.double(), w.double(), bias.double()).float()
+    monkeypatch.setattr(linear, "_bf16_tiles", False)
+    exact = layer(x)
+    monkeypatch.setattr(linear, "_bf16_tiles", True)
+    tiles = layer(x)
+    expected = F.linear(x.bfloat16(), w.bfloat16()).float() + bias
+    torch.testing.assert_close(tiles, expected, rtol=1e-5, atol=1e-5)  # bf16 operands, float32 sums and bias
+    assert not torch.equal(tiles, exact)
+    torch.testing.assert_close(exact, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(tiles, ref, rtol=0, atol=1e-2 * ref.abs().max().item())
+    few = layer(x[:5].contiguous())  # decode rows: the kernel's product, bf16 tiles or not
+    monkeypatch.setattr(linear, "_bf16_tiles", False)
+    assert torch.equal(few, layer(x[:5].contiguous()))
+    for setting, on in (("0", False), ("1", True)):  # the override
+        monkeypatch.setenv("TRTEDGE_CPU_BF16_TILES", setting)
+        monkeypatch.setattr(linear, "_bf16_tiles", None)
+        assert linear.bf16_tiles() is on
 
 
 def test_int4_profile_has_its_own_cache_key(tmp_path):

@@ -619,6 +619,11 @@ def _cpu_identity() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as the kernel reports them (``avx2``, ``avx512_vnni``, ``amx_bf16`` ...)."""
+    return set(_cpu_identity().split())
+
+
 def compile_kernels(directory: Path, march: str = "native") -> ctypes.CDLL:
     """The kernels compiled for ``-march=march`` into ``directory`` (reused when there) and loaded.
     ``load()`` is this for the running CPU in the cache; tests and benchmarks build the code paths of
