@@ -157,9 +157,9 @@ def test_int4_gemm_rows_are_the_decode_kernels_bits_on_each_instruction_set(kern
     torch.testing.assert_close(alone, ref, rtol=0, atol=1e-3 * ref.abs().max().item())
 
 
-def test_prefill_tiles_multiply_in_bf16_where_the_cpu_has_amx(monkeypatch):
-    # past the kernel's rows a quantized layer is dequantized for the dense product; with AMX (forced here:
-    # every CPU runs torch's bf16 product, AMX twice as fast as float32) its operands are bfloat16
+def test_prefill_tiles_multiply_in_bf16_when_asked(monkeypatch):
+    # past the kernel's rows a quantized layer is dequantized for the dense product; with bf16 tiles (for
+    # AMX CPUs; forced here: every CPU runs torch's bf16 product) its operands are bfloat16
     from trtedge.runtime.ops import linear
 
     torch.manual_seed(5)
@@ -179,10 +179,14 @@ def test_prefill_tiles_multiply_in_bf16_where_the_cpu_has_amx(monkeypatch):
     few = layer(x[:5].contiguous())  # decode rows: the kernel's product, bf16 tiles or not
     monkeypatch.setattr(linear, "_bf16_tiles", False)
     assert torch.equal(few, layer(x[:5].contiguous()))
-    for setting, on in (("0", False), ("1", True)):  # the override
-        monkeypatch.setenv("TRTEDGE_CPU_BF16_TILES", setting)
+    amx = "amx_bf16" in cpu_kernels.cpu_flags()
+    for setting, on in ((None, False), ("0", False), ("1", True), ("auto", amx)):  # opt-in, or where AMX is
+        if setting is None:
+            monkeypatch.delenv("TRTEDGE_CPU_BF16_TILES", raising=False)
+        else:
+            monkeypatch.setenv("TRTEDGE_CPU_BF16_TILES", setting)
         monkeypatch.setattr(linear, "_bf16_tiles", None)
-        assert linear.bf16_tiles() is on
+        assert linear.bf16_tiles() is on, setting
 
 
 def test_int4_profile_has_its_own_cache_key(tmp_path):

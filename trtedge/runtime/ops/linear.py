@@ -5,8 +5,8 @@ Quantized weights come as ``QuantizedTensor`` (see ``runtime.quantize``); activa
 float32. Small batches (decode) run native kernels that read the packed bytes directly; larger ones
 (prefill) dequantize the layer, at most ``DEQUANTIZED_TILE_BYTES`` of it at a time, and use the dense
 product, except int4 layers where the native kernels have an integer GEMM (AVX2, inputs a multiple of
-512; see ``int4_kernel_max_rows``). On a CPU with AMX that dense product takes bfloat16 operands
-(``bf16_tiles``).
+512; see ``int4_kernel_max_rows``). With ``TRTEDGE_CPU_BF16_TILES`` that dense product takes bfloat16
+operands (``bf16_tiles``: for AMX CPUs).
 """
 
 from __future__ import annotations
@@ -32,16 +32,15 @@ _bf16_tiles: bool | None = None
 
 
 def bf16_tiles() -> bool:
-    """Whether a prefill product multiplies its dequantized tiles in bfloat16 on the CPU: where the CPU
-    has AMX's bf16 tiles (oneDNN, through torch), there measured at twice the float32 product (an Intel
-    Xeon at 2 threads: 401 against 204 GFLOP/s). ``TRTEDGE_CPU_BF16_TILES=0`` or ``=1`` overrides it."""
+    """Whether a prefill product multiplies its dequantized tiles in bfloat16 on the CPU (oneDNN, through
+    torch; on an Intel Xeon with AMX at 2 threads torch's bf16 product ran 401 against 204 GFLOP/s in
+    float32). Opt-in until an AMX machine has measured it end to end: ``TRTEDGE_CPU_BF16_TILES=1`` on,
+    ``=auto`` where the CPU has AMX's bf16 tiles, otherwise off."""
     global _bf16_tiles
     if _bf16_tiles is None:
-        setting = os.environ.get("TRTEDGE_CPU_BF16_TILES", "auto")
-        if setting in ("0", "1"):
-            _bf16_tiles = setting == "1"
-        else:
-            _bf16_tiles = "amx_bf16" in cpu_kernels.cpu_flags() and torch.backends.mkldnn.is_available()
+        setting = os.environ.get("TRTEDGE_CPU_BF16_TILES", "0")
+        amx = "amx_bf16" in cpu_kernels.cpu_flags() and torch.backends.mkldnn.is_available()
+        _bf16_tiles = setting == "1" or (setting == "auto" and amx)
     return _bf16_tiles
 
 
