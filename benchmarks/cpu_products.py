@@ -64,10 +64,15 @@ def main() -> None:
     from trtedge.runtime.ops import cpu_kernels
 
     print(f"trtedge from {Path(cpu_kernels.__file__).parents[3]}")
-    try:
-        lib = cpu_kernels.compile_kernels(Path(os.environ["TRTEDGE_CACHE_DIR"]) / "kernels", args.march)
-    except Exception as e:
-        sys.exit(f"the native CPU kernels could not be built for -march={args.march}: {e}")
+    if args.march == "native":  # load(): also in a --trtedge checkout older than compile_kernels
+        lib = cpu_kernels.load()
+        if lib is None:
+            sys.exit("the native CPU kernels could not be built (see the warning above)")
+    else:
+        try:
+            lib = cpu_kernels.compile_kernels(Path(os.environ["TRTEDGE_CACHE_DIR"]) / "kernels", args.march)
+        except Exception as e:
+            sys.exit(f"the native CPU kernels could not be built for -march={args.march}: {e}")
     print(f"kernels compiled for -march={args.march}")
     geo = GEOMETRIES[args.geometry]
     head_dim = geo.hidden // geo.heads

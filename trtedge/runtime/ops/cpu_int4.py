@@ -345,9 +345,7 @@ static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16
         }
     }
 }
-#endif
 
-#ifdef INT4_GEMM
 /* Many activation rows (prefill): a tile of GEMM_NT weight rows is unpacked to int16 once, in the
    activations' order (qx_index); block by block, each 1 KiB block of the tile stays in L1 while a chunk
    of activation rows passes by it, 2 weight rows x 4 activation rows of 16-bit multiply-adds (vpmaddwd,
@@ -487,7 +485,7 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
                 for (int64_t r = 0; r < rows; r++) {
                     const int64_t m = m0 + r;
                     const float *s = sx + m * G;
-                    __m256 a = _mm256_load_ps(acc + ((r / 4 * GEMM_NT + i) * 4 + r % 4) * 8), off = _mm256_setzero_ps();
+                    __m256 a = _mm256_load_ps(acc + ((r / 4 * GEMM_NT + i) * 4 + r % 4) * GEMM_PAIR), off = _mm256_setzero_ps();
                     for (int64_t bl = 0; bl < blocks; bl++) {
                         off = _mm256_fmadd_ps(_mm256_loadu_ps(ms + i * G + bl * 16), _mm256_loadu_ps(s + bl * 16), off);
                         off = _mm256_fmadd_ps(_mm256_loadu_ps(ms + i * G + bl * 16 + 8), _mm256_loadu_ps(s + bl * 16 + 8), off);

@@ -39,8 +39,10 @@ def bf16_tiles() -> bool:
     global _bf16_tiles
     if _bf16_tiles is None:
         setting = os.environ.get("TRTEDGE_CPU_BF16_TILES", "0")
-        amx = "amx_bf16" in cpu_kernels.cpu_flags() and torch.backends.mkldnn.is_available()
-        _bf16_tiles = setting == "1" or (setting == "auto" and amx)
+        if setting == "auto":
+            _bf16_tiles = "amx_bf16" in cpu_kernels.cpu_flags() and torch.backends.mkldnn.is_available()
+        else:
+            _bf16_tiles = setting == "1"
     return _bf16_tiles
 
 
