@@ -300,9 +300,9 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
 #endif
 
 /* The integer GEMM below (ymm vpmaddwd + vpaddd) runs with AVX2, and with AVX-512 VNNI on AMD's Zen cores
-   (whose 512-bit units are two 256-bit halves: there it ran 137-201 GFLOP/s on 2 cores, at or above the
-   float32 BLAS). On an Intel Xeon with AVX-512 (two full-width FMA units) it ran 86-107 GFLOP/s against
-   the BLAS's 169-204 at 1,024 rows, so there prefill rows past the decode kernel's take the BLAS. */
+   (whose 512-bit units are two 256-bit halves: there it ran 132-201 GFLOP/s on 2 cores at 128 and 1,024 rows, at or
+   above the float32 BLAS). On an Intel Xeon with AVX-512 (two full-width FMA units) it ran 86-93 GFLOP/s
+   against the BLAS's 169-204 at 1,024 rows, so there prefill rows past the decode kernel's take the BLAS. */
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && defined(__x86_64__)
 #if !(defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__))
 #define INT4_GEMM 1
@@ -349,8 +349,8 @@ static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16
 /* Many activation rows (prefill): a tile of GEMM_NT weight rows is unpacked to int16 once, in the
    activations' order (qx_index); block by block, each 1 KiB block of the tile stays in L1 while a chunk
    of activation rows passes by it, 2 weight rows x 4 activation rows of 16-bit multiply-adds (vpmaddwd,
-   also with AVX-512 on Zen 4, where ymm vpmaddwd + vpaddd ran the tiles at 137-189 GFLOP/s on 2 cores and
-   vpdpwssd on zmm at 118-140) at a time. Every (weight row, activation row)
+   also with AVX-512 on Zen 4, where ymm vpmaddwd + vpaddd ran the tiles at 137-186 GFLOP/s on 2 cores and
+   vpdpwssd on zmm at 118-140, at 1,024 rows) at a time. Every (weight row, activation row)
    takes the decode kernel's (int4_rows_r's) float operations in its order, and integer sums are exact
    in any order, so a row is the same bits alone, in a decode batch and in a prefill:
    - AVX2: per block the int32 sums of groups 0..7, then of 8..15, each times scale * dx into the pair's
