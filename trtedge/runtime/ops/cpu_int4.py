@@ -59,19 +59,25 @@ static inline void int4_prefetch(const uint8_t *row, int64_t K) {
     for (int64_t o = 0; o < K / 2; o += 64) __builtin_prefetch(row + 8192 + o, 0, 3);
 }
 
+/* Group g of a row: its 32 inputs' int16 levels (dx = max|x| / 32767), dx and the float sum. */
+static inline void quantize_group_q16(const float *xb, int16_t *q, float *dx, float *sx) {
+    float amax = 0.0f, sum = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        float a = fabsf(xb[j]);
+        amax = a > amax ? a : amax;
+        sum += xb[j];
+    }
+    float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
+    for (int j = 0; j < 32; j++) q[j] = (int16_t)nearbyintf(xb[j] * id);
+    *dx = amax / 32767.0f;
+    *sx = sum;
+}
+
 static void quantize_row_q16(const float *x, int64_t K, int16_t *qx, float *dx, float *sx) {
+    int16_t q[32];
     for (int64_t g = 0; g < K / 32; g++) {
-        const float *xb = x + g * 32;
-        float amax = 0.0f, sum = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            float a = fabsf(xb[j]);
-            amax = a > amax ? a : amax;
-            sum += xb[j];
-        }
-        float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        for (int j = 0; j < 32; j++) qx[qx_index(g * 32 + j, K)] = (int16_t)nearbyintf(xb[j] * id);
-        dx[g] = amax / 32767.0f;
-        sx[g] = sum;
+        quantize_group_q16(x + g * 32, q, dx + g, sx + g);
+        for (int j = 0; j < 32; j++) qx[qx_index(g * 32 + j, K)] = q[j];
     }
 }
 
@@ -346,11 +352,12 @@ static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16
     }
 }
 
-/* Many activation rows (prefill): a tile of GEMM_NT weight rows is unpacked to int16 once, in the
-   activations' order (qx_index); block by block, each 1 KiB block of the tile stays in L1 while a chunk
-   of activation rows passes by it, 2 weight rows x 4 activation rows of 16-bit multiply-adds (vpmaddwd,
-   also with AVX-512 on Zen 4, where ymm vpmaddwd + vpaddd ran the tiles at 137-186 GFLOP/s on 2 cores and
-   vpdpwssd on zmm at 118-140, at 1,024 rows) at a time. Every (weight row, activation row)
+/* Many activation rows (prefill): a tile of GEMM_NT weight rows is unpacked once, in the activations'
+   order (qx_index); block by block, each block of the tile stays in L1 while a chunk of activation rows
+   passes by it, 2 weight rows x 4 activation rows at a time: with AVX2, 16-bit multiply-adds (vpmaddwd);
+   on Zen 4 (GEMM_VNNI_ORDER), byte products (vpdpbusd on zmm, int4_gemm_block_bytes: 204-272 GFLOP/s on
+   2 cores at the 1B shapes, 128 and 1,024 rows, where ymm vpmaddwd + vpaddd ran 177-202 in the same runs
+   and vpdpwssd on zmm 118-140 in earlier ones). Every (weight row, activation row)
    takes the decode kernel's (int4_rows_r's) float operations in its order, and integer sums are exact
    in any order, so a row is the same bits alone, in a decode batch and in a prefill:
    - AVX2: per block the int32 sums of groups 0..7, then of 8..15, each times scale * dx into the pair's
@@ -362,7 +369,7 @@ static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16
    the embedded model's K = 576 prefill slower than dequantize + BLAS (on Zen 4 too: 87-109 GFLOP/s
    against 152-190 for its layers at 512 rows, a single block a row leaving the per-pair work to dominate). */
 #ifdef GEMM_VNNI_ORDER
-#define GEMM_MC 64     /* activation rows of a chunk: their float accumulators (GEMM_NT x 256 bytes a row) in L2 */
+#define GEMM_MC 128    /* activation rows of a chunk: their float accumulators (GEMM_NT x 256 bytes a row, 512 KiB) in L2 */
 #define GEMM_PAIR 64   /* floats of a pair's accumulators: 4 x 16 */
 /* the accumulator of pairs (0, r) and (1, r) for half H of the block (p: the block's slot of pair (0, 0)) */
 #define GEMM_ACC0(D, H) "(" D "*4+" H ")"
@@ -427,6 +434,139 @@ static inline __attribute__((always_inline)) void int4_gemm_block(const int16_t 
                        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "memory", "cc");
 }
 
+#ifdef GEMM_VNNI_ORDER
+/* With AVX-512 VNNI the tiles multiply bytes (vpdpbusd: 4 byte products summed into a 32-bit lane, where
+   vpmaddwd sums 2 16-bit ones and needs a vpaddd). An activation's int16 level x is its two bytes,
+   x = 256 hi + lo (hi signed, lo unsigned), stored as two unsigned planes, hi + 128 and lo; a weight's
+   level (0..15) is the signed operand. Per group the lanes give A = sum w (hi + 128) and B = sum w lo, and
+   sum w x = 256 A + B - 32768 sum w, exact in int32 (|256 A| < 2^25): the int16 path's integers, so the
+   float operations after them, and their bits, are the same. In a block (512 inputs) a row's planes are
+   [hi: 512 bytes][lo: 512 bytes], the weights' unpacked bytes 512; input 32 g + j of the block at byte
+   (j / 4) 64 + (g / 8) 32 + (g % 8) 4 + j % 4: a 32-byte load at 64 i + 32 h holds inputs 4 i .. 4 i + 3 of
+   groups 8 h .. 8 h + 7, a group to a lane. */
+static inline int64_t plane_index(int64_t r) {
+    int64_t g = r / 32, j = r % 32;
+    return (j / 4) * 64 + (g / 8) * 32 + (g % 8) * 4 + j % 4;
+}
+
+/* A row's activations for the byte tiles (K a multiple of 512): quantize_row_q16's levels, dx and sums. */
+static void quantize_row_planes(const float *x, int64_t K, uint8_t *p, float *dx, float *sx) {
+    int16_t q[32];
+    for (int64_t g = 0; g < K / 32; g++) {
+        quantize_group_q16(x + g * 32, q, dx + g, sx + g);
+        uint8_t *pb = p + g / 16 * 1024;
+        for (int j = 0; j < 32; j++) {
+            const int64_t o = plane_index((g % 16) * 32 + j);
+            pb[o] = (uint8_t)(((uint16_t)q[j] >> 8) ^ 0x80);  /* (x >> 8) + 128 */
+            pb[512 + o] = (uint8_t)((uint16_t)q[j] & 0xff);
+        }
+    }
+}
+
+/* Weight rows n0 .. n0 + GEMM_NT - 1 unpacked to bytes in the planes' order, a row every ldw bytes (a row
+   past N repeats the last one); corr: 32768 x each group's sum of levels ([row][block][16]); cs, ms as
+   int4_gemm_tile gives them. A packed chunk (32 bytes: bytes 2 l, 2 l + 1 of group l hold inputs 4 ch + 0,
+   1 in their low nibbles and 4 ch + 2, 3 in their high ones) is the low and high nibbles interleaved word
+   by word. */
+static void int4_gemm_tile_bytes(const uint8_t *w, const uint16_t *scale, const uint16_t *mins, int64_t N, int64_t K,
+                                 int64_t n0, uint8_t *wbuf, int64_t ldw, int32_t *corr, float *cs, float *ms) {
+    const int64_t G = K / 32, blocks = G / 16;
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int i = 0; i < GEMM_NT; i++) {
+        const int64_t n = n0 + i < N ? n0 + i : N - 1;
+        const uint8_t *wr = w + n * (K / 2);
+        for (int64_t bl = 0; bl < blocks; bl++) {
+            uint8_t *o = wbuf + i * ldw + bl * 512;
+            for (int ch = 0; ch < 8; ch++)
+                for (int h = 0; h < 2; h++) {
+                    const __m128i q = _mm_loadu_si128((const __m128i *)(wr + bl * 256 + ch * 32 + h * 16));
+                    const __m128i lo = _mm_and_si128(q, low4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low4);
+                    _mm_store_si128((__m128i *)(o + ch * 64 + h * 32), _mm_unpacklo_epi16(lo, hi));
+                    _mm_store_si128((__m128i *)(o + ch * 64 + h * 32 + 16), _mm_unpackhi_epi16(lo, hi));
+                }
+            for (int h = 0; h < 2; h++) {
+                __m256i sum = _mm256_setzero_si256();
+                for (int ch = 0; ch < 8; ch++)
+                    sum = _mm256_dpbusd_epi32(sum, ones, _mm256_load_si256((const __m256i *)(o + ch * 64 + h * 32)));
+                _mm256_storeu_si256((__m256i *)(corr + (i * blocks + bl) * 16 + h * 8), _mm256_slli_epi32(sum, 15));
+            }
+            for (int h = 0; h < 16; h += 8) {
+                _mm256_store_ps(cs + (bl * GEMM_NT + i) * 16 + h,
+                                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + n * G + bl * 16 + h))));
+                _mm256_storeu_ps(ms + i * G + bl * 16 + h,
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + n * G + bl * 16 + h))));
+            }
+        }
+    }
+}
+
+/* Activation row X's hi and lo planes (zmm XH, XL) times weight rows 0 and 1 (zmm0, zmm1) into the
+   accumulators of pairs (0, X): A0H, A0L and (1, X): A1H, A1L. */
+#define INT4_GEMM_BYTES_ROW(X, XH, XL, A0H, A0L, A1H, A1L)                                                  \
+    "vmovdqa64 (%[" X "],%[o]), %%zmm" XH "\n\tvmovdqa64 512(%[" X "],%[o]), %%zmm" XL "\n\t"               \
+    "vpdpbusd %%zmm0, %%zmm" XH ", %%zmm" A0H "\n\tvpdpbusd %%zmm0, %%zmm" XL ", %%zmm" A0L "\n\t"           \
+    "vpdpbusd %%zmm1, %%zmm" XH ", %%zmm" A1H "\n\tvpdpbusd %%zmm1, %%zmm" XL ", %%zmm" A1L "\n\t"
+/* zmm AH = 256 AH + AL - zmm K: the pair's int16-level sums */
+#define INT4_GEMM_BYTES_JOIN(AH, AL, K)                                                                     \
+    "vpslld $8, %%zmm" AH ", %%zmm" AH "\n\tvpaddd %%zmm" AL ", %%zmm" AH ", %%zmm" AH "\n\t"               \
+    "vpsubd %%zmm" K ", %%zmm" AH ", %%zmm" AH "\n\t"
+/* activation row r (its dx at byte D of d): acc[i][r] += float(sums) * (c[i] * d[r]) for the block's 16
+   groups at once, lane by lane INT4_GEMM_PAIRS's operations on both halves */
+#define INT4_GEMM_BYTES_PAIRS(D, A, B)                                                                      \
+    "vmovups " D "(%[d]), %%zmm2\n\t"                                                                      \
+    "vmulps %%zmm2, %%zmm0, %%zmm3\n\tvmulps %%zmm2, %%zmm1, %%zmm4\n\t"                                    \
+    "vcvtdq2ps %%zmm" A ", %%zmm" A "\n\tvcvtdq2ps %%zmm" B ", %%zmm" B "\n\t"                             \
+    "vfmadd213ps " GEMM_ACC0(D, "0") "(%[p]), %%zmm3, %%zmm" A "\n\t"                                       \
+    "vfmadd213ps " GEMM_ACC1(D, "0") "(%[p]), %%zmm4, %%zmm" B "\n\t"                                       \
+    "vmovups %%zmm" A ", " GEMM_ACC0(D, "0") "(%[p])\n\tvmovups %%zmm" B ", " GEMM_ACC1(D, "0") "(%[p])\n\t"
+/* A block as two INT4_GEMM_HALFs, in bytes and in one pass: a 64-byte load holds both halves' inputs
+   (lanes 0..7 groups 0..7, lanes 8..15 groups 8..15); the pairs' hi and lo sums in zmm16..31 (pair (i, r):
+   16 + 8 i + 2 r and the next), joined, then the float epilogue. */
+#define INT4_GEMM_BYTES_BLOCK                                                                               \
+    "vpxord %%zmm16, %%zmm16, %%zmm16\n\tvpxord %%zmm17, %%zmm17, %%zmm17\n\t"                             \
+    "vpxord %%zmm18, %%zmm18, %%zmm18\n\tvpxord %%zmm19, %%zmm19, %%zmm19\n\t"                             \
+    "vpxord %%zmm20, %%zmm20, %%zmm20\n\tvpxord %%zmm21, %%zmm21, %%zmm21\n\t"                             \
+    "vpxord %%zmm22, %%zmm22, %%zmm22\n\tvpxord %%zmm23, %%zmm23, %%zmm23\n\t"                             \
+    "vpxord %%zmm24, %%zmm24, %%zmm24\n\tvpxord %%zmm25, %%zmm25, %%zmm25\n\t"                             \
+    "vpxord %%zmm26, %%zmm26, %%zmm26\n\tvpxord %%zmm27, %%zmm27, %%zmm27\n\t"                             \
+    "vpxord %%zmm28, %%zmm28, %%zmm28\n\tvpxord %%zmm29, %%zmm29, %%zmm29\n\t"                             \
+    "vpxord %%zmm30, %%zmm30, %%zmm30\n\tvpxord %%zmm31, %%zmm31, %%zmm31\n\t"                             \
+    "xor %[o], %[o]\n\t"                                                                                   \
+    "1:\n\t"                                                                                               \
+    "vmovdqa64 (%[w0],%[o]), %%zmm0\n\tvmovdqa64 (%[w1],%[o]), %%zmm1\n\t"                                 \
+    INT4_GEMM_BYTES_ROW("x0", "2", "3", "16", "17", "24", "25")                                            \
+    INT4_GEMM_BYTES_ROW("x1", "4", "5", "18", "19", "26", "27")                                            \
+    INT4_GEMM_BYTES_ROW("x2", "6", "7", "20", "21", "28", "29")                                            \
+    INT4_GEMM_BYTES_ROW("x3", "8", "9", "22", "23", "30", "31")                                            \
+    "add $64, %[o]\n\tcmp $512, %[o]\n\tjne 1b\n\t"                                                        \
+    "vmovups (%[c]), %%zmm0\n\tvmovups 64(%[c]), %%zmm1\n\t"                                               \
+    "vmovdqu32 (%[k0]), %%zmm10\n\tvmovdqu32 (%[k1]), %%zmm11\n\t"                                         \
+    INT4_GEMM_BYTES_JOIN("16", "17", "10") INT4_GEMM_BYTES_JOIN("24", "25", "11")                          \
+    INT4_GEMM_BYTES_PAIRS("0", "16", "24")                                                                 \
+    INT4_GEMM_BYTES_JOIN("18", "19", "10") INT4_GEMM_BYTES_JOIN("26", "27", "11")                          \
+    INT4_GEMM_BYTES_PAIRS("64", "18", "26")                                                                \
+    INT4_GEMM_BYTES_JOIN("20", "21", "10") INT4_GEMM_BYTES_JOIN("28", "29", "11")                          \
+    INT4_GEMM_BYTES_PAIRS("128", "20", "28")                                                               \
+    INT4_GEMM_BYTES_JOIN("22", "23", "10") INT4_GEMM_BYTES_JOIN("30", "31", "11")                          \
+    INT4_GEMM_BYTES_PAIRS("192", "22", "30")
+
+/* int4_gemm_block in bytes: w0, w1 the block's unpacked weight bytes, x0..x3 its planes, k0, k1 the two
+   weight rows' corrections of the block. */
+static inline __attribute__((always_inline)) void int4_gemm_block_bytes(const uint8_t *w0, const uint8_t *w1,
+        const uint8_t *x0, const uint8_t *x1, const uint8_t *x2, const uint8_t *x3, const int32_t *k0,
+        const int32_t *k1, const float *c, const float *d, float *acc) {
+    int64_t o;
+    __asm__ volatile(INT4_GEMM_BYTES_BLOCK
+                     : [o] "=&r"(o)
+                     : [w0] "r"(w0), [w1] "r"(w1), [x0] "r"(x0), [x1] "r"(x1), [x2] "r"(x2), [x3] "r"(x3), [k0] "r"(k0),
+                       [k1] "r"(k1), [c] "r"(c), [d] "r"(d), [p] "r"(acc)
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+                       "xmm11", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24",
+                       "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "memory", "cc");
+}
+#endif
+
 /* y (M x N) = the int4 product of M quantized activation rows (qx, dx, sx as quantize_row_q16 gives
    them; qx 64-byte aligned, a row every ldq int16); K a multiple of 512. */
 static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const float *sx, int64_t M, int64_t K, const uint8_t *w,
@@ -436,7 +576,13 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
     const int64_t tiles = (N + GEMM_NT - 1) / GEMM_NT, chunks = (M + GEMM_MC - 1) / GEMM_MC;
     #pragma omp parallel
     {
+#ifdef GEMM_VNNI_ORDER
+        const int64_t ldb = whole + 64;  /* bytes of a tile's row: not a multiple of 4 KiB either */
+        uint8_t *wbytes = (uint8_t *)aligned_alloc(64, GEMM_NT * ldb);
+        int32_t *corr = (int32_t *)aligned_alloc(64, sizeof(int32_t) * GEMM_NT * blocks * 16);
+#else
         int16_t *wbuf = (int16_t *)aligned_alloc(64, sizeof(int16_t) * GEMM_NT * ldw);
+#endif
         /* the tile's scales block by block ([block][row][16]), its mins row by row ([row][G]) */
         float *cs = (float *)aligned_alloc(64, sizeof(float) * GEMM_NT * G * 2), *ms = cs + GEMM_NT * G;
         /* [activation row / 4][weight row][activation row % 4][GEMM_PAIR] */
@@ -446,7 +592,11 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
         for (int64_t t = 0; t < tiles * chunks; t++) {
             const int64_t m0 = t / tiles * GEMM_MC, n0 = t % tiles * GEMM_NT;
             const int64_t rows = M - m0 < GEMM_MC ? M - m0 : GEMM_MC;
+#ifdef GEMM_VNNI_ORDER
+            int4_gemm_tile_bytes(w, scale, mins, N, K, n0, wbytes, ldb, corr, cs, ms);
+#else
             int4_gemm_tile(w, scale, mins, N, K, n0, wbuf, ldw, cs, ms);
+#endif
             memset(acc, 0, sizeof(float) * GEMM_MC * GEMM_NT * GEMM_PAIR);
             for (int64_t bl = 0; bl < blocks; bl++)
                 for (int64_t mu = 0; mu < rows; mu += 4) {
@@ -460,9 +610,17 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
                     for (int r = 0; r < 4 && mu + 4 + r < rows; r++)  /* the next rows' block, while these run */
                         for (int o = 0; o < 512; o += 32) _mm_prefetch((const char *)(xs[r] + 4 * ldq + o), _MM_HINT_T0);
                     for (int nu = 0; nu < GEMM_NT; nu += 2)
+#ifdef GEMM_VNNI_ORDER  /* xs: the rows' planes of the block (its 1,024 bytes, as its int16 levels take) */
+                        int4_gemm_block_bytes(wbytes + nu * ldb + bl * 512, wbytes + (nu + 1) * ldb + bl * 512,
+                                              (const uint8_t *)xs[0], (const uint8_t *)xs[1], (const uint8_t *)xs[2],
+                                              (const uint8_t *)xs[3], corr + (nu * blocks + bl) * 16,
+                                              corr + ((nu + 1) * blocks + bl) * 16, cs + (bl * GEMM_NT + nu) * 16, dd,
+                                              acc + (mu / 4 * GEMM_NT + nu) * 4 * GEMM_PAIR + GEMM_SLOT(bl));
+#else
                         int4_gemm_block(wbuf + nu * ldw + bl * 512, wbuf + (nu + 1) * ldw + bl * 512, xs[0], xs[1], xs[2],
                                         xs[3], cs + (bl * GEMM_NT + nu) * 16, dd,
                                         acc + (mu / 4 * GEMM_NT + nu) * 4 * GEMM_PAIR + GEMM_SLOT(bl));
+#endif
                 }
 #ifdef GEMM_VNNI_ORDER
             for (int i = 0; i < GEMM_NT && n0 + i < N; i++) {
@@ -519,7 +677,12 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
         }
         free(acc);
         free(cs);
+#ifdef GEMM_VNNI_ORDER
+        free(corr);
+        free(wbytes);
+#else
         free(wbuf);
+#endif
     }
 }
 /* fewer rows: int4_rows, 4 activation rows at a time, was as fast or faster (AVX2 on Zen 3, AVX-512 on Zen 4) */
@@ -559,7 +722,15 @@ void int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const u
     float *dx = (float *)malloc(sizeof(float) * M * G * 2);
     float *sx = dx + M * G;
     #pragma omp parallel for schedule(static) if (M >= 16)
-    for (int64_t m = 0; m < M; m++) quantize_row_q16(x + m * K, K, qx + m * ldq, dx + m * G, sx + m * G);
+    for (int64_t m = 0; m < M; m++) {
+#ifdef GEMM_VNNI_ORDER
+        if (gemm) {  /* the byte tiles' planes */
+            quantize_row_planes(x + m * K, K, (uint8_t *)(qx + m * ldq), dx + m * G, sx + m * G);
+            continue;
+        }
+#endif
+        quantize_row_q16(x + m * K, K, qx + m * ldq, dx + m * G, sx + m * G);
+    }
 #ifdef INT4_GEMM
     if (gemm) {
         int4_gemm(qx, ldq, dx, sx, M, K, w, scale, mins, bias, y, N);
