@@ -362,9 +362,9 @@ static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16
 /* Many activation rows (prefill): a tile of GEMM_NT weight rows is unpacked once, in the activations'
    order (qx_index); block by block, each block of the tile stays in L1 while a chunk of activation rows
    passes by it, 2 weight rows x 4 activation rows at a time: with AVX2, 16-bit multiply-adds (vpmaddwd);
-   on Zen 4 (GEMM_VNNI_ORDER), byte products (vpdpbusd on zmm, int4_gemm_block_bytes: 204-272 GFLOP/s on
-   2 cores at the 1B shapes, 128 and 1,024 rows, where ymm vpmaddwd + vpaddd ran 177-202 in the same runs
-   and vpdpwssd on zmm 118-140 in earlier ones). Every (weight row, activation row)
+   on Zen 4 (GEMM_VNNI_ORDER), byte products (vpdpbusd on zmm, int4_gemm_block_bytes: 206-272 GFLOP/s on
+   2 cores at the 1B shapes, 128 and 1,024 rows, where ymm vpmaddwd + vpaddd had run 177-202 and
+   vpdpwssd on zmm 118-140). Every (weight row, activation row)
    takes the decode kernel's (int4_rows_r's) float operations in its order, and integer sums are exact
    in any order, so a row is the same bits alone, in a decode batch and in a prefill:
    - AVX2: per block the int32 sums of groups 0..7, then of 8..15, each times scale * dx into the pair's
