@@ -449,8 +449,8 @@ static inline __attribute__((always_inline)) void int4_gemm_block(const int16_t 
    sum w x = 256 A + B - 32768 sum w, exact in int32 (|256 A| < 2^25): the int16 path's integers, so the
    float operations after them, and their bits, are the same. In a block (512 inputs) a row's planes are
    [hi: 512 bytes][lo: 512 bytes], the weights' unpacked bytes 512; input 32 g + j of the block at byte
-   (j / 4) 64 + (g / 8) 32 + (g % 8) 4 + j % 4: a 32-byte load at 64 i + 32 h holds inputs 4 i .. 4 i + 3 of
-   groups 8 h .. 8 h + 7, a group to a lane. */
+   (j / 4) 64 + (g / 8) 32 + (g % 8) 4 + j % 4: a 64-byte load at 64 i holds inputs 4 i .. 4 i + 3 of the 16
+   groups, a group to a lane (its halves, bytes 0..31 and 32..63, the int16 path's two halves of a block). */
 static inline int64_t plane_index(int64_t r) {
     int64_t g = r / 32, j = r % 32;
     return (j / 4) * 64 + (g / 8) * 32 + (g % 8) * 4 + j % 4;
