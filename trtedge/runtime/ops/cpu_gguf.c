@@ -326,8 +326,8 @@ static void gguf_rows(const uint8_t *data, const int64_t *segs, int64_t nsegs, i
     for (int64_t n = lo; n < hi; n++) {
         int64_t type = 0;
         const uint8_t *w = gguf_row(data, segs, nsegs, n, &type);
-        int64_t bytes = K / (type == GGUF_Q8_0 ? 32 : 256) * block_bytes(type);
 #if WEIGHT_PREFETCH
+        int64_t bytes = K / (type == GGUF_Q8_0 ? 32 : 256) * block_bytes(type);
         for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(w + 8192 + o, 0, 3);  /* as int4_prefetch */
 #endif
         for (int64_t m0 = 0; m0 < M; m0 += 4) {

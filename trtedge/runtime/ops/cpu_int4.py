@@ -328,6 +328,7 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
 #ifdef INT4_GEMM
 #define GEMM_NT 16  /* weight rows of a tile */
 
+#ifndef GEMM_VNNI_ORDER  /* the int16 tiles (AVX2); on Zen 4 the byte tiles below */
 /* Weight rows n0 .. n0 + GEMM_NT - 1 of a GEMM tile, unpacked to int16 in the activations' order (qx_index), a
    row every ldw int16 (a row past N repeats the last one, its outputs unused); cs: their float scales block by
    block ([block][row][16]); ms: their mins row by row ([row][G]). */
@@ -358,6 +359,7 @@ static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16
         }
     }
 }
+#endif
 
 /* Many activation rows (prefill): a tile of GEMM_NT weight rows is unpacked once, in the activations'
    order (qx_index); block by block, each block of the tile stays in L1 while a chunk of activation rows
@@ -426,6 +428,7 @@ static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16
     "vfmadd213ps " GEMM_ACC1(D, H) "(%[p]), %%ymm4, %%ymm" B "\n\t"                                         \
     "vmovaps %%ymm" A ", " GEMM_ACC0(D, H) "(%[p])\n\tvmovaps %%ymm" B ", " GEMM_ACC1(D, H) "(%[p])\n\t"
 
+#ifndef GEMM_VNNI_ORDER
 /* One block (w0, w1: its unpacked weights; x0..x3: its activations) of 2 x 4 (weight, activation)
    rows, in assembly: the compiler's allocation of the 14 registers spilled an accumulator, whose
    store and reload bound the loop. */
@@ -440,6 +443,7 @@ static inline __attribute__((always_inline)) void int4_gemm_block(const int16_t 
                      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
                        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "memory", "cc");
 }
+#endif
 
 #ifdef GEMM_VNNI_ORDER
 /* With AVX-512 VNNI the tiles multiply bytes (vpdpbusd: 4 byte products summed into a 32-bit lane, where
@@ -579,15 +583,15 @@ static inline __attribute__((always_inline)) void int4_gemm_block_bytes(const ui
 static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const float *sx, int64_t M, int64_t K, const uint8_t *w,
                       const uint16_t *scale, const uint16_t *mins, const float *bias, float *y, int64_t N) {
     const int64_t G = K / 32, blocks = G / 16, whole = blocks * 512;
-    const int64_t ldw = whole + 32;  /* not a multiple of 4 KiB: the tile's rows in different L1 sets */
     const int64_t tiles = (N + GEMM_NT - 1) / GEMM_NT, chunks = (M + GEMM_MC - 1) / GEMM_MC;
     #pragma omp parallel
     {
 #ifdef GEMM_VNNI_ORDER
-        const int64_t ldb = whole + 64;  /* bytes of a tile's row: not a multiple of 4 KiB either */
+        const int64_t ldb = whole + 64;  /* a tile row's bytes, not a multiple of 4 KiB: rows in different L1 sets */
         uint8_t *wbytes = (uint8_t *)aligned_alloc(64, GEMM_NT * ldb);
         int32_t *corr = (int32_t *)aligned_alloc(64, sizeof(int32_t) * GEMM_NT * blocks * 16);
 #else
+        const int64_t ldw = whole + 32;  /* not a multiple of 4 KiB: the tile's rows in different L1 sets */
         int16_t *wbuf = (int16_t *)aligned_alloc(64, sizeof(int16_t) * GEMM_NT * ldw);
 #endif
         /* the tile's scales block by block ([block][row][16]), its mins row by row ([row][G]) */
