@@ -54,18 +54,12 @@ static inline void int4_inputs(int64_t b, int64_t K, int64_t *lo, int64_t *hi) {
     *hi = *lo + half;
 }
 
-/* Rows ahead of this one, while it is summed. With AVX2 (Zen 3) 8 KiB ahead into L1 (~1.5x the bandwidth
-   of no prefetch). Where WEIGHT_PREFETCH is 0 (Zen 4) 64 KiB ahead into L2 only (prefetcht2): a row alone
+/* Rows ahead of this one, while it is summed (weight_prefetch). With AVX2 (Zen 3) 8 KiB ahead into L1
+   (~1.5x the bandwidth of no prefetch). With WEIGHT_PREFETCH_FAR (Zen 4) 64 KiB ahead into L2 only: a row alone
    at 1 thread ran 8-35% faster with no prefetch than 8 KiB ahead into L1, and mostly faster again with
    this one; the 1B model decoded 14.3 -> 16.7 tok/s at 1 thread (24.5 -> 26.9 at 2) without the L1
    prefetch, then 18.7 -> 21.3 (29.1 -> 30.6) with this one. */
-static inline void int4_prefetch(const uint8_t *row, int64_t K) {
-#if WEIGHT_PREFETCH
-    for (int64_t o = 0; o < K / 2; o += 64) __builtin_prefetch(row + 8192 + o, 0, 3);
-#else
-    for (int64_t o = 0; o < K / 2; o += 64) __builtin_prefetch(row + 65536 + o, 0, 1);
-#endif
-}
+static inline void int4_prefetch(const uint8_t *row, int64_t K) { weight_prefetch(row, K / 2); }
 
 /* Group g of a row: its 32 inputs' int16 levels (dx = max|x| / 32767), dx and the float sum. */
 static inline void quantize_group_q16(const float *xb, int16_t *q, float *dx, float *sx) {
