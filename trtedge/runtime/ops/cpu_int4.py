@@ -307,10 +307,11 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
 }
 #endif
 
-/* The integer GEMM below (ymm vpmaddwd + vpaddd) runs with AVX2, and with AVX-512 VNNI on AMD's Zen cores
-   (whose 512-bit units are two 256-bit halves: there it ran 132-201 GFLOP/s on 2 cores at 128 and 1,024 rows, at or
-   above the float32 BLAS). On an Intel Xeon with AVX-512 (two full-width FMA units) it ran 86-93 GFLOP/s
-   against the BLAS's 169-204 at 1,024 rows, so there prefill rows past the decode kernel's take the BLAS. */
+/* The integer GEMM below runs with AVX2 (ymm vpmaddwd + vpaddd), and with AVX-512 VNNI on AMD's Zen cores
+   (byte products, vpdpbusd on zmm: on Zen 4 206-272 GFLOP/s on 2 cores at 128 and 1,024 rows, above the
+   float32 BLAS). On an Intel Xeon with AVX-512 (two full-width FMA units) the ymm vpmaddwd form ran 86-93
+   GFLOP/s against the BLAS's 169-204 at 1,024 rows, so there prefill rows past the decode kernel's take the
+   BLAS (the byte form is not measured there). */
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && defined(__x86_64__)
 #if !(defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__))
 #define INT4_GEMM 1
@@ -390,8 +391,8 @@ static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16
 /* Half h of a block (its groups 8 h .. 8 h + 7: inputs 32 j + 16 h .. + 15, j = 0..15, at byte 64 j + H)
    of weight rows w0, w1 and activation rows x0..x3 into ymm8..15 (weight row i, activation row r:
    ymm(8 + 4 i + r)), then acc[i][r] += float(sums) * (c[i] * d[r]): c, the two rows' float scales of the
-   block ([2][16]), d, the four rows' dx of the block ([4][16]), acc [2][4][GEMM_PAIR] (AVX-512: at the
-   block's slot, half H at byte H of it). */
+   block ([2][16]), d, the four rows' dx of the block ([4][16]), acc [2][4][GEMM_PAIR] (AVX2 only: with
+   AVX-512 VNNI the byte tiles, INT4_GEMM_BYTES_BLOCK, take both halves of a block at once). */
 #define INT4_GEMM_HALF(H)                                                                                  \
     "vpxor %%xmm8, %%xmm8, %%xmm8\n\tvpxor %%xmm9, %%xmm9, %%xmm9\n\t"                                     \
     "vpxor %%xmm10, %%xmm10, %%xmm10\n\tvpxor %%xmm11, %%xmm11, %%xmm11\n\t"                               \
@@ -574,7 +575,8 @@ static inline __attribute__((always_inline)) void int4_gemm_block_bytes(const ui
 #endif
 
 /* y (M x N) = the int4 product of M quantized activation rows (qx, dx, sx as quantize_row_q16 gives
-   them; qx 64-byte aligned, a row every ldq int16); K a multiple of 512. */
+   them, or on Zen 4 qx holding quantize_row_planes' byte planes; qx 64-byte aligned, a row every ldq
+   int16, 2 ldq bytes); K a multiple of 512. */
 static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const float *sx, int64_t M, int64_t K, const uint8_t *w,
                       const uint16_t *scale, const uint16_t *mins, const float *bias, float *y, int64_t N) {
     const int64_t G = K / 32, blocks = G / 16, whole = blocks * 512;
@@ -603,7 +605,8 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
 #else
             int4_gemm_tile(w, scale, mins, N, K, n0, wbuf, ldw, cs, ms);
 #endif
-            memset(acc, 0, sizeof(float) * GEMM_MC * GEMM_NT * GEMM_PAIR);
+            /* the chunk's row groups ([row / 4][weight row][row % 4][GEMM_PAIR]), not the whole buffer */
+            memset(acc, 0, sizeof(float) * ((rows + 3) / 4) * GEMM_NT * 4 * GEMM_PAIR);
             for (int64_t bl = 0; bl < blocks; bl++)
                 for (int64_t mu = 0; mu < rows; mu += 4) {
                     const int16_t *xs[4];
@@ -724,7 +727,7 @@ void int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const u
     const int gemm = M >= INT4_GEMM_MIN_ROWS && K % 512 == 0;
     if (gemm) ldq = K + 32;  /* not a multiple of 4 KiB: the rows of a block in different L1 sets */
 #endif
-    /* 64-byte aligned: the GEMM's 32-byte loads of a row never straddle two cache lines */
+    /* 64-byte aligned: the GEMM's 32-byte (AVX2) and 64-byte (Zen 4) loads never straddle two cache lines */
     int16_t *qx = (int16_t *)aligned_alloc(64, (sizeof(int16_t) * M * ldq + 127) / 64 * 64);
     float *dx = (float *)malloc(sizeof(float) * M * G * 2);
     float *sx = dx + M * G;

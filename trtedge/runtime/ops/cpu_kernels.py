@@ -41,7 +41,7 @@ SOURCE = r"""
    was slower than none, and 64 KiB ahead into L2 only (prefetcht2) faster again (cpu_int4's
    int4_prefetch has the figures; the GGUF rows take none there). Intel CPUs keep the first (the other
    not measured there). */
-#if defined(__AVX512VNNI__) && (defined(__znver3__) || defined(__znver4__) || defined(__znver5__))
+#if defined(__AVX512VNNI__) && (defined(__znver3__) || defined(__znver4__))  /* Zen 4 (gcc 12: znver3); Zen 5 not measured */
 #define WEIGHT_PREFETCH_FAR 1
 #else
 #define WEIGHT_PREFETCH_FAR 0
