@@ -695,7 +695,7 @@ static void int4_gemm(const int16_t *qx, int64_t ldq, const float *dx, const flo
     }
 }
 /* fewer rows: int4_rows, 4 activation rows at a time, was as fast or faster (AVX2 on Zen 3; on Zen 4 the byte
-   GEMM, zeroing only its rows' accumulators, was slower at 4 rows, even at 8 and 10, and as fast or faster
+   GEMM, zeroing only its rows' accumulators, was slower at 4 rows, mixed at 8 and 10, and as fast or faster
    from 12 on the 1B layer's 4 products) */
 #ifdef GEMM_VNNI_ORDER
 #define INT4_GEMM_MIN_ROWS 12
