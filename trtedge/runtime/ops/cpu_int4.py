@@ -324,6 +324,18 @@ static void int4_rows(const uint8_t *w, const uint16_t *scale, const uint16_t *m
 #ifdef INT4_GEMM
 #define GEMM_NT 16  /* weight rows of a tile */
 
+/* Block bl of weight row n, the tile's row i: its float scales into cs ([block][row][16]) and its mins into
+   ms ([row][G]), as both GEMM tiles keep them. */
+static inline void int4_gemm_tile_scales(const uint16_t *scale, const uint16_t *mins, int64_t n, int64_t G, int i,
+                                         int64_t bl, float *cs, float *ms) {
+    for (int h = 0; h < 16; h += 8) {
+        _mm256_store_ps(cs + (bl * GEMM_NT + i) * 16 + h,
+                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + n * G + bl * 16 + h))));
+        _mm256_storeu_ps(ms + i * G + bl * 16 + h,
+                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + n * G + bl * 16 + h))));
+    }
+}
+
 #ifndef GEMM_VNNI_ORDER  /* the int16 tiles (AVX2); on Zen 4 the byte tiles below */
 /* Weight rows n0 .. n0 + GEMM_NT - 1 of a GEMM tile, unpacked to int16 in the activations' order (qx_index), a
    row every ldw int16 (a row past N repeats the last one, its outputs unused); cs: their float scales block by
@@ -346,12 +358,7 @@ static void int4_gemm_tile(const uint8_t *w, const uint16_t *scale, const uint16
                 _mm256_store_si256((__m256i *)(o + 32), _mm256_srli_epi16(q0, 4));
                 _mm256_store_si256((__m256i *)(o + 48), _mm256_srli_epi16(q1, 4));
             }
-            for (int h = 0; h < 16; h += 8) {
-                _mm256_store_ps(cs + (bl * GEMM_NT + i) * 16 + h,
-                                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + n * G + bl * 16 + h))));
-                _mm256_storeu_ps(ms + i * G + bl * 16 + h,
-                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + n * G + bl * 16 + h))));
-            }
+            int4_gemm_tile_scales(scale, mins, n, G, i, bl, cs, ms);
         }
     }
 }
@@ -498,12 +505,7 @@ static void int4_gemm_tile_bytes(const uint8_t *w, const uint16_t *scale, const 
                     sum = _mm256_dpbusd_epi32(sum, ones, _mm256_load_si256((const __m256i *)(o + ch * 64 + h * 32)));
                 _mm256_storeu_si256((__m256i *)(corr + (i * blocks + bl) * 16 + h * 8), _mm256_slli_epi32(sum, 15));
             }
-            for (int h = 0; h < 16; h += 8) {
-                _mm256_store_ps(cs + (bl * GEMM_NT + i) * 16 + h,
-                                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + n * G + bl * 16 + h))));
-                _mm256_storeu_ps(ms + i * G + bl * 16 + h,
-                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + n * G + bl * 16 + h))));
-            }
+            int4_gemm_tile_scales(scale, mins, n, G, i, bl, cs, ms);
         }
     }
 }

@@ -5,8 +5,8 @@ Quantized weights come as ``QuantizedTensor`` (see ``runtime.quantize``); activa
 float32. Small batches (decode) run native kernels that read the packed bytes directly; larger ones
 (prefill) dequantize the layer, at most ``DEQUANTIZED_TILE_BYTES`` of it at a time, and use the dense
 product, except int4 layers where the native kernels have an integer GEMM (AVX2, or AVX-512 on a Zen
-core; inputs a multiple of 512; see ``int4_kernel_max_rows``). With ``TRTEDGE_CPU_BF16_TILES`` that dense product takes bfloat16
-operands (``bf16_tiles``: for AMX CPUs).
+core; inputs a multiple of 512; see ``int4_kernel_max_rows``). With ``TRTEDGE_CPU_BF16_TILES`` that
+dense product takes bfloat16 operands (``bf16_tiles``: for AMX CPUs).
 """
 
 from __future__ import annotations
